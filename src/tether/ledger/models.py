@@ -1,0 +1,163 @@
+"""The ledger's data model (DESIGN §3.1): sessions, runs, rows, notes, receipts, fences.
+
+Records are frozen dataclasses. ``extra`` keeps fields this version does not know, so a JSONL
+round trip never loses them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = [
+    "ENDED_STATUSES",
+    "Fence",
+    "NewRow",
+    "Note",
+    "ReceiptReason",
+    "Row",
+    "RowKind",
+    "Run",
+    "RunStatus",
+    "Session",
+    "TailRead",
+    "now_iso",
+]
+
+
+def now_iso() -> str:
+    """UTC timestamp as the interchange format writes it: ``2026-11-29T10:00:00.123456Z``."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+class RunStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+ENDED_STATUSES = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED})
+
+
+class RowKind(enum.StrEnum):
+    """A row holds exactly one of: a pi AgentMessage, a compaction, or a receipt."""
+
+    MESSAGE = "message"
+    COMPACTION = "compaction"
+    RECEIPT = "receipt"
+
+
+class ReceiptReason(enum.StrEnum):
+    """Why a continuation checkpoint was refused (a closed set; DESIGN §3.1)."""
+
+    CANCELLED = "cancelled"
+    TRUNCATED = "truncated"
+    EMPTY = "empty"
+    OVER_BOUND = "over_bound"
+    PROVIDER_FAILURE = "provider_failure"
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    id: str
+    created: str
+    refusing: str | None = None
+    """Why the session refuses new prompts (set when pi's idle could not be confirmed)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    id: str
+    session: str
+    agent: str
+    status: RunStatus
+    request_seq: int | None = None
+    started: str | None = None
+    ended: str | None = None
+    epoch: int = 0
+    """The owner epoch: bumped by every claim; writes carrying an older one are fenced out."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Proof of ownership of a running run. Every step write carries it."""
+
+    run: str
+    session: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewRow:
+    """A row to append; the ledger assigns ``seq`` and measures it."""
+
+    actor: str
+    kind: RowKind
+    body: dict[str, Any]
+    """The pi AgentMessage, the compaction object or the receipt object."""
+    sources: tuple[str, ...] = ()
+    entry_id: str | None = None
+    """pi's session entry id, when the row mirrors one; appends are idempotent on it."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def message(actor: str, message: dict[str, Any], **kw: Any) -> NewRow:
+        return NewRow(actor=actor, kind=RowKind.MESSAGE, body=message, **kw)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    session: str
+    seq: int
+    run: str | None
+    actor: str
+    kind: RowKind
+    body: dict[str, Any]
+    sources: tuple[str, ...]
+    bytes: int
+    """Measured once, at append (DESIGN §3.3): canonical JSON of the body, media as lengths."""
+    media_bytes: int = 0
+    entry_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def covers_to(self) -> int | None:
+        """For a compaction row: the last seq it summarizes."""
+        if self.kind is RowKind.COMPACTION:
+            value = self.body.get("covers_to")
+            return value if isinstance(value, int) else None
+        return None
+
+    @property
+    def role(self) -> str | None:
+        if self.kind is RowKind.MESSAGE:
+            role = self.body.get("role")
+            return role if isinstance(role, str) else None
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    session: str
+    agent: str
+    text: str
+    at: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TailRead:
+    """The newest contiguous rows (ascending) whose stored sizes fit a byte budget.
+
+    ``stop_seq`` is the seq of the newest row that was not taken because it did not fit (or the
+    row cap was reached), None when the tail reached the floor of the read."""
+
+    rows: list[Row]
+    bytes: int
+    stop_seq: int | None

@@ -1,0 +1,596 @@
+"""The ledger's operations, written once over a DB-API connection.
+
+SQLite and PostgreSQL differ in connections, DDL and error classes; the statements here are
+portable (``?`` placeholders, which the PostgreSQL backend rewrites to ``%s``). Every step write
+is fenced in the same transaction as the write itself:
+
+    UPDATE runs SET … WHERE id = ? AND epoch = ? AND status = 'running'
+
+changes one row or none. None means a newer owner claimed the run (``FencedOut``) or the run
+ended (``RunNotActive``), and nothing is written. On PostgreSQL the UPDATE takes the run's row
+lock, so a concurrent claim waits for the write to commit (or the write sees the new epoch and
+changes nothing): no stale write can slip in between the check and the write.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+from tether.errors import AlreadyExists, FencedOut, NotFound, RunNotActive, SessionRefusing
+from tether.ledger.models import (
+    ENDED_STATUSES,
+    Fence,
+    NewRow,
+    Note,
+    Row,
+    RowKind,
+    Run,
+    RunStatus,
+    Session,
+    TailRead,
+    now_iso,
+)
+from tether.ledger.text import row_text
+from tether.sizes import canonical_json, measure
+
+__all__ = ["Cursor", "SqlLedger"]
+
+# Notes travel whole into every follow-up, so their reads are bounded by count and bytes.
+DEFAULT_NOTES_COUNT = 32
+DEFAULT_NOTES_BYTES = 16_000
+# A tail read takes rows newest first in pages of this many.
+TAIL_PAGE = 256
+DEFAULT_TAIL_ROWS = 20_000
+
+_ROW_COLS = "session, seq, run, actor, kind, body, sources, bytes, media_bytes, entry_id, extra"
+_RUN_COLS = "id, session, agent, status, request_seq, started, ended, epoch, extra"
+_ENDED = "('finished', 'failed', 'interrupted')"
+
+
+class Cursor(Protocol):
+    """The part of a DB-API cursor the ledger uses (sqlite3 and psycopg both have it)."""
+
+    @property
+    def rowcount(self) -> int: ...
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Any: ...
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+def _loads(text: str | None) -> dict[str, Any]:
+    return json.loads(text) if text else {}
+
+
+def _row(r: Sequence[Any]) -> Row:
+    return Row(
+        session=r[0],
+        seq=r[1],
+        run=r[2],
+        actor=r[3],
+        kind=RowKind(r[4]),
+        body=json.loads(r[5]),
+        sources=tuple(json.loads(r[6])),
+        bytes=r[7],
+        media_bytes=r[8],
+        entry_id=r[9],
+        extra=_loads(r[10]),
+    )
+
+
+def _run(r: Sequence[Any]) -> Run:
+    return Run(
+        id=r[0],
+        session=r[1],
+        agent=r[2],
+        status=RunStatus(r[3]),
+        request_seq=r[4],
+        started=r[5],
+        ended=r[6],
+        epoch=r[7],
+        extra=_loads(r[8]),
+    )
+
+
+def encode_row(session: str, seq: int, run: str | None, row: NewRow) -> tuple[Any, ...]:
+    """The stored tuple of a row: its body as canonical JSON, measured once, here."""
+    body = canonical_json(row.body)
+    m = measure(row.body, canonical=body)
+    return (
+        session,
+        seq,
+        run,
+        row.actor,
+        row.kind.value,
+        body,
+        canonical_json(list(row.sources)),
+        m.text_bytes,
+        m.media_bytes,
+        row.entry_id,
+        canonical_json(row.extra) if row.extra else "{}",
+        row_text(row.kind, row.body),
+    )
+
+
+_INSERT_ROW = (
+    "INSERT INTO rows (session, seq, run, actor, kind, body, sources, bytes, media_bytes, "
+    "entry_id, extra, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+class SqlLedger(abc.ABC):
+    """The run ledger. Open one with :func:`tether.ledger.open_ledger`."""
+
+    url: str
+
+    # -- the dialect's part ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _tx(self) -> contextlib.AbstractContextManager[Cursor]:
+        """A cursor inside one write transaction (committed on exit, rolled back on error)."""
+
+    @abc.abstractmethod
+    def _read(self) -> contextlib.AbstractContextManager[Cursor]:
+        """A cursor for reads."""
+
+    @abc.abstractmethod
+    def _is_unique_violation(self, exc: BaseException) -> bool: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> SqlLedger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def create_session(
+        self, session_id: str, *, created: str | None = None, extra: dict[str, Any] | None = None
+    ) -> Session:
+        s = Session(id=session_id, created=created or now_iso(), extra=extra or {})
+        try:
+            with self._tx() as c:
+                c.execute(
+                    "INSERT INTO sessions (id, created, extra) VALUES (?, ?, ?)",
+                    (s.id, s.created, canonical_json(s.extra)),
+                )
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise AlreadyExists(f"session {session_id!r} already exists") from exc
+            raise
+        return s
+
+    def ensure_session(self, session_id: str) -> Session:
+        """The session, created on first use."""
+        found = self.session(session_id)
+        if found is not None:
+            return found
+        try:
+            return self.create_session(session_id)
+        except AlreadyExists:
+            return self.get_session(session_id)
+
+    def session(self, session_id: str) -> Session | None:
+        with self._read() as c:
+            c.execute(
+                "SELECT id, created, refusing, extra FROM sessions WHERE id = ?", (session_id,)
+            )
+            r = c.fetchone()
+        return Session(id=r[0], created=r[1], refusing=r[2], extra=_loads(r[3])) if r else None
+
+    def get_session(self, session_id: str) -> Session:
+        found = self.session(session_id)
+        if found is None:
+            raise NotFound(f"no session {session_id!r}; `tether sessions` lists them")
+        return found
+
+    def sessions(self, *, limit: int = 1000) -> list[Session]:
+        with self._read() as c:
+            c.execute(
+                "SELECT id, created, refusing, extra FROM sessions ORDER BY created, id LIMIT ?",
+                (limit,),
+            )
+            return [Session(id=r[0], created=r[1], refusing=r[2], extra=_loads(r[3])) for r in c.fetchall()]
+
+    def last_seq(self, session_id: str) -> int:
+        with self._read() as c:
+            c.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,))
+            r = c.fetchone()
+        if r is None:
+            raise NotFound(f"no session {session_id!r}")
+        return int(r[0])
+
+    def set_refusing(self, session_id: str, reason: str | None) -> None:
+        """Mark the session as refusing new prompts (or clear it with ``None``)."""
+        with self._tx() as c:
+            c.execute("UPDATE sessions SET refusing = ? WHERE id = ?", (reason, session_id))
+            if c.rowcount != 1:
+                raise NotFound(f"no session {session_id!r}")
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        session_id: str,
+        agent: str,
+        *,
+        run_id: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Run:
+        """A queued run. Refused while the session is refusing prompts."""
+        import uuid
+
+        rid = run_id or f"r-{uuid.uuid4().hex[:12]}"
+        try:
+            with self._tx() as c:
+                c.execute("SELECT refusing FROM sessions WHERE id = ?", (session_id,))
+                s = c.fetchone()
+                if s is None:
+                    raise NotFound(f"no session {session_id!r}")
+                if s[0]:
+                    raise SessionRefusing(
+                        f"session {session_id!r} refuses new prompts: {s[0]}; "
+                        f"after checking it, clear it with `tether session clear {session_id}`"
+                    )
+                c.execute(
+                    "INSERT INTO runs (id, session, agent, status, epoch, extra) "
+                    "VALUES (?, ?, ?, 'queued', 0, ?)",
+                    (rid, session_id, agent, canonical_json(extra or {})),
+                )
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise AlreadyExists(f"run {rid!r} already exists") from exc
+            raise
+        return Run(id=rid, session=session_id, agent=agent, status=RunStatus.QUEUED, extra=extra or {})
+
+    def run(self, run_id: str) -> Run | None:
+        with self._read() as c:
+            c.execute(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", (run_id,))
+            r = c.fetchone()
+        return _run(r) if r else None
+
+    def get_run(self, run_id: str) -> Run:
+        found = self.run(run_id)
+        if found is None:
+            raise NotFound(f"no run {run_id!r}")
+        return found
+
+    def runs(self, session_id: str, *, limit: int = 100_000) -> list[Run]:
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_RUN_COLS} FROM runs WHERE session = ? ORDER BY ord LIMIT ?",
+                (session_id, limit),
+            )
+            return [_run(r) for r in c.fetchall()]
+
+    def claim_run(self, run_id: str) -> Fence:
+        """Take ownership of a queued or running run. Each claim bumps the owner epoch; writes
+        under an older fence are rejected from then on."""
+        with self._tx() as c:
+            c.execute(
+                "UPDATE runs SET epoch = epoch + 1, status = 'running', "
+                "started = COALESCE(started, ?) "
+                "WHERE id = ? AND status IN ('queued', 'running') RETURNING session, epoch",
+                (now_iso(), run_id),
+            )
+            r = c.fetchone()
+        if r is None:
+            found = self.run(run_id)
+            if found is None:
+                raise NotFound(f"no run {run_id!r}")
+            raise RunNotActive(f"run {run_id!r} is {found.status.value}; it cannot be claimed")
+        return Fence(run=run_id, session=r[0], epoch=int(r[1]))
+
+    def _check_fence(self, c: Cursor, fence: Fence, assignments: str = "epoch = epoch", params: Sequence[Any] = ()) -> None:
+        c.execute(
+            f"UPDATE runs SET {assignments} WHERE id = ? AND epoch = ? AND status = 'running'",
+            (*params, fence.run, fence.epoch),
+        )
+        if c.rowcount == 1:
+            return
+        c.execute("SELECT status, epoch FROM runs WHERE id = ?", (fence.run,))
+        r = c.fetchone()
+        if r is None:
+            raise NotFound(f"no run {fence.run!r}")
+        if int(r[1]) != fence.epoch:
+            raise FencedOut(
+                f"run {fence.run!r} was claimed by a newer owner (epoch {r[1]} > {fence.epoch}); "
+                "this writer must stop"
+            )
+        raise RunNotActive(f"run {fence.run!r} is {r[0]}; it takes no more writes")
+
+    def append(self, fence: Fence, rows: Sequence[NewRow], *, request: bool = False) -> list[Row]:
+        """Append rows under a fence, in one transaction: all or nothing.
+
+        Rows that carry a pi ``entry_id`` already in the session are not appended again (the
+        stored row is returned in their place), so a mirror that restarts never duplicates.
+        With ``request=True`` the single row is recorded as the run's request."""
+        if request and len(rows) != 1:
+            raise ValueError("a run has exactly one request row")
+        if not rows:
+            return []
+        with self._tx() as c:
+            self._check_fence(c, fence)
+            existing: dict[str, Row] = {}
+            ids = [r.entry_id for r in rows if r.entry_id is not None]
+            if ids:
+                marks = ", ".join("?" for _ in ids)
+                c.execute(
+                    f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND entry_id IN ({marks})",
+                    (fence.session, *ids),
+                )
+                existing = {row.entry_id: row for row in map(_row, c.fetchall()) if row.entry_id}
+            fresh = [r for r in rows if r.entry_id is None or r.entry_id not in existing]
+            encoded: list[tuple[Any, ...]] = []
+            if fresh:
+                c.execute(
+                    "UPDATE sessions SET last_seq = last_seq + ? WHERE id = ? RETURNING last_seq",
+                    (len(fresh), fence.session),
+                )
+                last = int(c.fetchone()[0])
+                first = last - len(fresh) + 1
+                encoded = [
+                    encode_row(fence.session, first + i, fence.run, r) for i, r in enumerate(fresh)
+                ]
+                c.executemany(_INSERT_ROW, encoded)
+                if request:
+                    c.execute("UPDATE runs SET request_seq = ? WHERE id = ?", (first, fence.run))
+        out: list[Row] = []
+        made = iter(encoded)
+        for r in rows:
+            if r.entry_id is not None and r.entry_id in existing:
+                out.append(existing[r.entry_id])
+            else:
+                e = next(made)
+                out.append(
+                    Row(
+                        session=e[0],
+                        seq=e[1],
+                        run=e[2],
+                        actor=r.actor,
+                        kind=r.kind,
+                        body=r.body,
+                        sources=tuple(r.sources),
+                        bytes=e[7],
+                        media_bytes=e[8],
+                        entry_id=r.entry_id,
+                        extra=r.extra,
+                    )
+                )
+        return out
+
+    def end_run(
+        self, fence: Fence, status: RunStatus, *, extra: dict[str, Any] | None = None
+    ) -> Run:
+        """Finish, fail or interrupt a run (fenced). ``extra`` is merged into the run's record."""
+        if status not in ENDED_STATUSES:
+            raise ValueError(f"{status} is not an ending status")
+        with self._tx() as c:
+            c.execute("SELECT extra FROM runs WHERE id = ?", (fence.run,))
+            r = c.fetchone()
+            merged = {**_loads(r[0] if r else None), **(extra or {})}
+            self._check_fence(
+                c,
+                fence,
+                "status = ?, ended = ?, extra = ?",
+                (status.value, now_iso(), canonical_json(merged)),
+            )
+        return self.get_run(fence.run)
+
+    def update_run_extra(self, fence: Fence, extra: dict[str, Any]) -> None:
+        """Merge fields into a running run's record (fenced)."""
+        with self._tx() as c:
+            c.execute("SELECT extra FROM runs WHERE id = ?", (fence.run,))
+            r = c.fetchone()
+            merged = {**_loads(r[0] if r else None), **extra}
+            self._check_fence(c, fence, "extra = ?", (canonical_json(merged),))
+
+    # -- notes -------------------------------------------------------------------------------
+
+    def add_note(self, session_id: str, agent: str, text: str, *, at: str | None = None) -> Note:
+        note = Note(session=session_id, agent=agent, text=text, at=at or now_iso())
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO notes (session, agent, text, at, bytes, extra) VALUES (?, ?, ?, ?, ?, '{}')",
+                (session_id, agent, text, note.at, len(text.encode("utf-8"))),
+            )
+        return note
+
+    def notes(
+        self,
+        session_id: str,
+        agent: str,
+        *,
+        max_count: int = DEFAULT_NOTES_COUNT,
+        max_bytes: int = DEFAULT_NOTES_BYTES,
+    ) -> list[Note]:
+        """The newest notes of an agent on a session that fit both bounds, oldest first."""
+        with self._read() as c:
+            c.execute(
+                "SELECT text, at, bytes, extra FROM notes WHERE session = ? AND agent = ? "
+                "ORDER BY id DESC LIMIT ?",
+                (session_id, agent, max_count),
+            )
+            picked: list[Note] = []
+            total = 0
+            for text, at, size, extra in c.fetchall():
+                if total + size > max_bytes:
+                    break
+                total += size
+                picked.append(Note(session_id, agent, text, at, _loads(extra)))
+        picked.reverse()
+        return picked
+
+    def all_notes(self, session_id: str) -> list[Note]:
+        with self._read() as c:
+            c.execute(
+                "SELECT agent, text, at, extra FROM notes WHERE session = ? ORDER BY id",
+                (session_id,),
+            )
+            return [Note(session_id, r[0], r[1], r[2], _loads(r[3])) for r in c.fetchall()]
+
+    # -- bounded reads -----------------------------------------------------------------------
+
+    def row(self, session_id: str, seq: int) -> Row | None:
+        """One exact row, by seq."""
+        with self._read() as c:
+            c.execute(f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND seq = ?", (session_id, seq))
+            r = c.fetchone()
+        return _row(r) if r else None
+
+    def latest_compaction(self, session_id: str) -> Row | None:
+        """The newest compaction row of the session, wherever it lies."""
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND kind = 'compaction' "
+                "ORDER BY seq DESC LIMIT 1",
+                (session_id,),
+            )
+            r = c.fetchone()
+        return _row(r) if r else None
+
+    def last_ended_run(self, session_id: str, agent: str) -> Run | None:
+        """The newest finished, failed or interrupted run of an agent on a session."""
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_RUN_COLS} FROM runs WHERE session = ? AND agent = ? "
+                f"AND status IN {_ENDED} ORDER BY ord DESC LIMIT 1",
+                (session_id, agent),
+            )
+            r = c.fetchone()
+        return _run(r) if r else None
+
+    def rows_range(self, session_id: str, first: int, last: int, *, limit: int = 1000) -> list[Row]:
+        """Rows with ``first <= seq <= last``, ascending, at most ``limit`` of them."""
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND seq >= ? AND seq <= ? "
+                "ORDER BY seq LIMIT ?",
+                (session_id, first, last, limit),
+            )
+            return [_row(r) for r in c.fetchall()]
+
+    def tail(
+        self,
+        session_id: str,
+        max_bytes: int,
+        *,
+        after: int = 0,
+        max_rows: int = DEFAULT_TAIL_ROWS,
+    ) -> TailRead:
+        """The newest contiguous rows with ``seq > after`` whose stored sizes fit ``max_bytes``,
+        read newest first in pages and returned oldest first. Stops at the first row that does
+        not fit: a tail is contiguous."""
+        taken: list[Row] = []
+        total = 0
+        below: int | None = None
+        with self._read() as c:
+            while True:
+                if below is None:
+                    c.execute(
+                        f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND seq > ? "
+                        "ORDER BY seq DESC LIMIT ?",
+                        (session_id, after, TAIL_PAGE),
+                    )
+                else:
+                    c.execute(
+                        f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND seq > ? AND seq < ? "
+                        "ORDER BY seq DESC LIMIT ?",
+                        (session_id, after, below, TAIL_PAGE),
+                    )
+                page = c.fetchall()
+                for raw in page:
+                    size = raw[7]
+                    if total + size > max_bytes or len(taken) >= max_rows:
+                        taken.reverse()
+                        return TailRead(rows=taken, bytes=total, stop_seq=raw[1])
+                    total += size
+                    taken.append(_row(raw))
+                if len(page) < TAIL_PAGE:
+                    taken.reverse()
+                    return TailRead(rows=taken, bytes=total, stop_seq=None)
+                below = page[-1][1]
+
+    def iter_rows(self, session_id: str, *, page: int = 1000) -> Iterator[Row]:
+        """Every row of a session, in seq order (for dumps and copies, not for follow-ups)."""
+        after = 0
+        while True:
+            batch = self.rows_range(session_id, after + 1, 2**62, limit=page)
+            yield from batch
+            if len(batch) < page:
+                return
+            after = batch[-1].seq
+
+    # -- interchange import --------------------------------------------------------------------
+
+    def import_records(
+        self,
+        sessions: Sequence[Session],
+        runs: Sequence[Run],
+        rows: Sequence[Row],
+        notes: Sequence[Note],
+    ) -> None:
+        """Write already-validated interchange records in one transaction (``ledger load``).
+
+        Runs are created in the order given. Row seqs are taken as given; the caller has checked
+        that they continue each session densely."""
+        with self._tx() as c:
+            for s in sessions:
+                try:
+                    c.execute(
+                        "INSERT INTO sessions (id, created, refusing, extra) VALUES (?, ?, ?, ?)",
+                        (s.id, s.created, s.refusing, canonical_json(s.extra)),
+                    )
+                except Exception as exc:
+                    if self._is_unique_violation(exc):
+                        raise AlreadyExists(f"session {s.id!r} already exists in the ledger") from exc
+                    raise
+            for run in runs:
+                try:
+                    c.execute(
+                        "INSERT INTO runs (id, session, agent, status, request_seq, started, ended, "
+                        "epoch, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            run.id,
+                            run.session,
+                            run.agent,
+                            run.status.value,
+                            run.request_seq,
+                            run.started,
+                            run.ended,
+                            run.epoch,
+                            canonical_json(run.extra),
+                        ),
+                    )
+                except Exception as exc:
+                    if self._is_unique_violation(exc):
+                        raise AlreadyExists(f"run {run.id!r} already exists in the ledger") from exc
+                    raise
+            by_session: dict[str, int] = {}
+            encoded = []
+            for row in rows:
+                new = NewRow(
+                    actor=row.actor,
+                    kind=row.kind,
+                    body=row.body,
+                    sources=row.sources,
+                    entry_id=row.entry_id,
+                    extra=row.extra,
+                )
+                encoded.append(encode_row(row.session, row.seq, row.run, new))
+                by_session[row.session] = max(by_session.get(row.session, 0), row.seq)
+            c.executemany(_INSERT_ROW, encoded)
+            for sid, last in by_session.items():
+                c.execute("UPDATE sessions SET last_seq = ? WHERE id = ?", (last, sid))
+            for n in notes:
+                c.execute(
+                    "INSERT INTO notes (session, agent, text, at, bytes, extra) VALUES (?, ?, ?, ?, ?, ?)",
+                    (n.session, n.agent, n.text, n.at, len(n.text.encode("utf-8")), canonical_json(n.extra)),
+                )

@@ -1,0 +1,69 @@
+"""Byte accounting (DESIGN §3.3).
+
+The size of a message is the length in UTF-8 of its canonical JSON (sorted keys, no spaces) with
+every base64 media payload replaced by its length. Media are counted apart, against their own
+attachment limits, and never consume the text budget. The harness's working view and the follow-up
+view are measured by this one function.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Measure", "canonical_json", "measure", "strip_media"]
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces, non-ASCII kept as is (so UTF-8 length is the byte count)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    text_bytes: int
+    """UTF-8 length of the canonical JSON, media payloads replaced by their lengths."""
+    media_bytes: int
+    """Total length of the base64 media payloads (counted against attachment limits)."""
+    media_count: int
+
+
+def _is_media(node: dict[str, Any]) -> bool:
+    return node.get("type") == "image" and isinstance(node.get("data"), str)
+
+
+def strip_media(value: Any) -> tuple[Any, int, int]:
+    """Return (copy with media payloads replaced by their length, media bytes, media count)."""
+    if isinstance(value, dict):
+        if _is_media(value):
+            data: str = value["data"]
+            return {**value, "data": len(data)}, len(data), 1
+        out: dict[str, Any] = {}
+        total = count = 0
+        for key, item in value.items():
+            out[key], b, c = strip_media(item)
+            total += b
+            count += c
+        return out, total, count
+    if isinstance(value, list):
+        items = []
+        total = count = 0
+        for item in value:
+            new, b, c = strip_media(item)
+            items.append(new)
+            total += b
+            count += c
+        return items, total, count
+    return value, 0, 0
+
+
+def measure(value: Any, *, canonical: str | None = None) -> Measure:
+    """Measure a message (or any JSON value). ``canonical`` may pass its already-built canonical
+    JSON; it is reused when the value carries no media, which is the common case."""
+    if canonical is None:
+        canonical = canonical_json(value)
+    if '"image"' not in canonical:  # cheap test: no image block, no media to strip
+        return Measure(len(canonical.encode("utf-8")), 0, 0)
+    stripped, media, count = strip_media(value)
+    return Measure(len(canonical_json(stripped).encode("utf-8")), media, count)
