@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from provider import scripted_provider  # noqa: F401  (fixture; tests/provider.py)
 from tether.ledger import Ledger, open_ledger
 
 # Each backend: a factory from a fresh temporary directory to a ledger URL. The PostgreSQL
