@@ -7,14 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from pg import postgres_url
 from provider import scripted_provider  # noqa: F401  (fixture; tests/provider.py)
 from tether.ledger import Ledger, open_ledger
 
 # Each backend: a factory from a fresh temporary directory to a ledger URL. The PostgreSQL
-# backend adds itself (a schema per test) in tests/pg.py.
+# backend (a schema per test) is tests/pg.py.
 BACKENDS: dict[str, Callable[[Path], str]] = {
     "memory": lambda tmp: "memory:",
     "sqlite": lambda tmp: f"sqlite://{tmp}/ledger.db",
+    "postgres": postgres_url,
 }
 
 

@@ -14,11 +14,15 @@ __all__ = ["ConfigOpt", "LedgerOpt", "open_configured_ledger"]
 
 ConfigOpt = Annotated[
     Path | None,
-    typer.Option("--config", "-c", help="tether.toml to use (default: $TETHER_CONFIG or ./tether.toml)."),
+    typer.Option(
+        "--config", "-c", help="tether.toml to use (default: $TETHER_CONFIG or ./tether.toml)."
+    ),
 ]
 LedgerOpt = Annotated[
     str | None,
-    typer.Option("--ledger", help="Ledger URL, overriding the config (memory:, sqlite:PATH, postgresql://…)."),
+    typer.Option(
+        "--ledger", help="Ledger URL, overriding the config (memory:, sqlite:PATH, postgresql://…)."
+    ),
 ]
 
 

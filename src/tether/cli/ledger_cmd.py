@@ -10,13 +10,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import command
 from tether.ledger import Row, RowKind
 from tether.ledger.jsonl import dump_session, load_file, row_record
 
-ledger_app = typer.Typer(help="Move sessions in and out of the ledger as JSON Lines.", no_args_is_help=True)
+ledger_app = typer.Typer(
+    help="Move sessions in and out of the ledger as JSON Lines.", no_args_is_help=True
+)
 session_app = typer.Typer(help="Operate on one session.", no_args_is_help=True)
 console = Console(highlight=False)
 
@@ -109,18 +112,31 @@ def log(
             sys.stdout.write(json.dumps(row_record(row), ensure_ascii=False) + "\n")
         return
     table = Table(title=f"session {session} ({last} rows, {len(runs)} runs)", expand=True)
+    for run in runs.values():
+        console.print(
+            Text(
+                f"run {run.id}: {run.agent} {run.status.value}, request seq {run.request_seq}, "
+                f"{run.started or '?'} → {run.ended or '…'}"
+            )
+        )
     table.add_column("seq", justify="right")
     table.add_column("run")
     table.add_column("actor")
     table.add_column("kind")
     table.add_column("bytes", justify="right")
-    table.add_column("content", ratio=1, overflow="fold")
+    table.add_column("content", ratio=1, overflow="ellipsis", no_wrap=True)
     for row in rows:
         kind = row.role or row.kind.value
         style = {"compaction": "bold green", "receipt": "bold yellow"}.get(row.kind.value, "")
-        run = runs.get(row.run or "")
-        run_label = f"{row.run} ({run.status.value})" if run else (row.run or "")
-        table.add_row(str(row.seq), run_label, row.actor, kind, str(row.bytes), _summary(row), style=style)
+        table.add_row(
+            str(row.seq),
+            row.run or "",
+            row.actor,
+            kind,
+            str(row.bytes),
+            Text(_summary(row)),
+            style=style,
+        )
     console.print(table)
 
 
@@ -140,7 +156,8 @@ def sessions(
     if as_json:
         for s, last in found:
             sys.stdout.write(
-                json.dumps({"id": s.id, "created": s.created, "rows": last, "refusing": s.refusing}) + "\n"
+                json.dumps({"id": s.id, "created": s.created, "rows": last, "refusing": s.refusing})
+                + "\n"
             )
         return
     table = Table(title="sessions")

@@ -1,6 +1,6 @@
 """The run ledger: sessions, runs, rows, notes and receipts, with fenced step writes.
 
-    ledger = open_ledger("sqlite:///var/lib/tether/ledger.db")   # or "postgresql://…", "memory:"
+ledger = open_ledger("sqlite:///var/lib/tether/ledger.db")   # or "postgresql://…", "memory:"
 """
 
 from __future__ import annotations

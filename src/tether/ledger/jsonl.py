@@ -221,11 +221,13 @@ def parse_lines(lines: Iterable[bytes], source: str, ledger: SqlLedger | None = 
             fail(f"unknown record type {kind!r} (expected session, run, row or note)")
 
     for run in out.runs:
+        # next_seq continues the ledger's own rows for sessions it already holds
         if run.request_seq is not None and run.request_seq >= next_seq.get(run.session, 1):
-            if ledger is None or run.request_seq > ledger.last_seq(run.session):
-                raise InterchangeError(
-                    source, lineno, f"run {run.id!r} names request_seq {run.request_seq}, no such row"
-                )
+            raise InterchangeError(
+                source,
+                lineno,
+                f"run {run.id!r} names request_seq {run.request_seq}, no such row",
+            )
     return out
 
 
@@ -299,7 +301,14 @@ def row_record(row: Row) -> dict[str, Any]:
 
 
 def note_record(n: Note) -> dict[str, Any]:
-    return {**n.extra, "type": "note", "session": n.session, "agent": n.agent, "text": n.text, "at": n.at}
+    return {
+        **n.extra,
+        "type": "note",
+        "session": n.session,
+        "agent": n.agent,
+        "text": n.text,
+        "at": n.at,
+    }
 
 
 def dump_session(ledger: SqlLedger, session_id: str, out: IO[str]) -> int:

@@ -197,7 +197,10 @@ class SqlLedger(abc.ABC):
                 "SELECT id, created, refusing, extra FROM sessions ORDER BY created, id LIMIT ?",
                 (limit,),
             )
-            return [Session(id=r[0], created=r[1], refusing=r[2], extra=_loads(r[3])) for r in c.fetchall()]
+            return [
+                Session(id=r[0], created=r[1], refusing=r[2], extra=_loads(r[3]))
+                for r in c.fetchall()
+            ]
 
     def last_seq(self, session_id: str) -> int:
         with self._read() as c:
@@ -248,7 +251,9 @@ class SqlLedger(abc.ABC):
             if self._is_unique_violation(exc):
                 raise AlreadyExists(f"run {rid!r} already exists") from exc
             raise
-        return Run(id=rid, session=session_id, agent=agent, status=RunStatus.QUEUED, extra=extra or {})
+        return Run(
+            id=rid, session=session_id, agent=agent, status=RunStatus.QUEUED, extra=extra or {}
+        )
 
     def run(self, run_id: str) -> Run | None:
         with self._read() as c:
@@ -288,7 +293,13 @@ class SqlLedger(abc.ABC):
             raise RunNotActive(f"run {run_id!r} is {found.status.value}; it cannot be claimed")
         return Fence(run=run_id, session=r[0], epoch=int(r[1]))
 
-    def _check_fence(self, c: Cursor, fence: Fence, assignments: str = "epoch = epoch", params: Sequence[Any] = ()) -> None:
+    def _check_fence(
+        self,
+        c: Cursor,
+        fence: Fence,
+        assignments: str = "epoch = epoch",
+        params: Sequence[Any] = (),
+    ) -> None:
         c.execute(
             f"UPDATE runs SET {assignments} WHERE id = ? AND epoch = ? AND status = 'running'",
             (*params, fence.run, fence.epoch),
@@ -398,7 +409,8 @@ class SqlLedger(abc.ABC):
         note = Note(session=session_id, agent=agent, text=text, at=at or now_iso())
         with self._tx() as c:
             c.execute(
-                "INSERT INTO notes (session, agent, text, at, bytes, extra) VALUES (?, ?, ?, ?, ?, '{}')",
+                "INSERT INTO notes (session, agent, text, at, bytes, extra) "
+                "VALUES (?, ?, ?, ?, ?, '{}')",
                 (session_id, agent, text, note.at, len(text.encode("utf-8"))),
             )
         return note
@@ -441,7 +453,9 @@ class SqlLedger(abc.ABC):
     def row(self, session_id: str, seq: int) -> Row | None:
         """One exact row, by seq."""
         with self._read() as c:
-            c.execute(f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND seq = ?", (session_id, seq))
+            c.execute(
+                f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND seq = ?", (session_id, seq)
+            )
             r = c.fetchone()
         return _row(r) if r else None
 
@@ -550,13 +564,15 @@ class SqlLedger(abc.ABC):
                     )
                 except Exception as exc:
                     if self._is_unique_violation(exc):
-                        raise AlreadyExists(f"session {s.id!r} already exists in the ledger") from exc
+                        raise AlreadyExists(
+                            f"session {s.id!r} already exists in the ledger"
+                        ) from exc
                     raise
             for run in runs:
                 try:
                     c.execute(
-                        "INSERT INTO runs (id, session, agent, status, request_seq, started, ended, "
-                        "epoch, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO runs (id, session, agent, status, request_seq, started, "
+                        "ended, epoch, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             run.id,
                             run.session,
@@ -591,6 +607,14 @@ class SqlLedger(abc.ABC):
                 c.execute("UPDATE sessions SET last_seq = ? WHERE id = ?", (last, sid))
             for n in notes:
                 c.execute(
-                    "INSERT INTO notes (session, agent, text, at, bytes, extra) VALUES (?, ?, ?, ?, ?, ?)",
-                    (n.session, n.agent, n.text, n.at, len(n.text.encode("utf-8")), canonical_json(n.extra)),
+                    "INSERT INTO notes (session, agent, text, at, bytes, extra) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        n.session,
+                        n.agent,
+                        n.text,
+                        n.at,
+                        len(n.text.encode("utf-8")),
+                        canonical_json(n.extra),
+                    ),
                 )

@@ -88,7 +88,10 @@ class SQLiteLedger(SqlLedger):
             target = str(Path(raw).resolve())
             Path(target).parent.mkdir(parents=True, exist_ok=True)
         else:
-            raise LedgerError(f"not a SQLite ledger URL: {url!r} (use sqlite:///ABSOLUTE/PATH, sqlite:RELATIVE/PATH or memory:)")
+            raise LedgerError(
+                f"not a SQLite ledger URL: {url!r} "
+                "(use sqlite:///ABSOLUTE/PATH, sqlite:RELATIVE/PATH or memory:)"
+            )
         try:
             self._conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
             self._conn.execute("PRAGMA journal_mode = WAL" if target != ":memory:" else "SELECT 1")

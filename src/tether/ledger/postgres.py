@@ -1,0 +1,256 @@
+"""The shared ledger: PostgreSQL (``postgresql://USER@HOST/DB``), for several tether hosts.
+
+The operations are :class:`~tether.ledger.sql.SqlLedger`'s, written once; this module supplies
+connections (a psycopg 3 ``ConnectionPool``), the DDL and its migrations, and rewrites the
+portable ``?`` placeholders to psycopg's ``%s``.
+
+Isolation: READ COMMITTED (PostgreSQL's default), on purpose. Every step write begins with
+
+    UPDATE runs SET … WHERE id = %s AND epoch = %s AND status = 'running'
+
+which takes the run's row lock and holds it until the transaction commits. A concurrent claim
+(``UPDATE runs SET epoch = epoch + 1 …``) waits for that lock, so it commits after the write; a
+write that arrives after a claim waits for the claim and then re-checks its WHERE clause against
+the newly committed row (READ COMMITTED re-evaluates an UPDATE's condition on the latest row
+version), sees the new epoch and changes nothing (``FencedOut``). Either way no stale write can
+slip in between the check and the write. Dense ``seq`` works the same way: ``UPDATE sessions SET
+last_seq = last_seq + n … RETURNING last_seq`` locks the session's row until commit, so
+concurrent appends to a session take consecutive ranges, and a rolled-back append rolls its
+increment back too. REPEATABLE READ or SERIALIZABLE would add nothing here and turn every such
+wait into a serialization failure that the caller would have to retry. Lock order is always run,
+then session, so appends on different runs of one session cannot deadlock.
+
+Reads run in autocommit: each statement sees the latest committed state. A tail read pages down
+by ``seq < below``, and rows are append-only, so its pages are consistent without a snapshot.
+
+Tables live in the first schema of the connection's ``search_path``; to keep tether's tables
+apart from others, name a schema in the URL:
+``postgresql://tether@db/ops?options=-csearch_path%3Dtether`` (the schema must exist).
+
+Full-text search (recall) reads ``rows.text`` through a GIN index on :data:`FTS_DOCUMENT`; use
+that exact expression in a query so PostgreSQL uses the index, e.g.
+``WHERE FTS_DOCUMENT @@ websearch_to_tsquery('simple', %s) AND session = %s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from tether.errors import LedgerError
+from tether.ledger.sql import Cursor, SqlLedger
+
+__all__ = ["FTS_DOCUMENT", "FTS_MAX_CHARS", "MIGRATIONS", "SCHEMA_VERSION", "PostgresLedger"]
+
+# A tsvector may not exceed 1 MB, and to_tsvector raises (failing the append) when it would.
+# The worst text measured (two-character CJK words, all distinct) takes 4.7 bytes of tsvector
+# per character, so the first 100,000 characters of a row are indexed: at most ~470 KB.
+FTS_MAX_CHARS = 100_000
+FTS_DOCUMENT = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
+
+# Each entry migrates from version i to i + 1. Append, never edit: a ledger on disk replays them.
+# Bodies, extras and timestamps are TEXT exactly as SQLite stores them (canonical JSON, the
+# interchange timestamps), so both backends return byte-identical records.
+MIGRATIONS: list[str] = [
+    f"""
+    CREATE TABLE sessions (
+        id        TEXT PRIMARY KEY,
+        created   TEXT NOT NULL,
+        last_seq  BIGINT NOT NULL DEFAULT 0,
+        refusing  TEXT,
+        extra     TEXT NOT NULL DEFAULT '{{}}'
+    );
+    CREATE TABLE runs (
+        ord          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        id           TEXT NOT NULL UNIQUE,
+        session      TEXT NOT NULL REFERENCES sessions(id),
+        agent        TEXT NOT NULL,
+        status       TEXT NOT NULL CHECK (status IN
+                         ('queued', 'running', 'finished', 'failed', 'interrupted')),
+        request_seq  BIGINT,
+        started      TEXT,
+        ended        TEXT,
+        epoch        BIGINT NOT NULL DEFAULT 0,
+        extra        TEXT NOT NULL DEFAULT '{{}}'
+    );
+    CREATE INDEX runs_by_session ON runs (session, ord);
+    CREATE INDEX runs_ended ON runs (session, agent, ord)
+        WHERE status IN ('finished', 'failed', 'interrupted');
+    CREATE TABLE rows (
+        id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        session      TEXT NOT NULL REFERENCES sessions(id),
+        seq          BIGINT NOT NULL,
+        run          TEXT REFERENCES runs(id),
+        actor        TEXT NOT NULL,
+        kind         TEXT NOT NULL CHECK (kind IN ('message', 'compaction', 'receipt')),
+        body         TEXT NOT NULL,
+        sources      TEXT NOT NULL DEFAULT '[]',
+        bytes        BIGINT NOT NULL,
+        media_bytes  BIGINT NOT NULL DEFAULT 0,
+        entry_id     TEXT,
+        extra        TEXT NOT NULL DEFAULT '{{}}',
+        text         TEXT NOT NULL DEFAULT '',
+        UNIQUE (session, seq)
+    );
+    CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL;
+    CREATE INDEX rows_compactions ON rows (session, seq) WHERE kind = 'compaction';
+    CREATE INDEX rows_fts ON rows USING gin ({FTS_DOCUMENT});
+    CREATE TABLE notes (
+        id       BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        session  TEXT NOT NULL REFERENCES sessions(id),
+        agent    TEXT NOT NULL,
+        text     TEXT NOT NULL,
+        at       TEXT NOT NULL,
+        bytes    BIGINT NOT NULL,
+        extra    TEXT NOT NULL DEFAULT '{{}}'
+    );
+    CREATE INDEX notes_by_agent ON notes (session, agent, id);
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_VERSION_TABLE = "tether_schema"
+# The advisory lock that serializes migrations: one per schema, so ledgers in different
+# schemas of one database migrate independently.
+_MIGRATE_LOCK = (
+    "SELECT pg_advisory_xact_lock(hashtext('tether.ledger.migrate:' || current_schema()))"
+)
+_POOL_MAX = 10
+_CONNECT_TIMEOUT_S = 10
+
+
+@functools.lru_cache(maxsize=512)
+def _dialect(sql: str) -> str:
+    """``?`` placeholders to psycopg's ``%s`` (a literal ``%`` doubles first)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class _PgCursor:
+    """A psycopg cursor that speaks the portable statements of :mod:`tether.ledger.sql`."""
+
+    def __init__(self, cur: psycopg.Cursor[Any]) -> None:
+        self._cur = cur
+
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount
+
+    def execute(self, sql: str, params: Sequence[Any] | None = None, /) -> Any:
+        if params is None:
+            return self._cur.execute(sql)
+        return self._cur.execute(_dialect(sql), params)
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> Any:
+        return self._cur.executemany(_dialect(sql), params)
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+
+def _redacted(url: str) -> str:
+    """The URL as errors show it: without a password."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<unparsable URL>"
+    user = params.get("user", "")
+    host = params.get("host", "")
+    port = params.get("port", "")
+    db = params.get("dbname", "")
+    return f"postgresql://{user}@{host}{':' + str(port) if port else ''}/{db}"
+
+
+class PostgresLedger(SqlLedger):
+    """The ledger on PostgreSQL, through a pool of autocommit connections; write transactions
+    are opened explicitly (READ COMMITTED; see the module docstring for why that suffices)."""
+
+    def __init__(self, url: str, *, pool_max: int = _POOL_MAX) -> None:
+        self.url = url
+        self._where = _redacted(url)
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.ProgrammingError as exc:
+            raise LedgerError(f"not a PostgreSQL ledger URL: {exc}") from exc
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in params:
+            kwargs["connect_timeout"] = _CONNECT_TIMEOUT_S
+        try:
+            with psycopg.connect(url, **kwargs) as conn:
+                self._migrate(conn)
+        except psycopg.OperationalError as exc:
+            raise LedgerError(
+                f"cannot reach the PostgreSQL ledger at {self._where}: {exc}; check that the "
+                "server runs and the URL's user may connect"
+            ) from exc
+        self._pool = ConnectionPool(
+            url,
+            kwargs=kwargs,
+            min_size=1,
+            max_size=pool_max,
+            open=True,
+            name=f"tether-ledger {self._where}",
+        )
+
+    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction():
+            schema = conn.execute("SELECT current_schema()").fetchone()
+            if schema is None or schema[0] is None:
+                raise LedgerError(
+                    f"the search_path of {self._where} names no existing schema; create the "
+                    "schema first (CREATE SCHEMA …) or fix the URL's options=-csearch_path%3D…"
+                )
+            conn.execute(_MIGRATE_LOCK)
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} (version INTEGER NOT NULL)")
+            row = conn.execute(f"SELECT version FROM {_VERSION_TABLE}").fetchone()
+            version = 0 if row is None else int(row[0])
+            if version > SCHEMA_VERSION:
+                raise LedgerError(
+                    f"the ledger at {self._where} (schema {schema[0]}) has schema version "
+                    f"{version}, newer than this tether ({SCHEMA_VERSION}); upgrade tether"
+                )
+            for i in range(version, SCHEMA_VERSION):
+                conn.execute(MIGRATIONS[i])
+            if row is None:
+                conn.execute(
+                    f"INSERT INTO {_VERSION_TABLE} (version) VALUES (%s)", (SCHEMA_VERSION,)
+                )
+            elif version != SCHEMA_VERSION:
+                conn.execute(f"UPDATE {_VERSION_TABLE} SET version = %s", (SCHEMA_VERSION,))
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise LedgerError(
+                f"no connection to the PostgreSQL ledger at {self._where}: {exc}"
+            ) from exc
+        except psycopg.OperationalError as exc:
+            raise LedgerError(f"the PostgreSQL ledger at {self._where} failed: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Cursor]:
+        with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+            yield _PgCursor(cur)
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Cursor]:
+        with self._connection() as conn, conn.cursor() as cur:
+            yield _PgCursor(cur)
+
+    def _is_unique_violation(self, exc: BaseException) -> bool:
+        return isinstance(exc, psycopg.errors.UniqueViolation)
+
+    def close(self) -> None:
+        self._pool.close()

@@ -1,0 +1,248 @@
+"""Ledger conformance: every backend in tests/conftest.py BACKENDS passes the same suite."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from tether.errors import AlreadyExists, FencedOut, NotFound, RunNotActive, SessionRefusing
+from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
+from tether.sizes import canonical_json
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}], "timestamp": 1}
+
+
+def assistant(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": [{"type": "text", "text": text}], "stopReason": "stop"}
+
+
+def started(ledger: Ledger, session: str = "s1", agent: str = "reviewer") -> Any:
+    ledger.ensure_session(session)
+    run = ledger.create_run(session, agent)
+    return ledger.claim_run(run.id)
+
+
+def test_session_create_get_list(ledger: Ledger) -> None:
+    s = ledger.create_session("s1")
+    assert ledger.get_session("s1") == s
+    with pytest.raises(AlreadyExists):
+        ledger.create_session("s1")
+    assert ledger.ensure_session("s1") == s
+    assert [x.id for x in ledger.sessions()] == ["s1"]
+    with pytest.raises(NotFound):
+        ledger.get_session("nope")
+    assert ledger.last_seq("s1") == 0
+
+
+def test_append_assigns_dense_seq_and_sizes(ledger: Ledger) -> None:
+    fence = started(ledger)
+    a = ledger.append(fence, [NewRow.message("user:ana", user("hi"))], request=True)
+    b = ledger.append(
+        fence,
+        [NewRow.message("agent:reviewer", assistant("é" * 10)) for _ in range(3)],
+    )
+    assert [r.seq for r in a + b] == [1, 2, 3, 4]
+    assert ledger.get_run(fence.run).request_seq == 1
+    stored = ledger.row("s1", 2)
+    assert stored is not None
+    assert stored.bytes == len(canonical_json(assistant("é" * 10)).encode())
+    assert stored.body == assistant("é" * 10)
+    assert stored.actor == "agent:reviewer"
+    assert stored.run == fence.run
+
+
+def test_media_payloads_are_counted_apart(ledger: Ledger) -> None:
+    fence = started(ledger)
+    img = {"type": "image", "data": "A" * 10_000, "mimeType": "image/png"}
+    msg = {"role": "user", "content": [{"type": "text", "text": "see"}, img]}
+    [row] = ledger.append(fence, [NewRow.message("user:ana", msg)])
+    assert row.media_bytes == 10_000
+    stripped = {
+        "role": "user",
+        "content": [{"type": "text", "text": "see"}, {**img, "data": 10_000}],
+    }
+    assert row.bytes == len(canonical_json(stripped).encode())
+
+
+def test_stale_fence_is_rejected_and_writes_nothing(ledger: Ledger) -> None:
+    old = started(ledger)
+    ledger.append(old, [NewRow.message("user:ana", user("one"))])
+    new = ledger.claim_run(old.run)
+    assert new.epoch == old.epoch + 1
+    with pytest.raises(FencedOut):
+        ledger.append(old, [NewRow.message("agent:x", assistant("stale")) for _ in range(5)])
+    assert ledger.last_seq("s1") == 1
+    with pytest.raises(FencedOut):
+        ledger.end_run(old, RunStatus.FINISHED)
+    ledger.append(new, [NewRow.message("agent:x", assistant("fresh"))])
+    assert ledger.last_seq("s1") == 2
+
+
+def test_ended_run_takes_no_writes(ledger: Ledger) -> None:
+    fence = started(ledger)
+    ledger.end_run(fence, RunStatus.FINISHED, extra={"answer_seq": 0})
+    with pytest.raises(RunNotActive):
+        ledger.append(fence, [NewRow.message("agent:x", assistant("late"))])
+    with pytest.raises(RunNotActive):
+        ledger.claim_run(fence.run)
+    run = ledger.get_run(fence.run)
+    assert run.status is RunStatus.FINISHED
+    assert run.ended is not None
+    assert run.extra == {"answer_seq": 0}
+    assert ledger.last_seq("s1") == 0
+
+
+def test_append_is_idempotent_on_entry_id(ledger: Ledger) -> None:
+    fence = started(ledger)
+    rows = [NewRow.message("user:ana", user(f"m{i}"), entry_id=f"e{i}") for i in range(3)]
+    first = ledger.append(fence, rows[:2])
+    again = ledger.append(fence, rows)
+    assert [r.seq for r in first] == [1, 2]
+    assert [r.seq for r in again] == [1, 2, 3]
+    assert ledger.last_seq("s1") == 3
+
+
+def test_refusing_session_refuses_new_runs(ledger: Ledger) -> None:
+    ledger.create_session("s1")
+    ledger.set_refusing("s1", "pi idle unconfirmed")
+    with pytest.raises(SessionRefusing, match="tether session clear s1"):
+        ledger.create_run("s1", "reviewer")
+    ledger.set_refusing("s1", None)
+    assert ledger.create_run("s1", "reviewer").status is RunStatus.QUEUED
+
+
+def test_bounded_reads(ledger: Ledger) -> None:
+    f1 = started(ledger)
+    ledger.append(f1, [NewRow.message("user:ana", user("first request"))], request=True)
+    ledger.append(f1, [NewRow.message("agent:r", assistant(f"a{i}")) for i in range(5)])
+    compaction = {
+        "summary": "so far",
+        "covers_to": 6,
+        "continuation": {"version": 1, "run": f1.run},
+    }
+    [c] = ledger.append(f1, [NewRow("agent:r", RowKind.COMPACTION, compaction, ("repo:a",))])
+    ledger.end_run(f1, RunStatus.FINISHED)
+    f2 = started(ledger)
+    ledger.append(f2, [NewRow.message("user:ana", user("second"))], request=True)
+    ledger.append(f2, [NewRow.message("agent:r", assistant("x" * 100)) for _ in range(20)])
+
+    latest = ledger.latest_compaction("s1")
+    assert latest is not None
+    assert latest.seq == c.seq == 7
+    assert latest.covers_to == 6
+    assert latest.sources == ("repo:a",)
+
+    ended = ledger.last_ended_run("s1", "reviewer")
+    assert ended is not None
+    assert ended.id == f1.run
+    assert ended.request_seq == 1
+    assert ledger.last_ended_run("s1", "other") is None
+
+    assert ledger.row("s1", 8) is not None
+    assert ledger.row("s1", 999) is None
+
+    size = ledger.row("s1", 28)
+    assert size is not None
+    tail = ledger.tail("s1", size.bytes * 3)
+    assert [r.seq for r in tail.rows] == [26, 27, 28]
+    assert tail.stop_seq == 25
+    assert tail.bytes == size.bytes * 3
+    floor = ledger.tail("s1", 10**9, after=20)
+    assert [r.seq for r in floor.rows] == list(range(21, 29))
+    assert floor.stop_seq is None
+    capped = ledger.tail("s1", 10**9, max_rows=4)
+    assert [r.seq for r in capped.rows] == [25, 26, 27, 28]
+
+    assert [r.seq for r in ledger.rows_range("s1", 5, 12, limit=3)] == [5, 6, 7]
+
+
+def test_tail_pages_through_long_sessions(ledger: Ledger) -> None:
+    fence = started(ledger)
+    ledger.append(fence, [NewRow.message("agent:r", assistant(str(i))) for i in range(700)])
+    tail = ledger.tail("s1", 10**9)
+    assert [r.seq for r in tail.rows] == list(range(1, 701))
+
+
+def test_notes_are_bounded_by_count_and_bytes(ledger: Ledger) -> None:
+    ledger.create_session("s1")
+    for i in range(10):
+        ledger.add_note("s1", "reviewer", f"note {i} " + "x" * 90)
+    ledger.add_note("s1", "other", "not mine")
+    picked = ledger.notes("s1", "reviewer", max_count=4, max_bytes=10_000)
+    assert [n.text.split()[1] for n in picked] == ["6", "7", "8", "9"]
+    by_bytes = ledger.notes("s1", "reviewer", max_count=100, max_bytes=250)
+    assert [n.text.split()[1] for n in by_bytes] == ["8", "9"]
+
+
+def test_runs_listed_in_creation_order(ledger: Ledger) -> None:
+    ledger.create_session("s1")
+    ids = [ledger.create_run("s1", "a", run_id=f"run{i}").id for i in range(5)]
+    assert [r.id for r in ledger.runs("s1")] == ids
+    with pytest.raises(AlreadyExists):
+        ledger.create_run("s1", "a", run_id="run0")
+
+
+def test_racing_owners_never_interleave_a_batch(ledger_url: str) -> None:
+    """Two owners of one run race: each append is all-or-nothing, and once the second owner has
+    claimed the run the first one's writes are rejected."""
+    if ledger_url == "memory:":
+        a = b = open_ledger(ledger_url)  # one in-memory database: share it between the threads
+    else:
+        a, b = open_ledger(ledger_url), open_ledger(ledger_url)
+    try:
+        a.create_session("s1")
+        run = a.create_run("s1", "reviewer")
+        first = a.claim_run(run.id)
+        results: dict[str, list[int]] = {"a": [], "b": []}
+        errors: list[BaseException] = []
+        go = threading.Barrier(2)
+
+        def owner_a() -> None:
+            go.wait()
+            for i in range(200):
+                try:
+                    rows = a.append(
+                        first, [NewRow.message("agent:a", assistant(f"a{i}.{k}")) for k in range(5)]
+                    )
+                except FencedOut:
+                    return
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+                results["a"].append(rows[0].seq)
+
+        def owner_b() -> None:
+            go.wait()
+            second = b.claim_run(run.id)
+            for i in range(50):
+                rows = b.append(
+                    second, [NewRow.message("agent:b", assistant(f"b{i}.{k}")) for k in range(5)]
+                )
+                results["b"].append(rows[0].seq)
+
+        threads = [threading.Thread(target=owner_a), threading.Thread(target=owner_b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        rows = list(a.iter_rows("s1"))
+        assert [r.seq for r in rows] == list(range(1, len(rows) + 1))
+        # batches are contiguous and single-owner
+        for i in range(0, len(rows), 5):
+            assert len({r.actor for r in rows[i : i + 5]}) == 1
+        a_rows = [r for r in rows if r.actor == "agent:a"]
+        b_rows = [r for r in rows if r.actor == "agent:b"]
+        assert len(a_rows) == 5 * len(results["a"])
+        assert len(b_rows) == 250
+        # no write of the stale owner lands after the new owner's first write
+        if a_rows:
+            assert a_rows[-1].seq < b_rows[0].seq
+    finally:
+        a.close()
+        if b is not a:
+            b.close()
