@@ -31,6 +31,12 @@ def _blocks_text(content: Any) -> list[str]:
 
 
 def row_text(kind: RowKind, body: dict[str, Any]) -> str:
+    # NUL never helps a search, and a PostgreSQL text column cannot hold it (the body keeps it,
+    # escaped as \u0000 in its JSON).
+    return _text(kind, body).replace("\x00", "")
+
+
+def _text(kind: RowKind, body: dict[str, Any]) -> str:
     if kind is RowKind.MESSAGE:
         parts = _blocks_text(body.get("content"))
         if body.get("role") == "bashExecution":
