@@ -15,9 +15,12 @@ from typing import Any
 __all__ = ["Measure", "canonical_json", "measure", "strip_media"]
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: Any) -> str:
     """Sorted keys, no spaces, non-ASCII kept as is (so UTF-8 length is the byte count)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 @dataclass(frozen=True, slots=True)

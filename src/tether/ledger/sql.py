@@ -45,6 +45,8 @@ DEFAULT_NOTES_BYTES = 16_000
 # A tail read takes rows newest first in pages of this many.
 TAIL_PAGE = 256
 DEFAULT_TAIL_ROWS = 20_000
+# Imported rows are written in batches of this many.
+_IMPORT_CHUNK = 1000
 
 _ROW_COLS = "session, seq, run, actor, kind, body, sources, bytes, media_bytes, entry_id, extra"
 _RUN_COLS = "id, session, agent, status, request_seq, started, ended, epoch, extra"
@@ -63,7 +65,7 @@ class Cursor(Protocol):
 
 
 def _loads(text: str | None) -> dict[str, Any]:
-    return json.loads(text) if text else {}
+    return json.loads(text) if text and text != "{}" else {}
 
 
 def _row(r: Sequence[Any]) -> Row:
@@ -74,7 +76,7 @@ def _row(r: Sequence[Any]) -> Row:
         actor=r[3],
         kind=RowKind(r[4]),
         body=json.loads(r[5]),
-        sources=tuple(json.loads(r[6])),
+        sources=tuple(json.loads(r[6])) if r[6] != "[]" else (),
         bytes=r[7],
         media_bytes=r[8],
         entry_id=r[9],
@@ -107,7 +109,7 @@ def encode_row(session: str, seq: int, run: str | None, row: NewRow) -> tuple[An
         row.actor,
         row.kind.value,
         body,
-        canonical_json(list(row.sources)),
+        canonical_json(list(row.sources)) if row.sources else "[]",
         m.text_bytes,
         m.media_bytes,
         row.entry_id,
@@ -548,7 +550,7 @@ class SqlLedger(abc.ABC):
         self,
         sessions: Sequence[Session],
         runs: Sequence[Run],
-        rows: Sequence[Row],
+        rows: Iterable[Row],
         notes: Sequence[Note],
     ) -> None:
         """Write already-validated interchange records in one transaction (``ledger load``).
@@ -556,65 +558,79 @@ class SqlLedger(abc.ABC):
         Runs are created in the order given. Row seqs are taken as given; the caller has checked
         that they continue each session densely."""
         with self._tx() as c:
-            for s in sessions:
-                try:
-                    c.execute(
-                        "INSERT INTO sessions (id, created, refusing, extra) VALUES (?, ?, ?, ?)",
-                        (s.id, s.created, s.refusing, canonical_json(s.extra)),
-                    )
-                except Exception as exc:
-                    if self._is_unique_violation(exc):
-                        raise AlreadyExists(
-                            f"session {s.id!r} already exists in the ledger"
-                        ) from exc
-                    raise
-            for run in runs:
-                try:
-                    c.execute(
-                        "INSERT INTO runs (id, session, agent, status, request_seq, started, "
-                        "ended, epoch, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            run.id,
-                            run.session,
-                            run.agent,
-                            run.status.value,
-                            run.request_seq,
-                            run.started,
-                            run.ended,
-                            run.epoch,
-                            canonical_json(run.extra),
-                        ),
-                    )
-                except Exception as exc:
-                    if self._is_unique_violation(exc):
-                        raise AlreadyExists(f"run {run.id!r} already exists in the ledger") from exc
-                    raise
-            by_session: dict[str, int] = {}
-            encoded = []
-            for row in rows:
-                new = NewRow(
-                    actor=row.actor,
-                    kind=row.kind,
-                    body=row.body,
-                    sources=row.sources,
-                    entry_id=row.entry_id,
-                    extra=row.extra,
-                )
-                encoded.append(encode_row(row.session, row.seq, row.run, new))
-                by_session[row.session] = max(by_session.get(row.session, 0), row.seq)
-            c.executemany(_INSERT_ROW, encoded)
-            for sid, last in by_session.items():
-                c.execute("UPDATE sessions SET last_seq = ? WHERE id = ?", (last, sid))
-            for n in notes:
+            self._write_records(c, sessions, runs, rows, notes)
+
+    def _write_records(
+        self,
+        c: Cursor,
+        sessions: Sequence[Session],
+        runs: Sequence[Run],
+        rows: Iterable[Row],
+        notes: Sequence[Note],
+    ) -> None:
+        """:meth:`import_records` inside the caller's transaction. Rows are consumed as they
+        come, a chunk at a time, so ``ledger copy`` can stream a long session through it."""
+        for s in sessions:
+            try:
                 c.execute(
-                    "INSERT INTO notes (session, agent, text, at, bytes, extra) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO sessions (id, created, refusing, extra) VALUES (?, ?, ?, ?)",
+                    (s.id, s.created, s.refusing, canonical_json(s.extra)),
+                )
+            except Exception as exc:
+                if self._is_unique_violation(exc):
+                    raise AlreadyExists(f"session {s.id!r} already exists in the ledger") from exc
+                raise
+        for run in runs:
+            try:
+                c.execute(
+                    "INSERT INTO runs (id, session, agent, status, request_seq, started, "
+                    "ended, epoch, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
-                        n.session,
-                        n.agent,
-                        n.text,
-                        n.at,
-                        len(n.text.encode("utf-8")),
-                        canonical_json(n.extra),
+                        run.id,
+                        run.session,
+                        run.agent,
+                        run.status.value,
+                        run.request_seq,
+                        run.started,
+                        run.ended,
+                        run.epoch,
+                        canonical_json(run.extra),
                     ),
                 )
+            except Exception as exc:
+                if self._is_unique_violation(exc):
+                    raise AlreadyExists(f"run {run.id!r} already exists in the ledger") from exc
+                raise
+        by_session: dict[str, int] = {}
+        encoded: list[tuple[Any, ...]] = []
+        for row in rows:
+            new = NewRow(
+                actor=row.actor,
+                kind=row.kind,
+                body=row.body,
+                sources=row.sources,
+                entry_id=row.entry_id,
+                extra=row.extra,
+            )
+            encoded.append(encode_row(row.session, row.seq, row.run, new))
+            by_session[row.session] = max(by_session.get(row.session, 0), row.seq)
+            if len(encoded) >= _IMPORT_CHUNK:
+                c.executemany(_INSERT_ROW, encoded)
+                encoded = []
+        if encoded:
+            c.executemany(_INSERT_ROW, encoded)
+        for sid, last in by_session.items():
+            c.execute("UPDATE sessions SET last_seq = ? WHERE id = ?", (last, sid))
+        for n in notes:
+            c.execute(
+                "INSERT INTO notes (session, agent, text, at, bytes, extra) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    n.session,
+                    n.agent,
+                    n.text,
+                    n.at,
+                    len(n.text.encode("utf-8")),
+                    canonical_json(n.extra),
+                ),
+            )
