@@ -1,0 +1,3 @@
+from tether.cli.app import main
+
+main()
