@@ -14,7 +14,7 @@ from tether.errors import ConfigError, InterchangeError, SessionRefusing, Tether
 
 __all__ = ["Exit", "err_console", "translate_errors"]
 
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class Exit(enum.IntEnum):

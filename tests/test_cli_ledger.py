@@ -1,0 +1,113 @@
+"""The ledger commands, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from typer.testing import CliRunner
+
+from tether.cli.app import app
+
+EXAMPLE = Path(__file__).parent.parent / "src" / "tether" / "examples" / "review.jsonl"
+runner = CliRunner()
+
+
+def tether(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tether", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_load_dump_log_sessions_through_the_entry_point(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/l.db"
+    loaded = tether("ledger", "load", str(EXAMPLE), "--ledger", url)
+    assert loaded.returncode == 0, loaded.stderr
+    assert "11 rows" in loaded.stdout
+
+    dumped = tether("ledger", "dump", "--session", "review-42", "--ledger", url)
+    assert dumped.returncode == 0
+    original = [json.loads(x) for x in EXAMPLE.read_text().split("\n") if x]
+    assert [json.loads(x) for x in dumped.stdout.split("\n") if x] == original
+
+    listed = tether("sessions", "--json", "--ledger", url)
+    assert json.loads(listed.stdout) == {
+        "id": "review-42",
+        "created": "2026-11-29T10:00:00Z",
+        "rows": 11,
+        "refusing": None,
+    }
+
+    log = tether("log", "--session", "review-42", "--json", "--ledger", url)
+    rows = [json.loads(x) for x in log.stdout.split("\n") if x]
+    assert [r["seq"] for r in rows] == list(range(1, 12))
+    assert "compaction" in rows[6]
+
+
+def test_bad_file_exits_non_zero_names_line_and_writes_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/l.db"
+    bad = tmp_path / "bad.jsonl"
+    lines = EXAMPLE.read_text().split("\n")
+    lines[4] = "{not json"
+    bad.write_text("\n".join(lines))
+    result = runner.invoke(app, ["ledger", "load", str(bad), "--ledger", url])
+    assert result.exit_code == 1
+    assert f"{bad}:5: malformed JSON" in result.output
+    assert "nothing was written" in result.output
+    listed = runner.invoke(app, ["sessions", "--json", "--ledger", url])
+    assert listed.output == ""
+
+
+def test_unknown_session_and_bad_url_are_clear_errors(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["log", "--session", "ghost", "--ledger", f"sqlite:{tmp_path}/l.db"]
+    )
+    assert result.exit_code == 1
+    assert "no session 'ghost'" in result.output
+    result = runner.invoke(app, ["sessions", "--ledger", "mysql://x"])
+    assert result.exit_code == 1
+    assert "unknown ledger URL" in result.output
+
+
+def test_bad_config_exits_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "tether.toml"
+    cfg.write_text("[ledger]\nurll = 'memory:'\n")
+    result = runner.invoke(app, ["sessions", "--config", str(cfg)])
+    assert result.exit_code == 2
+    assert "ledger.urll" in result.output
+
+
+def test_session_clear(tmp_path: Path) -> None:
+    from tether.ledger import open_ledger
+
+    url = f"sqlite:{tmp_path}/l.db"
+    with open_ledger(url) as ledger:
+        ledger.create_session("s1")
+        ledger.set_refusing("s1", "pi idle unconfirmed")
+    result = runner.invoke(app, ["session", "clear", "s1", "--ledger", url])
+    assert result.exit_code == 0
+    with open_ledger(url) as ledger:
+        assert ledger.get_session("s1").refusing is None
+
+
+def _commands(group: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            out += _commands(cmd, f"{prefix}{name} ")
+        else:
+            out.append((f"{prefix}{name}", cmd))
+    return out
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    root = typer.main.get_command(app)
+    commands = _commands(root)
+    assert len(commands) >= 5
+    for name, cmd in commands:
+        assert cmd.help, f"tether {name} has no help"
+        assert "Example:" in cmd.help, f"tether {name} help shows no example"
