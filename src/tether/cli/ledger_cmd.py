@@ -1,4 +1,5 @@
-"""``tether ledger load|dump``, ``tether log``, ``tether sessions``, ``tether session clear``."""
+"""``tether ledger load|dump|copy``, ``tether log``, ``tether sessions``,
+``tether session clear``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import command
-from tether.ledger import Row, RowKind
+from tether.ledger import Row, RowKind, open_ledger
+from tether.ledger.copy import copy_sessions
 from tether.ledger.jsonl import dump_session, load_file, row_record
 
 ledger_app = typer.Typer(
@@ -58,6 +60,29 @@ def dump(
     _, store = open_configured_ledger(config, ledger)
     with store:
         dump_session(store, session, sys.stdout)
+
+
+@ledger_app.command("copy")
+@command
+def copy_(
+    src: Annotated[str, typer.Argument(help="Ledger URL to copy from.")],
+    dst: Annotated[str, typer.Argument(help="Ledger URL to copy into.")],
+    session: Annotated[
+        list[str] | None,
+        typer.Option("--session", "-s", help="Session id (repeat; default: every session)."),
+    ] = None,
+) -> None:
+    """Copy sessions exactly (runs, rows, notes, receipts) between ledgers, in one transaction;
+    refuses, writing nothing, when a destination session is not empty.
+
+    Example: tether ledger copy sqlite:///var/lib/tether/ledger.db postgresql://tether@db/tether
+    """
+    with open_ledger(src) as source, open_ledger(dst) as target:
+        report = copy_sessions(source, target, session or None)
+    console.print(
+        f"copied {report.sessions} sessions, {report.runs} runs, {report.rows} rows, "
+        f"{report.notes} notes"
+    )
 
 
 def _summary(row: Row, width: int = 90) -> str:
