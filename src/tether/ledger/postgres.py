@@ -113,6 +113,8 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX notes_by_agent ON notes (session, agent, id);
     """,
+    # 2: the follow-up view asks whether a run wrote any row (SqlLedger.run_first_seq).
+    "CREATE INDEX rows_by_run ON rows (run, seq);",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
@@ -349,6 +350,7 @@ class SqlLedger(abc.ABC):
                 )
                 last = int(c.fetchone()[0])
                 first = last - len(fresh) + 1
+                fresh = self._with_covered_sources(c, fence.session, first, fresh)
                 encoded = [
                     encode_row(fence.session, first + i, fence.run, r) for i, r in enumerate(fresh)
                 ]
@@ -356,12 +358,12 @@ class SqlLedger(abc.ABC):
                 if request:
                     c.execute("UPDATE runs SET request_seq = ? WHERE id = ?", (first, fence.run))
         out: list[Row] = []
-        made = iter(encoded)
+        made = iter(zip(encoded, fresh, strict=True))
         for r in rows:
             if r.entry_id is not None and r.entry_id in existing:
                 out.append(existing[r.entry_id])
             else:
-                e = next(made)
+                e, written = next(made)
                 out.append(
                     Row(
                         session=e[0],
@@ -370,13 +372,55 @@ class SqlLedger(abc.ABC):
                         actor=r.actor,
                         kind=r.kind,
                         body=r.body,
-                        sources=tuple(r.sources),
+                        sources=tuple(written.sources),
                         bytes=e[7],
                         media_bytes=e[8],
                         entry_id=r.entry_id,
                         extra=r.extra,
                     )
                 )
+        return out
+
+    @staticmethod
+    def _with_covered_sources(
+        c: Cursor, session_id: str, first: int, fresh: Sequence[NewRow]
+    ) -> list[NewRow]:
+        """Give each compaction row the union of the sources of the rows it covers (DESIGN
+        invariant 18), at write time, so a follow-up that reads the checkpoint by index never
+        has to read what it covers. The newest earlier compaction already holds the union below
+        its own coverage, so only the rows after that coverage are read."""
+        out: list[NewRow] = []
+        for new in fresh:
+            covers = new.body.get("covers_to") if new.kind is RowKind.COMPACTION else None
+            if not isinstance(covers, int) or isinstance(covers, bool) or covers < 1:
+                out.append(new)
+                continue
+            union: set[str] = set()
+            stored_to = min(covers, first - 1)
+            if stored_to >= 1:
+                start = 1
+                c.execute(
+                    "SELECT seq, body FROM rows WHERE session = ? AND kind = 'compaction' "
+                    "AND seq <= ? ORDER BY seq DESC LIMIT 1",
+                    (session_id, stored_to),
+                )
+                prev = c.fetchone()
+                if prev is not None:
+                    below = json.loads(prev[1]).get("covers_to")
+                    if isinstance(below, int) and not isinstance(below, bool):
+                        start = max(1, min(below, int(prev[0]) - 1) + 1)
+                c.execute(
+                    "SELECT DISTINCT sources FROM rows WHERE session = ? AND seq >= ? "
+                    "AND seq <= ? AND sources <> '[]'",
+                    (session_id, start, stored_to),
+                )
+                for (text,) in c.fetchall():
+                    union.update(json.loads(text))
+            for j, prior in enumerate(out):
+                if first + j <= covers:
+                    union.update(prior.sources)
+            added = sorted(union - set(new.sources))
+            out.append(dataclasses.replace(new, sources=(*new.sources, *added)) if added else new)
         return out
 
     def end_run(
@@ -482,6 +526,23 @@ class SqlLedger(abc.ABC):
             )
             r = c.fetchone()
         return _run(r) if r else None
+
+    def ended_runs(self, session_id: str, agent: str, *, limit: int = 32) -> list[Run]:
+        """The newest finished, failed or interrupted runs of an agent, newest first."""
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_RUN_COLS} FROM runs WHERE session = ? AND agent = ? "
+                f"AND status IN {_ENDED} ORDER BY ord DESC LIMIT ?",
+                (session_id, agent, limit),
+            )
+            return [_run(r) for r in c.fetchall()]
+
+    def run_first_seq(self, run_id: str) -> int | None:
+        """The seq of the first row a run wrote, None when it wrote none (index rows_by_run)."""
+        with self._read() as c:
+            c.execute("SELECT seq FROM rows WHERE run = ? ORDER BY seq LIMIT 1", (run_id,))
+            r = c.fetchone()
+        return int(r[0]) if r else None
 
     def rows_range(self, session_id: str, first: int, last: int, *, limit: int = 1000) -> list[Row]:
         """Rows with ``first <= seq <= last``, ascending, at most ``limit`` of them."""

@@ -1,0 +1,211 @@
+"""What the follow-up builder returns: a view (DESIGN §3.2) or a typed refusal.
+
+``FollowupView.messages`` are pi AgentMessages in the order the model sees them, so the harness
+can write them straight into a pi session file; ``to_json()`` gives the ``tether context --json``
+shape.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from tether.errors import TetherError
+
+__all__ = [
+    "Checkpoint",
+    "FollowupView",
+    "Gap",
+    "GapWhy",
+    "PreviousRequest",
+    "Refusal",
+    "RefusalReason",
+    "Refused",
+    "RequestMode",
+    "ViewMessage",
+]
+
+SYNTHETIC_ACTOR = "tether"
+"""The actor of every message tether writes itself (notices, quoted evidence, unknown results)."""
+
+
+class RefusalReason(enum.StrEnum):
+    SOURCE_UNAVAILABLE = "source_unavailable"
+    """The previous request's row (or another source the view needs) cannot be read."""
+    INCOMPLETE_REQUEST = "incomplete_request"
+    """The previous run's request is partial (see ``build.py``'s module docstring)."""
+    PROTECTED_CONTEXT_OVER_BUDGET = "protected_context_over_budget"
+    """The request, notes and summary alone do not fit the budget."""
+    ACCESS_DENIED = "access_denied"
+    """The requesting actor is not admitted to the previous request."""
+    SESSION_REFUSING = "session_refusing"
+    """The session refuses new prompts until an operator clears it."""
+
+
+class GapWhy(enum.StrEnum):
+    BUDGET = "budget"
+    """Left out because it did not fit (or lies outside the bounded reads)."""
+    WITHHELD = "withheld"
+    """Left out because the requesting actor is not admitted to its sources."""
+
+
+class RequestMode(enum.StrEnum):
+    REUSED = "reused"
+    """The previous request and the suffix are contiguous stored rows, taken unchanged."""
+    COPIED = "copied"
+    """The view is not contiguous (or was changed), so its rows are written again as copies."""
+
+
+class Refused(TetherError):
+    """A follow-up view was refused; ``reason`` is a :class:`RefusalReason`."""
+
+    def __init__(self, reason: RefusalReason, detail: str) -> None:
+        super().__init__(f"follow-up refused ({reason.value}): {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: RefusalReason
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": "refused", "reason": self.reason.value, "detail": self.detail}
+
+    def error(self) -> Refused:
+        """The refusal as an exception, for callers that raise."""
+        return Refused(self.reason, self.detail)
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """An omitted seq range, both ends included."""
+
+    first: int
+    last: int
+    why: GapWhy
+
+    def to_json(self) -> dict[str, Any]:
+        return {"from": self.first, "to": self.last, "why": self.why.value}
+
+
+# Fields besides ``content`` that a reader of the JSON needs to follow a message.
+_SHOWN_FIELDS = {
+    "toolResult": ("toolCallId", "toolName", "isError"),
+    "custom": ("customType",),
+    "bashExecution": ("command", "output", "exitCode"),
+    "assistant": ("stopReason",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ViewMessage:
+    role: str
+    actor: str
+    origin: int | None
+    """The ledger seq this message came from; None for synthetic messages."""
+    copied: bool
+    """Written as a new row (a copy of ``origin``) rather than reused in place."""
+    synthetic: bool
+    """Written by tether itself (quoted evidence, notices, unknown-effects results)."""
+    message: dict[str, Any]
+    """The pi AgentMessage."""
+    bytes: int
+    """Its size (DESIGN §3.3): media payloads count as their length only."""
+    modified: bool = False
+    """The stored message was changed (media over an attachment limit became a placeholder)."""
+    media_bytes: int = 0
+    """Base64 media payload bytes it carries (counted against attachment limits only)."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "role": self.role,
+            "actor": self.actor,
+            "origin": self.origin,
+            "copied": self.copied,
+            "synthetic": self.synthetic,
+            "content": self.message.get("content"),
+        }
+        for key in _SHOWN_FIELDS.get(self.role, ()):
+            if key in self.message:
+                out[key] = self.message[key]
+        out["bytes"] = self.bytes
+        if self.modified:
+            out["modified"] = True
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The newest compaction row, read by index and quoted in the view."""
+
+    seq: int
+    bytes: int
+    """Size of the quoted-summary message in the view."""
+    run: str | None
+    covers_to: int
+    continuation: bool
+    """A tether continuation checkpoint (else a compaction pi made on its own)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "bytes": self.bytes,
+            "run": self.run,
+            "covers_to": self.covers_to,
+            "kind": "continuation" if self.continuation else "compaction",
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PreviousRequest:
+    seq: int
+    run: str
+    actor: str
+    mode: RequestMode
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "run": self.run, "actor": self.actor, "mode": self.mode.value}
+
+
+@dataclass(frozen=True, slots=True)
+class FollowupView:
+    session: str
+    agent: str
+    actor: str | None
+    budget: int
+    bytes: int
+    """Sum of the sizes of ``messages``; never above ``budget``."""
+    checkpoint: Checkpoint | None
+    previous_request: PreviousRequest | None
+    messages: tuple[ViewMessage, ...]
+    gaps: tuple[Gap, ...]
+    sources: tuple[str, ...]
+    """The union of the source obligations of everything the view carries."""
+    request: ViewMessage | None = None
+    """The current request (``--request``): sent after ``messages``, outside the budget."""
+    media_bytes: int = 0
+    """Base64 media payload bytes the view carries (counted against attachment limits only)."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "status": "ok",
+            "session": self.session,
+            "agent": self.agent,
+            "actor": self.actor,
+            "budget": self.budget,
+            "bytes": self.bytes,
+            "media_bytes": self.media_bytes,
+            "checkpoint": self.checkpoint.to_json() if self.checkpoint else None,
+            "previous_request": (
+                self.previous_request.to_json() if self.previous_request else None
+            ),
+            "messages": [m.to_json() for m in self.messages],
+            "gaps": [g.to_json() for g in self.gaps],
+            "sources": list(self.sources),
+        }
+        if self.request is not None:
+            out["request"] = self.request.to_json()
+        return out
