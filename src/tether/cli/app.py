@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tether.cli import ledger_cmd
+from tether.cli import context_cmd, ledger_cmd
 
 app = typer.Typer(
     name="tether",
@@ -16,6 +16,7 @@ app.add_typer(ledger_cmd.ledger_app, name="ledger")
 app.add_typer(ledger_cmd.session_app, name="session")
 app.command("log")(ledger_cmd.log)
 app.command("sessions")(ledger_cmd.sessions)
+app.command("context")(context_cmd.context)
 
 
 def main() -> None:
