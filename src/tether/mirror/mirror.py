@@ -1,0 +1,260 @@
+"""The mirror: pi's session file, entry by entry, into the ledger through fenced step writes.
+
+pi appends each entry to the run's session file synchronously, before it reports the event, so
+the mirror reads complete lines from where it stopped whenever the run pokes it (on message,
+compaction and settle events), and every ``poll_s`` in case a poke is missed. Each batch is one
+fenced ``append``; rows carry pi's entry id, so reading the file again (a restart) never
+duplicates a row.
+
+Entries it does not write:
+
+- the ones tether wrote into the file itself before pi started (the follow-up view),
+- the user message carrying the run's request, already written as the run's request row,
+- a failed attempt (an assistant message that stopped with ``error`` or ``length``) that pi then
+  omits from context with a ``context_edit`` before retrying: pi's raw history keeps it, the
+  ledger keeps what the model goes on to see (the count is in ``omitted_attempts``),
+- pi's bookkeeping entries (see :mod:`tether.mirror.entries`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from tether.harness.events import EventBus, RowsMirrored
+from tether.ledger import Fence, Ledger, NewRow, Row, RowKind
+from tether.mirror.entries import (
+    CONVERSATION_ENTRIES,
+    Actors,
+    compaction_body,
+    entry_message,
+    entry_time,
+    message_row,
+    message_text,
+)
+
+__all__ = ["Mirror", "SessionTail"]
+
+HELD_STOPS = frozenset({"error", "length"})
+
+
+class SessionTail:
+    """Complete JSONL lines appended to a file since the last read."""
+
+    def __init__(self, path: Path, offset: int = 0) -> None:
+        self.path = path
+        self.offset = offset
+        self.problems: list[str] = []
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                if size < self.offset:  # rewritten (pi migrates old files): read it all again
+                    self.offset = 0
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n")
+        if end < 0:
+            return []
+        self.offset += end + 1
+        out: list[dict[str, Any]] = []
+        for line in data[:end].split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError as exc:
+                self.problems.append(f"unreadable session line at byte {self.offset}: {exc}")
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                out.append(entry)
+        return out
+
+
+@dataclass
+class _Pending:
+    rows: list[NewRow]
+    times: list[float | None]
+
+
+class Mirror:
+    def __init__(
+        self,
+        ledger: Ledger,
+        fence: Fence,
+        *,
+        session_file: Path,
+        actors: Actors,
+        start_offset: int = 0,
+        known: dict[str, int | None] | None = None,
+        request: tuple[str, int] | None = None,
+        bus: EventBus | None = None,
+        poll_s: float = 0.25,
+    ) -> None:
+        self._ledger = ledger
+        self._fence = fence
+        self._actors = actors
+        self._tail = SessionTail(session_file, start_offset)
+        self._known: dict[str, int | None] = dict(known or {})
+        self._order: list[str] = list(self._known)
+        self._request = request
+        self._bus = bus or EventBus()
+        self._poll = poll_s
+        self._held: dict[str, Any] | None = None
+        self._lock = anyio.Lock()
+        self._wake = anyio.Event()
+        self.omitted_attempts = 0
+        self.skipped: Counter[str] = Counter()
+        self.rows_written = 0
+
+    @property
+    def problems(self) -> list[str]:
+        return self._tail.problems
+
+    def seq_of(self, entry_id: str) -> int | None:
+        return self._known.get(entry_id)
+
+    def poke(self) -> None:
+        """Something was appended: sync soon."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Sync on every poke (and every ``poll_s``) until cancelled."""
+        while True:
+            with anyio.move_on_after(self._poll if self._poll > 0 else math.inf):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            await self.sync()
+
+    async def sync(self, *, final: bool = False) -> list[Row]:
+        """Mirror everything pi has appended so far; ``final`` also writes a held attempt."""
+        async with self._lock:
+            written: list[Row] = []
+            pending = _Pending([], [])
+            for entry in self._tail.read():
+                eid = entry["id"]
+                if eid in self._known:
+                    continue
+                self._order.append(eid)
+                if self._held is not None:
+                    held = self._held
+                    self._held = None
+                    if (
+                        entry.get("type") == "context_edit"
+                        and entry.get("targetId") == held["id"]
+                        and entry.get("replacement") is None
+                    ):
+                        self._known[held["id"]] = None
+                        self._known[eid] = None
+                        self.omitted_attempts += 1
+                        continue
+                    self._add(pending, held)
+                kind = entry.get("type")
+                if kind == "compaction":
+                    written += await self._flush(pending)
+                    written += await self._compaction(entry)
+                elif kind in CONVERSATION_ENTRIES:
+                    message = entry_message(entry) or {}
+                    if self._is_request(message):
+                        assert self._request is not None
+                        self._known[eid] = self._request[1]
+                        self._request = None
+                    elif (
+                        message.get("role") == "assistant"
+                        and message.get("stopReason") in HELD_STOPS
+                    ):
+                        self._held = entry
+                    else:
+                        self._add(pending, entry)
+                else:
+                    self._known[eid] = None
+                    self.skipped[str(kind)] += 1
+            if final and self._held is not None:
+                self._add(pending, self._held)
+                self._held = None
+            written += await self._flush(pending)
+            return written
+
+    async def append_receipt(self, body: dict[str, Any]) -> Row:
+        """Store a receipt (e.g. ``continuation_checkpoint_refused``) in order with the rows."""
+        async with self._lock:
+            row = NewRow(actor=self._actors.agent_actor, kind=RowKind.RECEIPT, body=body)
+            rows = await self._write([row], [time.time()])
+            return rows[0]
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _is_request(self, message: dict[str, Any]) -> bool:
+        return (
+            self._request is not None
+            and message.get("role") == "user"
+            and message_text(message) == self._request[0]
+        )
+
+    def _add(self, pending: _Pending, entry: dict[str, Any]) -> None:
+        row = message_row(entry, self._actors)
+        if row is None:
+            self._known[entry["id"]] = None
+            return
+        pending.rows.append(row)
+        pending.times.append(entry_time(entry))
+
+    async def _flush(self, pending: _Pending) -> list[Row]:
+        if not pending.rows:
+            return []
+        rows = await self._write(pending.rows, pending.times)
+        pending.rows.clear()
+        pending.times.clear()
+        return rows
+
+    async def _write(self, rows: list[NewRow], times: list[float | None]) -> list[Row]:
+        stored = await anyio.to_thread.run_sync(self._ledger.append, self._fence, rows)
+        now = time.time()
+        for row in stored:
+            if row.entry_id is not None:
+                self._known[row.entry_id] = row.seq
+        self.rows_written += len(stored)
+        self._bus.emit(
+            RowsMirrored(
+                seqs=tuple(r.seq for r in stored),
+                entry_ids=tuple(r.entry_id or "" for r in stored),
+                written_at=now,
+                entry_times=tuple(t if t is not None else now for t in times),
+            )
+        )
+        return stored
+
+    def _covers_to(self, entry: dict[str, Any], last_seq: int) -> int:
+        first_kept = entry.get("firstKeptEntryId")
+        if not isinstance(first_kept, str) or first_kept == entry["id"]:
+            return last_seq  # self-retaining: it covers every row before it
+        if first_kept not in self._order:
+            return 0  # a kept entry the mirror never saw: claim to cover nothing
+        for eid in self._order[self._order.index(first_kept) :]:
+            seq = self._known.get(eid)
+            if seq is not None:
+                return seq - 1
+        return last_seq
+
+    async def _compaction(self, entry: dict[str, Any]) -> list[Row]:
+        last = await anyio.to_thread.run_sync(self._ledger.last_seq, self._fence.session)
+        body = compaction_body(entry, self._covers_to(entry, last))
+        row = NewRow(
+            actor=self._actors.agent_actor,
+            kind=RowKind.COMPACTION,
+            body=body,
+            entry_id=str(entry["id"]),
+        )
+        return await self._write([row], [entry_time(entry)])
