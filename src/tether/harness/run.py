@@ -42,6 +42,7 @@ import anyio.to_thread
 from tether.clock import Clock, SystemClock
 from tether.config import AgentConfig, Config
 from tether.errors import FencedOut, LedgerError, RunNotActive, SessionRefusing
+from tether.followup import FollowupView, Refusal, build_view
 from tether.harness.agentdir import write_agent_dir
 from tether.harness.client import Closed, Record, RpcClient, Stray
 from tether.harness.errors import PiStartupFailed, TransportClosed
@@ -316,9 +317,39 @@ async def execute_run(
     return outcome
 
 
-async def _followup_view(ledger: Ledger, config: Config, request: RunRequest) -> list[PreEntry]:
-    """The pre-written session messages of a follow-up (empty for a session's first run)."""
-    return []
+async def _followup_view(
+    ledger: Ledger, config: Config, request: RunRequest
+) -> FollowupView | None:
+    """The follow-up view when the session has history (None for its first run); a refused
+    view raises ``Refused`` before anything is written."""
+    if await _db(ledger.last_seq, request.session) == 0:
+        return None
+    view = await _db(
+        build_view,
+        ledger,
+        session=request.session,
+        agent=request.agent,
+        actor=request.actor,
+        request=request.text,
+        config=config.followup,
+        grants=config.access.grants,
+    )
+    if isinstance(view, Refusal):
+        raise view.error()
+    return view
+
+
+def _view_record(view: FollowupView, copied: int) -> dict[str, Any]:
+    """What the run's record keeps about the view it started from."""
+    return {
+        "budget": view.budget,
+        "bytes": view.bytes,
+        "messages": len(view.messages),
+        "copied": copied,
+        "checkpoint": view.checkpoint.seq if view.checkpoint else None,
+        "previous_request": view.previous_request.to_json() if view.previous_request else None,
+        "gaps": [g.to_json() for g in view.gaps],
+    }
 
 
 class _Driver:
@@ -355,6 +386,7 @@ class _Driver:
         self.grace = config.harness.stop_grace_s
         self.exit_status: int | None = None
         self.diagnostics = ""
+        self.view_record: dict[str, Any] | None = None
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -373,14 +405,56 @@ class _Driver:
         )
         return rows[0].seq
 
-    async def drive(self, view: list[PreEntry]) -> RunOutcome:
+    async def _write_view(self, view: FollowupView | None) -> list[PreEntry]:
+        """Write the view's copied messages as new rows of this run (original actors and
+        sources, ``extra.origin``); reused ones stay where they are. Returns the session file's
+        messages, each with the ledger seq it stands for."""
+        if view is None:
+            return []
+        copies = [vm for vm in view.messages if vm.copied]
+        origins = [vm.origin for vm in copies if vm.origin is not None]
+
+        def sources() -> dict[int, tuple[str, ...]]:
+            found = {}
+            for seq in origins:
+                row = self.ledger.row(self.fence.session, seq)
+                if row is not None:
+                    found[seq] = row.sources
+            return found
+
+        by_origin = await _db(sources) if origins else {}
+        written = iter(
+            await _db(
+                self.ledger.append,
+                self.fence,
+                [
+                    NewRow(
+                        actor=vm.actor,
+                        kind=RowKind.MESSAGE,
+                        body=vm.message,
+                        sources=by_origin.get(vm.origin, ()) if vm.origin is not None else (),
+                        extra={"origin": vm.origin},
+                    )
+                    for vm in copies
+                ],
+            )
+        )
+        entries = []
+        for vm in view.messages:
+            seq = next(written).seq if vm.copied else (None if vm.synthetic else vm.origin)
+            entries.append(PreEntry(message=vm.message, seq=seq))
+        self.view_record = _view_record(view, len(copies))
+        return entries
+
+    async def drive(self, view: FollowupView | None) -> RunOutcome:
+        entries = await self._write_view(view)
         request_seq = await self._record_request()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         agent_dir = write_agent_dir(self.run_dir / "agent", self.config, self.request.agent)
         session_file = self.run_dir / "session.jsonl"
         workdir = (self.request.workdir or Path.cwd()).resolve()
         offset, known = write_session_file(
-            session_file, session_id=self.fence.run, cwd=workdir, messages=view
+            session_file, session_id=self.fence.run, cwd=workdir, messages=entries
         )
         mirror = Mirror(
             self.ledger,
@@ -709,6 +783,8 @@ class _Driver:
             "log": str(log_path),
             "ended_by_harness": now_iso(),
         }
+        if self.view_record is not None:
+            extra["view"] = self.view_record
         if self.stop.escalated:
             extra["escalated"] = True
         if state.strays:
@@ -737,5 +813,5 @@ class _Driver:
             checkpoint=self.checkpoint.status,
             error=error,
             run_dir=self.run_dir,
-            follow_up=False,
+            follow_up=self.view_record is not None,
         )
