@@ -297,3 +297,11 @@ def test_placeholders_and_percent_signs_survive() -> None:
         ledger.create_session("100% ?")
         ledger.add_note("100% ?", "a", "50% done? %s %(x)s")
         assert ledger.notes("100% ?", "a")[0].text == "50% done? %s %(x)s"
+
+
+def test_a_value_postgresql_cannot_hold_is_a_ledger_error() -> None:
+    with fresh_schema_url() as url, open_ledger(url) as ledger:
+        ledger.create_session("s")
+        with pytest.raises(LedgerError, match="refused a value"):
+            ledger.add_note("s", "a", "nul \x00 inside")
+        assert ledger.notes("s", "a") == []

@@ -240,6 +240,9 @@ class PostgresLedger(SqlLedger):
             ) from exc
         except psycopg.OperationalError as exc:
             raise LedgerError(f"the PostgreSQL ledger at {self._where} failed: {exc}") from exc
+        except psycopg.DataError as exc:
+            # e.g. a NUL character, which PostgreSQL text cannot hold (SQLite can).
+            raise LedgerError(f"the PostgreSQL ledger refused a value: {exc}") from exc
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Cursor]:
