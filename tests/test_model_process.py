@@ -140,6 +140,7 @@ def test_local_config_is_valid_and_carries_the_compat_flags(tmp_path: Path) -> N
         ledger_url=f"sqlite:{tmp_path}/ledger.db",
         budget_bytes=9000,
         agent="helper",
+        summary_max_bytes=1500,
     )
     config = load_config(path)
     assert written == config
@@ -151,3 +152,4 @@ def test_local_config_is_valid_and_carries_the_compat_flags(tmp_path: Path) -> N
     assert config.followup.budget_bytes == 9000
     agent = config.agent("helper")
     assert (agent.provider, agent.model, agent.effort) == ("local", "smollm2", "off")
+    assert agent.summary_max_bytes == 1500

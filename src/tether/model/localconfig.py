@@ -51,6 +51,7 @@ def local_config_text(
     deadline_s: float = 600,
     tools: list[str] | None = None,
     system_prompt: str = DEMO_SYSTEM_PROMPT,
+    summary_max_bytes: int | None = None,
 ) -> str:
     """The TOML text of a config whose agent ``agent`` runs on the local server at ``base_url``."""
     lines = [
@@ -75,8 +76,10 @@ def local_config_text(
         f"system_prompt = {_toml_value(system_prompt)}",
         f"tools = {_toml_value(tools if tools is not None else ['read'])}",
         f"deadline_s = {deadline_s}",
-        "",
     ]
+    if summary_max_bytes is not None:
+        lines.append(f"summary_max_bytes = {summary_max_bytes}")
+    lines.append("")
     return "\n".join(lines)
 
 
