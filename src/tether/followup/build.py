@@ -59,6 +59,8 @@ PROBE_ROWS = 16
 """Rows read between the checkpoint's coverage and the request to name that gap exactly."""
 TAIL_MAX_ROWS = 20_000
 """Row cap of the tail read (the byte cap is the budget)."""
+EXACT_TRIES = 4
+"""Units tried beyond the estimate, each checked by assembling the view exactly."""
 
 # Non-history rows: prompt state and receipts. The new run has its own prompt; a receipt becomes
 # a notice; the newest compaction is quoted at the top.
@@ -567,22 +569,41 @@ class _Builder:
             return protected_refusal(minimal, " with the notices naming what they leave out")
 
         # The suffix, newest unit first, while it fits. Gaps at or below the floor are fixed;
-        # between the floor and the suffix lie at most three (split by the compaction row).
+        # between the floor and the suffix lies one more, split in two by the compaction row
+        # when it lies there, in three when that row is withheld. Notices are reserved at their
+        # largest size (every seq in them as wide as the last).
         fixed = gaps_of(floor, covers, ctx.covered, {s: m for s, m in marks.items() if s <= floor})
-        running = reserved + (len(fixed) + 3) * notice_max
+        lead = 1
+        if comp is not None and comp.seq > floor:
+            lead = 2 if comp_ok else 3
+        running = reserved + (len(fixed) + lead) * notice_max
+        units = self._units(rows)
         plans: list[_Plan] = []
-        for unit in reversed(self._units(rows)):
-            plan = self._plan(unit, media.copy(), ctx)
+        while units:
+            plan = self._plan(units[-1], media.copy(), ctx)
             if running + plan.cost > self.budget:
                 break
+            units.pop()
             running += plan.cost
             media.used = plan.media_used
-            plans.append(plan)
-        plans.reverse()
+            plans.insert(0, plan)
         messages, gaps = self._assemble(ctx, plans)
+        # The reserves are upper bounds: check exactly, dropping the oldest unit while over (this
+        # keeps invariant 1 whatever the estimate), or taking a few more while they fit.
         while sum(m.bytes for m in messages) > self.budget and plans:
-            plans.pop(0)  # the reserves are upper bounds; this keeps invariant 1 regardless
+            plans.pop(0)
             messages, gaps = self._assemble(ctx, plans)
+        for _ in range(EXACT_TRIES):
+            if not units:
+                break
+            plan = self._plan(units[-1], media.copy(), ctx)
+            more, more_gaps = self._assemble(ctx, [plan, *plans])
+            if sum(m.bytes for m in more) > self.budget:
+                break
+            units.pop()
+            media.used = plan.media_used
+            plans.insert(0, plan)
+            messages, gaps = more, more_gaps
 
         return self._view(
             ctx, comp if comp_ok else None, run, req_row, messages, gaps, plans, request_text

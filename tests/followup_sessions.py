@@ -1,0 +1,314 @@
+"""Writing realistic sessions for the follow-up tests: pi-shaped AgentMessages appended through
+the real ledger API (fenced runs), or imported in bulk for long sessions.
+
+Also the tests' own byte count (DESIGN §3.3), written independently of ``tether.sizes``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.ledger import Fence, Ledger, NewRow, Row, RowKind, RunStatus
+
+__all__ = [
+    "RunWriter",
+    "assistant",
+    "calls_message",
+    "size_of",
+    "tool_result",
+    "user",
+]
+
+USAGE = {
+    "input": 10,
+    "output": 5,
+    "cacheRead": 0,
+    "cacheWrite": 0,
+    "totalTokens": 15,
+    "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0},
+}
+
+
+def size_of(message: Any) -> int:
+    """UTF-8 length of the canonical JSON (sorted keys, no spaces) with every base64 image
+    payload replaced by its length: the tests' own count, not tether's."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            if value.get("type") == "image" and isinstance(value.get("data"), str):
+                return {k: (len(v) if k == "data" else v) for k, v in value.items()}
+            return {k: strip(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    text = json.dumps(strip(message), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return len(text.encode("utf-8"))
+
+
+def user(text: str, *, ts: int = 1, image: str | None = None) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    if image is not None:
+        content.append({"type": "image", "data": image, "mimeType": "image/png"})
+    return {"role": "user", "content": content, "timestamp": ts}
+
+
+def assistant(text: str, *, ts: int = 1) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": [{"type": "text", "text": text}],
+        "api": "openai-completions",
+        "provider": "local",
+        "model": "m",
+        "usage": USAGE,
+        "stopReason": "stop",
+        "timestamp": ts,
+    }
+
+
+def calls_message(calls: list[tuple[str, str, dict[str, Any]]], *, ts: int = 1) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": [
+            {"type": "toolCall", "id": cid, "name": name, "arguments": args}
+            for cid, name, args in calls
+        ],
+        "api": "openai-completions",
+        "provider": "local",
+        "model": "m",
+        "usage": USAGE,
+        "stopReason": "toolUse",
+        "timestamp": ts,
+    }
+
+
+def tool_result(
+    call_id: str, name: str, text: str, *, ts: int = 1, image: str | None = None
+) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    if image is not None:
+        content.append({"type": "image", "data": image, "mimeType": "image/jpeg"})
+    return {
+        "role": "toolResult",
+        "toolCallId": call_id,
+        "toolName": name,
+        "content": content,
+        "isError": False,
+        "timestamp": ts,
+    }
+
+
+@dataclass
+class RunWriter:
+    """One run written through the fenced API, the way the harness's mirror writes it."""
+
+    ledger: Ledger
+    session: str
+    agent: str
+    fence: Fence
+    rows: list[Row] = field(default_factory=list)
+    ts: int = 1_764_410_400_000
+
+    @classmethod
+    def start(
+        cls,
+        ledger: Ledger,
+        session: str = "s1",
+        agent: str = "reviewer",
+        *,
+        run_id: str | None = None,
+    ) -> RunWriter:
+        ledger.ensure_session(session)
+        run = ledger.create_run(session, agent, run_id=run_id)
+        return cls(ledger, session, agent, ledger.claim_run(run.id))
+
+    def _tick(self) -> int:
+        self.ts += 1000
+        return self.ts
+
+    def add(self, actor: str, message: dict[str, Any], *, sources: tuple[str, ...] = ()) -> Row:
+        [row] = self.ledger.append(self.fence, [NewRow.message(actor, message, sources=sources)])
+        self.rows.append(row)
+        return row
+
+    def request(self, text: str, *, actor: str = "user:ana", image: str | None = None) -> Row:
+        msg = user(text, ts=self._tick(), image=image)
+        [row] = self.ledger.append(self.fence, [NewRow.message(actor, msg)], request=True)
+        self.rows.append(row)
+        return row
+
+    def say(self, text: str, *, sources: tuple[str, ...] = ()) -> Row:
+        return self.add(f"agent:{self.agent}", assistant(text, ts=self._tick()), sources=sources)
+
+    def calls(self, *calls: tuple[str, str, dict[str, Any]], sources: tuple[str, ...] = ()) -> Row:
+        msg = calls_message(list(calls), ts=self._tick())
+        return self.add(f"agent:{self.agent}", msg, sources=sources)
+
+    def result(
+        self,
+        call_id: str,
+        text: str,
+        *,
+        name: str = "read",
+        sources: tuple[str, ...] = (),
+        image: str | None = None,
+    ) -> Row:
+        msg = tool_result(call_id, name, text, ts=self._tick(), image=image)
+        return self.add(f"tool:{name}", msg, sources=sources)
+
+    def receipt(self, reason: str = "truncated") -> Row:
+        body = {"kind": "continuation_checkpoint_refused", "run": self.fence.run, "reason": reason}
+        [row] = self.ledger.append(
+            self.fence, [NewRow(f"agent:{self.agent}", RowKind.RECEIPT, body)]
+        )
+        self.rows.append(row)
+        return row
+
+    def compaction(self, summary: str, covers_to: int, *, continuation: bool = False) -> Row:
+        body: dict[str, Any] = {"summary": summary, "covers_to": covers_to, "tokens_before": 1}
+        if continuation:
+            body["continuation"] = {"version": 1, "run": self.fence.run}
+        [row] = self.ledger.append(
+            self.fence, [NewRow(f"agent:{self.agent}", RowKind.COMPACTION, body)]
+        )
+        self.rows.append(row)
+        return row
+
+    def checkpoint(self, summary: str) -> Row:
+        """A continuation checkpoint: it covers every row before it."""
+        return self.compaction(summary, self.ledger.last_seq(self.session), continuation=True)
+
+    def end(self, status: RunStatus = RunStatus.FINISHED) -> None:
+        self.ledger.end_run(self.fence, status)
+
+
+def bulk_session(
+    ledger: Ledger,
+    session: str,
+    rows: int,
+    *,
+    checkpoint_every: int | None = 10,
+    agent: str = "reviewer",
+    result_bytes: int = 600,
+    final_calls: int = 300,
+) -> None:
+    """A long session imported in one transaction: runs of ten rows (a request, a call and its
+    result, two parallel calls and their results, an answer, a receipt or a note-worthy remark,
+    …), a continuation checkpoint after every ``checkpoint_every``-th run (None: only one, after
+    the first run, so it lies far outside any tail), notes, and a last, long, interrupted run
+    of ``final_calls`` calls.
+
+    ``rows`` is rounded up to whole runs. The newest runs look the same whatever ``rows`` is,
+    so two sessions of different lengths must cost a follow-up the same reads."""
+    from tether.ledger import Note, Run, Session
+
+    source = ("repo:acme/api",)
+    out: list[Row] = []
+    runs: list[Run] = []
+    seq = 0
+    ts = 1_764_410_400_000
+
+    def add(
+        run: str, actor: str, kind: RowKind, body: dict[str, Any], src: tuple[str, ...] = ()
+    ) -> int:
+        nonlocal seq
+        seq += 1
+        out.append(Row(session, seq, run, actor, kind, body, src, 0))
+        return seq
+
+    i = 0
+    while seq < rows:
+        n = f"{i:07d}"  # fixed width: runs cost the same bytes wherever they sit
+        rid = f"{session}-r{n}"
+        ts += 60_000
+        req = add(rid, "user:ana", RowKind.MESSAGE, user(f"request {n}: review change {n}", ts=ts))
+        add(
+            rid,
+            f"agent:{agent}",
+            RowKind.MESSAGE,
+            calls_message([(f"a{n}", "read", {"path": f"f{n}.py"})], ts=ts),
+            source,
+        )
+        add(
+            rid,
+            "tool:read",
+            RowKind.MESSAGE,
+            tool_result(f"a{n}", "read", "x" * result_bytes, ts=ts),
+            source,
+        )
+        add(
+            rid,
+            f"agent:{agent}",
+            RowKind.MESSAGE,
+            calls_message(
+                [(f"b{n}", "bash", {"command": "ls"}), (f"c{n}", "bash", {"command": "git log"})],
+                ts=ts,
+            ),
+            source,
+        )
+        add(
+            rid,
+            "tool:bash",
+            RowKind.MESSAGE,
+            tool_result(f"b{n}", "bash", "y" * result_bytes, ts=ts),
+            source,
+        )
+        add(
+            rid,
+            "tool:bash",
+            RowKind.MESSAGE,
+            tool_result(f"c{n}", "bash", "z" * result_bytes, ts=ts),
+            source,
+        )
+        add(
+            rid,
+            f"agent:{agent}",
+            RowKind.MESSAGE,
+            assistant(f"finding {n}: " + "f" * 200, ts=ts),
+            source,
+        )
+        add(rid, "user:ana", RowKind.MESSAGE, user(f"and the tests for change {n}?", ts=ts))
+        add(rid, f"agent:{agent}", RowKind.MESSAGE, assistant(f"tests {n} pass", ts=ts), source)
+        if (checkpoint_every is None and i == 0) or (
+            checkpoint_every and i % checkpoint_every == checkpoint_every - 1
+        ):
+            body = {
+                "summary": f"checkpoint after run {n}: " + "s" * 2000,
+                "covers_to": seq,
+                "continuation": {"version": 1, "run": rid},
+                "tokens_before": 70_000,
+            }
+            add(rid, f"agent:{agent}", RowKind.COMPACTION, body, source)
+        else:
+            add(
+                rid,
+                f"agent:{agent}",
+                RowKind.RECEIPT,
+                {"kind": "continuation_checkpoint_refused", "run": rid, "reason": "truncated"},
+            )
+        runs.append(Run(rid, session, agent, RunStatus.FINISHED, request_seq=req))
+        i += 1
+    # The newest run: long (far over any budget after its request) and interrupted, its last
+    # call without a result.
+    rid = f"{session}-final"
+    req = add(rid, "user:ana", RowKind.MESSAGE, user("final request: audit every module", ts=ts))
+    for k in range(final_calls):
+        cid = f"final{k:05d}"
+        call = calls_message([(cid, "read", {"path": f"m{k:05d}.py"})], ts=ts)
+        add(rid, f"agent:{agent}", RowKind.MESSAGE, call, source)
+        if k < final_calls - 1:
+            add(
+                rid,
+                "tool:read",
+                RowKind.MESSAGE,
+                tool_result(cid, "read", "w" * 300, ts=ts),
+                source,
+            )
+    runs.append(Run(rid, session, agent, RunStatus.INTERRUPTED, request_seq=req))
+    notes = [
+        Note(session, agent, f"note {k}: ana prefers diffs", f"2026-11-29T10:0{k}:00Z")
+        for k in range(3)
+    ]
+    ledger.import_records([Session(session, "2026-11-29T10:00:00Z")], runs, out, notes)
