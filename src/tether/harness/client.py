@@ -84,13 +84,20 @@ class RpcClient:
     @asynccontextmanager
     async def connect(cls, transport: AgentTransport) -> AsyncIterator[RpcClient]:
         client = cls(transport)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(client._read, tg)
-            try:
-                yield client
-            finally:
-                tg.cancel_scope.cancel()
-                client._finish("the harness closed the connection")
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client._read, tg)
+                try:
+                    yield client
+                finally:
+                    tg.cancel_scope.cancel()
+                    client._finish("the harness closed the connection")
+        except BaseExceptionGroup as group:
+            # The reader never raises: a group holds the caller's own exception. Give it back as
+            # it was raised, not wrapped.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
 
     @property
     def transport(self) -> AgentTransport:

@@ -143,6 +143,11 @@ class SubprocessTransport:
                     yield transport
                 finally:
                     await transport.aclose()
+        except BaseExceptionGroup as group:
+            # The stderr pump never raises: a group holds the caller's own exception.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         finally:
             log.close()
 

@@ -1,0 +1,157 @@
+"""``tether run`` as a user runs it: a subprocess, a config file, the real pi."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from provider import Reply, ScriptedProvider, Stall, ToolCall
+from tether.ledger import RunStatus, open_ledger
+
+TETHER = [sys.executable, "-m", "tether"]
+
+
+def write_config(tmp: Path, url: str) -> Path:
+    path = tmp / "tether.toml"
+    path.write_text(
+        f"""
+[ledger]
+url = "sqlite://{tmp}/ledger.db"
+
+[providers.local]
+base_url = "{url}"
+context_window = 8192
+max_tokens = 1024
+
+[agents.rev]
+provider = "local"
+model = "scripted"
+deadline_s = 60
+
+[harness]
+runs_dir = "runs"
+pi_settings = {{ retry = {{ baseDelayMs = 20 }} }}
+"""
+    )
+    return path
+
+
+def tether(
+    tmp: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TETHER, *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_run_prints_json_and_exits_0(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider(
+        [Reply(tool_calls=[ToolCall("bash", {"command": "echo hi"})]), Reply("the answer")]
+    )
+    cfg = write_config(tmp_path, p.url)
+    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "go")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["status"] == "finished"
+    assert out["answer"] == "the answer"
+    assert out["checkpoint"] == "not_needed"
+    assert out["session"] == "s1"
+    assert set(out) >= {"run", "session", "status", "answer", "checkpoint"}
+    assert (tmp_path / "runs" / out["run"] / "pi.log").exists()
+    plain = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "again")
+    assert plain.returncode == 4, "the script is exhausted: the provider fails"
+    assert "failed" in plain.stderr
+
+
+def test_usage_and_configuration_errors_exit_2_and_write_nothing(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    unknown = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "nobody", "go")
+    assert unknown.returncode == 2
+    assert "unknown agent 'nobody'" in unknown.stderr
+    missing = tether(
+        tmp_path, "run", "--config", str(tmp_path / "nope.toml"), "-s", "s1", "-a", "rev", "go"
+    )
+    assert missing.returncode == 2
+    assert "does not exist" in missing.stderr
+    no_pi = tether(
+        tmp_path,
+        "run",
+        "--config",
+        str(cfg),
+        "-s",
+        "s1",
+        "-a",
+        "rev",
+        "go",
+        env={"TETHER_PI": str(tmp_path / "no-such-cli.js")},
+    )
+    assert no_pi.returncode == 2
+    assert "make install" in no_pi.stderr
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
+        assert store.sessions() == []
+
+
+def test_refusing_session_exits_3(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
+        store.ensure_session("s1")
+        store.set_refusing("s1", "pi's idle was not confirmed")
+    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "go")
+    assert done.returncode == 3
+    assert "idle was not confirmed" in done.stderr
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
+        assert store.runs("s1") == []
+
+
+def test_unreachable_provider_exits_4_with_the_reason(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "go")
+    assert done.returncode == 4
+    out = json.loads(done.stdout)
+    assert out["status"] == "failed"
+    assert "provider failed" in out["error"]
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
+        (run,) = store.runs("s1")
+        assert run.status is RunStatus.FAILED
+        assert run.request_seq == 1
+
+
+def test_ctrl_c_stops_the_run_softly(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider(
+        [Reply("partial progress", tool_calls=[ToolCall("bash", {"command": "true"})]), Stall()]
+    )
+    cfg = write_config(tmp_path, p.url)
+    proc = subprocess.Popen(
+        [*TETHER, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "go"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        p.wait_for_requests(2, timeout=60)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 4, stderr
+    out = json.loads(stdout)
+    assert out["status"] == "interrupted"
+    assert out["stop_reason"] == "soft_stop"
+    assert out["answer"] == "partial progress"
