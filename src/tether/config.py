@@ -83,7 +83,8 @@ class HarnessConfig(_Section):
     """How long a stop waits for pi to settle after ``abort``, and for it to exit after its
     stdin closes, before escalating."""
     keep_recent_tokens: int | None = Field(None, ge=0)
-    """pi's ``compaction.keepRecentTokens`` (default: min(20000, context_window / 4))."""
+    """pi's ``compaction.keepRecentTokens`` (default: min(20000, context_window / 4,
+    followup.budget_bytes / 16), so a continuation checkpoint always has something to compact)."""
     reserve_tokens: int | None = Field(None, ge=0)
     """pi's ``compaction.reserveTokens`` (default: min(16384, max(max_tokens, window / 4)))."""
     pi_settings: dict[str, Any] = Field(default_factory=dict)

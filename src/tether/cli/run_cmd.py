@@ -18,6 +18,7 @@ from rich.text import Text
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import Exit, command, err_console
 from tether.followup import Refused
+from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.errors import PiNotInstalled
 from tether.harness.events import (
     Compacted,
@@ -128,9 +129,23 @@ async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutco
 
     async def execute() -> RunOutcome:
         if progress is None:
-            return await execute_run(store, cfg, req, stop=stop, subscribers=subscribers)
+            return await execute_run(
+                store,
+                cfg,
+                req,
+                stop=stop,
+                subscribers=subscribers,
+                checkpoint=continuation_checkpoint,
+            )
         with progress:
-            return await execute_run(store, cfg, req, stop=stop, subscribers=subscribers)
+            return await execute_run(
+                store,
+                cfg,
+                req,
+                stop=stop,
+                subscribers=subscribers,
+                checkpoint=continuation_checkpoint,
+            )
 
     result: list[RunOutcome] = []
     failure: list[BaseException] = []
@@ -177,7 +192,14 @@ def run(
         err_console.print("[bold red]usage error:[/] the request is empty")
         raise typer.Exit(Exit.USAGE)
     cfg, store = open_configured_ledger(config, ledger)
-    req = RunRequest(session=session, agent=agent, text=text, actor=actor, workdir=workdir)
+    req = RunRequest(
+        session=session,
+        agent=agent,
+        text=text,
+        actor=actor,
+        workdir=workdir,
+        extensions=(EXTENSION_PATH,),
+    )
     show = not as_json and err_console.is_terminal
     try:
         with store:

@@ -67,7 +67,14 @@ def pi_settings(config: Config, provider: ProviderConfig, agent: AgentConfig) ->
         "defaultThinkingLevel": agent.effort,
         "compaction": {
             "enabled": True,
-            "keepRecentTokens": keep if keep is not None else min(20_000, window // 4),
+            # pi refuses to compact a session that fits keepRecentTokens ("Nothing to
+            # compact"), and a continuation checkpoint runs once the view is over the
+            # follow-up budget: keep well under the budget's token estimate (bytes / 4).
+            "keepRecentTokens": (
+                keep
+                if keep is not None
+                else min(20_000, window // 4, config.followup.budget_bytes // 16)
+            ),
             "reserveTokens": (
                 reserve
                 if reserve is not None

@@ -40,6 +40,7 @@ class Command(enum.StrEnum):
     GET_SESSION_STATS = "get_session_stats"
     GET_ENTRIES = "get_entries"
     GET_LAST_ASSISTANT_TEXT = "get_last_assistant_text"
+    GET_COMMANDS = "get_commands"
     EXTENSION_UI_RESPONSE = "extension_ui_response"
 
 

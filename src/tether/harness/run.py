@@ -143,6 +143,9 @@ class SettledTurn:
     """On ``clock``."""
     stop: StopControl
     bus: EventBus
+    attempt: CheckpointResult | None = None
+    """What the checkpoint counts as if the step is cut off (a hard stop cancels it); the step
+    sets it once it has sent ``compact``."""
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - self.clock.now())
@@ -205,6 +208,8 @@ class _State:
     failure: tuple[StopReason, str] | None = None
     fatal: BaseException | None = None
     idle_unconfirmed: bool = False
+    checkpointing: bool = False
+    """The task turn settled successfully and the checkpoint step has started."""
     done: anyio.Event = field(default_factory=anyio.Event)
     """Set when pi settled or its transport closed."""
 
@@ -551,29 +556,35 @@ class _Driver:
             return
         # A settled, successful task turn: the checkpoint step runs here, stops still apply.
         await mirror.sync()
+        turn = SettledTurn(
+            client=client,
+            ledger=self.ledger,
+            fence=self.fence,
+            mirror=mirror,
+            config=self.config,
+            agent_name=self.request.agent,
+            agent=self.agent,
+            run_id=self.fence.run,
+            session=self.fence.session,
+            answer=state.answer,
+            clock=self.clock,
+            deadline=self.deadline,
+            stop=self.stop,
+            bus=self.bus,
+        )
+        state.checkpointing = True
         try:
-            self.checkpoint = await self.checkpoint_step(
-                SettledTurn(
-                    client=client,
-                    ledger=self.ledger,
-                    fence=self.fence,
-                    mirror=mirror,
-                    config=self.config,
-                    agent_name=self.request.agent,
-                    agent=self.agent,
-                    run_id=self.fence.run,
-                    session=self.fence.session,
-                    answer=state.answer,
-                    clock=self.clock,
-                    deadline=self.deadline,
-                    stop=self.stop,
-                    bus=self.bus,
-                )
-            )
+            self.checkpoint = await self.checkpoint_step(turn)
         except TransportClosed as exc:
             self.checkpoint = CheckpointResult(
                 "refused:cancelled", refuse_session=f"pi went away during the checkpoint: {exc}"
             )
+        except (FencedOut, RunNotActive) as exc:
+            state.fatal = state.fatal or exc
+            self.checkpoint = CheckpointResult("refused:cancelled")
+        finally:
+            if self.checkpoint is NOT_NEEDED and turn.attempt is not None:
+                self.checkpoint = turn.attempt
 
     def _succeeded(self) -> bool:
         state = self.state
@@ -741,6 +752,9 @@ class _Driver:
         if state.failure is not None:
             reason, message = state.failure
             return RunStatus.FAILED, reason, self._with_stderr(message, reason)
+        if state.checkpointing and not stop.hard and stop.reason is not None:
+            # The task turn had finished; the stop only cut the checkpoint short.
+            return RunStatus.FINISHED, stop.reason, None
         if stop.reason in (StopReason.HARD_STOP, StopReason.DEADLINE, StopReason.SOFT_STOP):
             detail = None
             if stop.escalated:

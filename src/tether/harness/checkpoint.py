@@ -1,0 +1,303 @@
+"""The continuation checkpoint, the harness's side (DESIGN §3.6, invariants 10–17).
+
+After a successful task turn settles, :func:`continuation_checkpoint` (a ``CheckpointStep`` for
+:func:`tether.harness.run.execute_run`; pi must load :data:`EXTENSION_PATH`):
+
+1. measures pi's working view (``get_messages``, :func:`tether.sizes.measure`, DESIGN §3.3);
+   at or under ``followup.budget_bytes`` nothing more happens (``not_needed``);
+2. above it, with at least ``checkpoint_min_time_s`` of the deadline left, no stop in progress
+   and the continuation extension loaded, sends exactly one native ``compact`` whose custom
+   instructions are the typed continuation marker, and no task prompt;
+3. waits for the ``compact`` response while the client keeps reading pi's output (the mirror
+   keeps mirroring, stops keep working: a soft stop or the deadline sends ``abort``, which aborts
+   the summary, and pi answers both commands once it is idle; a hard stop kills pi);
+4. on success, has the mirror write the compaction row (fenced) and checks it is in the ledger
+   before returning (``written``);
+5. on refusal, stores the extension's ``continuation_checkpoint_refused`` receipt as a receipt row
+   of the run and records ``needs_recall`` on the run (``refused:<reason>``).
+
+The authored answer is never touched here: it is the reply in every outcome. ``compact`` is sent
+at most once per run and never replayed: if pi's idle cannot be confirmed by the deadline (plus
+the stop grace), or pi goes away with the command in flight, the answer is kept and the session
+refuses further prompts until an operator clears it.
+
+When the harness itself refuses (no time left, a stop arrived, the extension is missing, pi did
+not answer with a receipt), it writes the same receipt with the closest reason of the closed set:
+``cancelled`` — the checkpoint was called off — and says why in the run's ``checkpoint_detail``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from tether.config import AgentConfig, Config
+from tether.errors import LedgerError
+from tether.harness.agentdir import pi_settings
+from tether.harness.client import Record, is_notify
+from tether.harness.errors import TransportClosed
+from tether.harness.protocol import Command, Response
+from tether.harness.run import NOT_NEEDED, CheckpointResult, SettledTurn
+from tether.harness.stops import race_clock
+from tether.ledger import ReceiptReason, Row, RowKind
+from tether.sizes import measure
+
+__all__ = [
+    "EXTENSION_PATH",
+    "MARKER_VERSION",
+    "PRESENCE_COMMAND",
+    "RECEIPT_KIND",
+    "continuation_checkpoint",
+    "marker",
+    "parse_receipt",
+    "retry_policy",
+    "view_bytes",
+]
+
+EXTENSION_PATH = Path(__file__).resolve().parent.parent / "extension" / "continuation.ts"
+"""The continuation extension, shipped inside the package (``pi -e PATH``, no build step)."""
+
+MARKER_TAG = "continuation"
+MARKER_VERSION = 1
+RECEIPT_KIND = "continuation_checkpoint_refused"
+PRESENCE_COMMAND = "tether-continuation"
+"""The command the extension registers so ``get_commands`` shows it is loaded."""
+
+# pi's own retry defaults (settings.md: retry.*), used for the summary call as pi uses them for
+# its own summaries, unless the run's pi settings change them.
+PI_RETRY_DEFAULTS = {
+    "enabled": True,
+    "maxRetries": 3,
+    "baseDelayMs": 2000,
+    "maxAgentDelayMs": 60000,
+}
+
+
+def view_bytes(messages: Sequence[Any]) -> int:
+    """The size of a working view: its messages measured one by one (DESIGN §3.3)."""
+    return sum(measure(m).text_bytes for m in messages)
+
+
+def retry_policy(config: Config, agent: AgentConfig) -> dict[str, int] | None:
+    """The summary call's retry policy: pi's ``retry`` settings of this run (None: disabled)."""
+    settings = pi_settings(config, config.provider(agent.provider), agent)
+    retry = {**PI_RETRY_DEFAULTS, **(settings.get("retry") or {})}
+    if not retry.get("enabled", True):
+        return None
+    return {
+        "max_retries": int(retry["maxRetries"]),
+        "base_delay_ms": int(retry["baseDelayMs"]),
+        "max_delay_ms": int(retry["maxAgentDelayMs"]),
+    }
+
+
+def marker(run: str, *, max_bytes: int, retry: dict[str, int] | None) -> str:
+    """The ``compact`` custom instructions the extension recognises (and nothing else does)."""
+    body: dict[str, Any] = {
+        "tether": MARKER_TAG,
+        "version": MARKER_VERSION,
+        "run": run,
+        "max_bytes": max_bytes,
+    }
+    if retry is not None:
+        body["retry"] = retry
+    return json.dumps(body, separators=(",", ":"))
+
+
+def parse_receipt(record: Record, run: str) -> ReceiptReason | None:
+    """The reason of a refusal receipt for ``run``, if ``record`` is one (an error ``notify``)."""
+    if not is_notify(record) or not isinstance(record, dict):
+        return None
+    if record.get("notifyType") != "error" or not isinstance(record.get("message"), str):
+        return None
+    try:
+        body = json.loads(record["message"])
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or body.get("kind") != RECEIPT_KIND or body.get("run") != run:
+        return None
+    try:
+        return ReceiptReason(str(body.get("reason")))
+    except ValueError:
+        return None
+
+
+def _drain(records: MemoryObjectReceiveStream[Record], run: str) -> ReceiptReason | None:
+    """The receipt among the records delivered so far. pi writes the notify before the
+    ``compact`` response, and the client delivers records in order, so it is already here."""
+    found: ReceiptReason | None = None
+    while True:
+        try:
+            item = records.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return found
+        found = parse_receipt(item, run) or found
+
+
+async def _db(fn: Any, *args: Any) -> Any:
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+async def _refuse(turn: SettledTurn, reason: ReceiptReason, detail: str | None) -> None:
+    """Store the receipt as a row of the run and mark the run's context as needing recall.
+    Shielded: a stop arriving now must not leave the receipt without its run record."""
+    body = {"kind": RECEIPT_KIND, "run": turn.run_id, "reason": reason.value}
+    extra: dict[str, Any] = {"needs_recall": True}
+    if detail:
+        extra["checkpoint_detail"] = detail
+    with anyio.CancelScope(shield=True):
+        await turn.mirror.append_receipt(body)
+        await _db(turn.ledger.update_run_extra, turn.fence, extra)
+
+
+async def _compact(turn: SettledTurn, instructions: str) -> Response | TransportClosed:
+    """The one ``compact`` of the run (never resent: invariant 16); a closed transport is a
+    value here, so it does not leave the deadline race as an exception group."""
+    try:
+        return await turn.client.request(Command.COMPACT, customInstructions=instructions)
+    except TransportClosed as exc:
+        return exc
+
+
+def _refused(reason: ReceiptReason, refuse_session: str | None = None) -> CheckpointResult:
+    return CheckpointResult(f"refused:{reason.value}", refuse_session=refuse_session)
+
+
+def _is_ours(row: Row | None, run: str) -> bool:
+    if row is None or row.kind is not RowKind.COMPACTION:
+        return False
+    cont = row.body.get("continuation")
+    return isinstance(cont, dict) and cont.get("run") == run and row.run == run
+
+
+async def _await_row(turn: SettledTurn, bound: float) -> Row | None:
+    """Have the mirror write pi's compaction entry (pi appends it before it answers) and find
+    the row; poll briefly in case the mirror's own task holds the batch."""
+    while True:
+        await turn.mirror.sync()
+        row: Row | None = await _db(turn.ledger.latest_compaction, turn.session)
+        if _is_ours(row, turn.run_id):
+            return row
+        if turn.clock.now() >= bound:
+            return None
+        await anyio.sleep(0.05)
+
+
+async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
+    """The checkpoint step (see the module docstring). Ledger errors (a fenced-out writer)
+    propagate: run.py ends the run as fenced out."""
+    client, agent = turn.client, turn.agent
+    budget = turn.config.followup.budget_bytes
+    try:
+        messages = await client.call(Command.GET_MESSAGES)
+        size = view_bytes(messages.get("messages") or [])
+        if size <= budget:
+            return NOT_NEEDED
+        commands = await client.call(Command.GET_COMMANDS)
+    except TransportClosed as exc:
+        await _refuse(turn, ReceiptReason.CANCELLED, f"pi went away before the checkpoint: {exc}")
+        return _refused(ReceiptReason.CANCELLED)
+    await _db(turn.ledger.update_run_extra, turn.fence, {"working_view_bytes": size})
+
+    names = {c.get("name") for c in (commands.get("commands") or []) if isinstance(c, dict)}
+    why_not: str | None = None
+    if turn.stop.requested:
+        why_not = f"a stop ({turn.stop.reason}) was in progress"
+    elif turn.remaining() < agent.checkpoint_min_time_s:
+        why_not = (
+            f"only {turn.remaining():.1f}s of the deadline were left "
+            f"(checkpoint_min_time_s = {agent.checkpoint_min_time_s:g})"
+        )
+    elif PRESENCE_COMMAND not in names:
+        why_not = (
+            f"pi did not load the continuation extension ({EXTENSION_PATH}); pass it in "
+            "RunRequest.extensions"
+        )
+    if why_not is not None:
+        await _refuse(
+            turn,
+            ReceiptReason.CANCELLED,
+            f"the working view ({size} bytes) is over "
+            f"the budget ({budget}) but no checkpoint was attempted: {why_not}",
+        )
+        return _refused(ReceiptReason.CANCELLED)
+
+    text = marker(
+        turn.run_id,
+        max_bytes=agent.summary_max_bytes,
+        retry=retry_policy(turn.config, agent),
+    )
+    bound = turn.deadline + turn.config.harness.stop_grace_s
+    records = client.subscribe()
+    # From here on a cut-off step counts as a refused checkpoint (run.py reads this).
+    turn.attempt = _refused(ReceiptReason.CANCELLED)
+    try:
+        with records:
+            try:
+                finished, response = await race_clock(
+                    turn.clock, bound, lambda: _compact(turn, text)
+                )
+            except anyio.get_cancelled_exc_class():
+                # A hard stop (or a fenced-out mirror) cancelled the step: pi is being killed,
+                # and the run's final mirror pass reads pi's session file as pi left it.
+                with anyio.CancelScope(shield=True), contextlib.suppress(LedgerError):
+                    reason = _drain(records, turn.run_id) or ReceiptReason.CANCELLED
+                    await _refuse(turn, reason, "the run was stopped during the checkpoint")
+                    turn.attempt = _refused(reason)
+                raise
+            receipt = _drain(records, turn.run_id)
+    finally:
+        records.close()
+
+    if isinstance(response, TransportClosed):
+        reason = receipt or ReceiptReason.CANCELLED
+        if turn.stop.hard:
+            await _refuse(turn, reason, "the run was stopped during the checkpoint")
+            return _refused(reason)
+        await _refuse(turn, reason, f"pi went away during the checkpoint: {response}")
+        return _refused(
+            reason,
+            f"pi went away while run {turn.run_id}'s continuation checkpoint was in flight; "
+            "its delivery is unknown",
+        )
+
+    if not finished or response is None:
+        reason = receipt or ReceiptReason.CANCELLED
+        await _refuse(turn, reason, "pi did not answer the checkpoint by the deadline")
+        return _refused(
+            reason,
+            f"pi's idle was not confirmed by the deadline of run {turn.run_id} during its "
+            "continuation checkpoint",
+        )
+    if not response.success:
+        reason = receipt or ReceiptReason.CANCELLED
+        detail = None if receipt else f"pi refused the compaction: {response.error}"
+        await _refuse(turn, reason, detail)
+        return _refused(reason)
+
+    row = await _await_row(turn, turn.clock.now() + turn.config.harness.stop_grace_s)
+    if row is None:
+        # pi wrote the checkpoint but the mirror cannot show it: never claim it, and stop
+        # prompts until someone looks (the final mirror pass may still write it).
+        await _db(
+            turn.ledger.update_run_extra,
+            turn.fence,
+            {"needs_recall": True, "checkpoint_detail": "the checkpoint row was not mirrored"},
+        )
+        return _refused(
+            ReceiptReason.CANCELLED,
+            f"run {turn.run_id}'s continuation checkpoint was written by pi but not mirrored",
+        )
+    await _db(
+        turn.ledger.update_run_extra,
+        turn.fence,
+        {"checkpoint_seq": row.seq, "needs_recall": False},
+    )
+    return CheckpointResult("written")

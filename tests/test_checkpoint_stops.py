@@ -1,0 +1,304 @@
+"""Stops, deadlines and a dying harness while the continuation summary runs (invariants 14–17),
+with the real pi, the scripted provider, and ``tether run`` as a process where it matters."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from checkpoint_support import (
+    AGENT,
+    ANSWER,
+    SUMMARY,
+    config,
+    long_task,
+    pi_processes,
+    rows_of,
+    run_once,
+    wait_for,
+)
+from provider import Reply, ScriptedProvider, Stall, route
+from tether.clock import ManualClock
+from tether.errors import SessionRefusing
+from tether.harness.run import RunOutcome
+from tether.harness.stops import StopControl, StopReason
+from tether.ledger import Ledger, RowKind, RunStatus, open_ledger
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    ledger = open_ledger(f"sqlite://{tmp_path}/ledger.db")
+    yield ledger
+    ledger.close()
+
+
+def stalled(scripted_provider: Any) -> ScriptedProvider:
+    """The task turn runs; the summary request then hangs until the test ends."""
+    provider: ScriptedProvider = scripted_provider(route(task=long_task(), summary=[Stall(None)]))
+    return provider
+
+
+async def with_summary_running(
+    ledger: Ledger,
+    provider: ScriptedProvider,
+    tmp: Path,
+    act: Any,
+    **kw: Any,
+) -> RunOutcome:
+    """Start a run; once pi's summary request reaches the provider, call ``act()``."""
+    outcome: list[RunOutcome] = []
+    async with anyio.create_task_group() as tg:
+
+        async def go() -> None:
+            outcome.append(await run_once(ledger, kw.pop("cfg"), tmp, **kw))
+
+        tg.start_soon(go)
+        await wait_for(lambda: provider.summary_requests)
+        act()
+    return outcome[0]
+
+
+def assert_refused_cleanly(ledger: Ledger, outcome: RunOutcome, provider: ScriptedProvider) -> None:
+    """No checkpoint, one receipt, the answer kept, nothing asked of the provider again."""
+    assert outcome.answer == ANSWER
+    assert outcome.checkpoint == "refused:cancelled"
+    assert rows_of(ledger, "s1", RowKind.COMPACTION) == []
+    [receipt] = rows_of(ledger, "s1", RowKind.RECEIPT)
+    assert receipt.body == {
+        "kind": "continuation_checkpoint_refused",
+        "run": outcome.run,
+        "reason": "cancelled",
+    }
+    record = ledger.get_run(outcome.run)
+    assert record.extra["answer"] == ANSWER
+    assert record.extra["needs_recall"] is True
+    assert len(provider.summary_requests) == 1
+    assert len(provider.task_requests) == 2
+    assert pi_processes(str(outcome.run_dir)) == []
+
+
+def test_a_soft_stop_aborts_the_summary(
+    scripted_provider: Any, store: Ledger, tmp_path: Path
+) -> None:
+    provider = stalled(scripted_provider)
+    cfg = config(tmp_path, provider)
+
+    async def main() -> RunOutcome:
+        stop = StopControl()
+        return await with_summary_running(
+            store, provider, tmp_path, lambda: stop.soft(), cfg=cfg, stop=stop
+        )
+
+    outcome = anyio.run(main)
+    # The task turn had finished: the run did too; the stop only cut its checkpoint short.
+    assert (outcome.status, outcome.stop_reason) == (RunStatus.FINISHED, StopReason.SOFT_STOP)
+    assert_refused_cleanly(store, outcome, provider)
+    assert store.get_session("s1").refusing is None
+
+
+def test_the_deadline_aborts_the_summary(
+    scripted_provider: Any, store: Ledger, tmp_path: Path
+) -> None:
+    provider = stalled(scripted_provider)
+    cfg = config(tmp_path, provider, deadline_s=100, stop_grace_s=5)
+    clock = ManualClock()
+
+    async def main() -> RunOutcome:
+        return await with_summary_running(
+            store, provider, tmp_path, lambda: clock.advance(100.5), cfg=cfg, clock=clock
+        )
+
+    outcome = anyio.run(main)
+    assert (outcome.status, outcome.stop_reason) == (RunStatus.FINISHED, StopReason.DEADLINE)
+    assert_refused_cleanly(store, outcome, provider)
+    assert store.get_session("s1").refusing is None
+
+
+def test_idle_not_confirmed_by_the_deadline_keeps_the_answer_and_refuses_the_session(
+    scripted_provider: Any, store: Ledger, tmp_path: Path
+) -> None:
+    provider = stalled(scripted_provider)
+    cfg = config(tmp_path, provider, deadline_s=100, stop_grace_s=5)
+    clock = ManualClock()
+
+    async def main() -> RunOutcome:
+        # Past the deadline and its grace at once: pi's idle cannot have been confirmed in time.
+        return await with_summary_running(
+            store, provider, tmp_path, lambda: clock.advance(1000), cfg=cfg, clock=clock
+        )
+
+    outcome = anyio.run(main)
+    assert outcome.answer == ANSWER
+    assert outcome.checkpoint == "refused:cancelled"
+    assert rows_of(store, "s1", RowKind.COMPACTION) == []
+    assert len(provider.summary_requests) == 1
+    refusing = store.get_session("s1").refusing
+    assert refusing is not None
+    assert "idle was not confirmed" in refusing
+
+    # New runs on the session are refused (exit 3) until an operator clears it.
+    with pytest.raises(SessionRefusing):
+        anyio.run(lambda: run_once(store, cfg, tmp_path))
+    toml = write_toml(tmp_path, provider, budget=200_000)
+    refused = tether(
+        "run", "--config", str(toml), "-s", "s1", "-a", AGENT, "--json", "hi", cwd=tmp_path
+    )
+    assert refused.returncode == 3, refused.stderr
+    cleared = tether("session", "clear", "s1", "--config", str(toml), cwd=tmp_path)
+    assert cleared.returncode == 0, cleared.stderr
+    assert store.get_session("s1").refusing is None
+
+
+def test_a_hard_stop_kills_pi_and_writes_no_checkpoint(
+    scripted_provider: Any, store: Ledger, tmp_path: Path
+) -> None:
+    provider = stalled(scripted_provider)
+    cfg = config(tmp_path, provider)
+
+    async def main() -> RunOutcome:
+        stop = StopControl()
+        return await with_summary_running(
+            store, provider, tmp_path, lambda: stop.stop_hard(), cfg=cfg, stop=stop
+        )
+
+    outcome = anyio.run(main)
+    assert (outcome.status, outcome.stop_reason) == (RunStatus.INTERRUPTED, StopReason.HARD_STOP)
+    assert_refused_cleanly(store, outcome, provider)
+    # pi is dead and its session file was mirrored as it stands: nothing is left unknown.
+    assert store.get_session("s1").refusing is None
+
+
+# -- tether run as a process ----------------------------------------------------------------------
+
+
+def write_toml(tmp: Path, provider: ScriptedProvider, *, budget: int, name: str = "t") -> Path:
+    path = tmp / f"{name}-{budget}.toml"
+    path.write_text(
+        f"""
+[ledger]
+url = "sqlite://{tmp}/ledger.db"
+
+[followup]
+budget_bytes = {budget}
+
+[providers.local]
+base_url = "{provider.url}"
+context_window = 64000
+max_tokens = 2048
+
+[agents.{AGENT}]
+provider = "local"
+model = "{provider.model}"
+tools = ["bash"]
+deadline_s = 120
+checkpoint_min_time_s = 0
+
+[harness]
+runs_dir = "{tmp}/runs"
+pi_settings = {{ retry = {{ maxRetries = 2, baseDelayMs = 10 }} }}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def tether_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tether", *args]
+
+
+def tether(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        tether_argv(*args), cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_tether_run_json_reports_written_and_not_needed(
+    scripted_provider: Any, store: Ledger, tmp_path: Path
+) -> None:
+    provider = scripted_provider(
+        route(task=[*long_task(), Reply("short answer")], summary=[Reply(SUMMARY)])
+    )
+    small = write_toml(tmp_path, provider, budget=4000)
+    done = tether(
+        "run", "--config", str(small), "-s", "s1", "-a", AGENT, "--json", "count", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert (out["status"], out["checkpoint"], out["answer"]) == ("finished", "written", ANSWER)
+    [row] = rows_of(store, "s1", RowKind.COMPACTION)
+    assert row.run == out["run"]
+
+    large = write_toml(tmp_path, provider, budget=200_000)
+    again = tether(
+        "run", "--config", str(large), "-s", "s1", "-a", AGENT, "--json", "and?", cwd=tmp_path
+    )
+    assert again.returncode == 0, again.stderr
+    out = json.loads(again.stdout)
+    assert (out["checkpoint"], out["answer"]) == ("not_needed", "short answer")
+    assert len(provider.summary_requests) == 1
+
+
+def test_killing_tether_during_the_summary_leaves_no_row_and_nothing_replays(
+    scripted_provider: Any, store: Ledger, tmp_path: Path
+) -> None:
+    provider = scripted_provider(
+        route(task=[*long_task(), Reply("after the crash")], summary=[Stall(None)])
+    )
+    small = write_toml(tmp_path, provider, budget=4000)
+    proc = subprocess.Popen(
+        tether_argv("run", "--config", str(small), "-s", "s1", "-a", AGENT, "--json", "count"),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not provider.summary_requests:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no summary request arrived"
+            time.sleep(0.02)
+        [run] = store.runs("s1")
+        run_dir = str(tmp_path / "runs" / run.id)
+        assert pi_processes(run_dir), "pi should be running the summary"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+    # pi sees its stdin close and shuts down without writing the summary it was waiting for.
+    deadline = time.monotonic() + 20
+    while pi_processes(run_dir):
+        assert time.monotonic() < deadline, "pi outlived its harness"
+        time.sleep(0.05)
+    session_file = Path(run_dir) / "session.jsonl"
+    entries = [json.loads(line) for line in session_file.read_text().splitlines()]
+    assert not [e for e in entries if e.get("type") == "compaction"]
+    assert rows_of(store, "s1", RowKind.COMPACTION) == []
+    assert store.get_run(run.id).status is RunStatus.RUNNING  # its owner died mid-step
+
+    # The next run starts afresh: no compact is replayed, and no summary is asked for again.
+    large = write_toml(tmp_path, provider, budget=200_000)
+    after = tether(
+        "run", "--config", str(large), "-s", "s1", "-a", AGENT, "--json", "again", cwd=tmp_path
+    )
+    assert after.returncode == 0, after.stderr
+    out = json.loads(after.stdout)
+    assert (out["checkpoint"], out["answer"]) == ("not_needed", "after the crash")
+    assert len(provider.summary_requests) == 1
+    assert rows_of(store, "s1", RowKind.COMPACTION) == []
+    assert not pi_processes(str(tmp_path / "runs" / out["run"]))
