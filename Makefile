@@ -51,6 +51,7 @@ demo: install $(VENV)/.local-installed
 
 bench: install
 	$(BIN)/python bench/ledger.py
+	$(BIN)/python bench/followup.py
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
