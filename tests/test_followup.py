@@ -604,3 +604,45 @@ def test_rows_larger_than_the_budget_are_named(ledger: Ledger) -> None:
     check_well_formed(view)
     assert [m.origin for m in view.messages if m.origin] == [req.seq]
     assert [(g.first, g.last) for g in view.gaps] == [(req.seq + 1, huge.seq)]
+
+
+def test_a_refused_checkpoint_receipt_becomes_a_notice_not_a_message(ledger: Ledger) -> None:
+    run = RunWriter.start(ledger, run_id="r1")
+    run.request("long job")
+    run.say("done")
+    receipt = run.receipt("truncated")
+    run.end()
+    view = view_of(ledger)
+    check_well_formed(view)
+    assert receipt.seq not in [m.origin for m in view.messages]
+    [notice] = [m for m in view.messages if m.message.get("customType") == "tether.receipt"]
+    assert notice.synthetic
+    assert "run r1 could not write a continuation checkpoint (truncated)" in text(notice).lower()
+    assert "recall" in text(notice)
+    assert view.gaps == ()
+    assert view.previous_request is not None
+    assert view.previous_request.mode is RequestMode.REUSED
+
+
+def test_the_public_names() -> None:
+    import tether.access
+    import tether.followup
+
+    for module in (tether.followup, tether.access):
+        for name in module.__all__:
+            assert getattr(module, name) is not None
+    assert set(tether.followup.__all__) >= {
+        "FollowupReads",
+        "FollowupView",
+        "Refusal",
+        "RefusalReason",
+        "ViewMessage",
+        "build_view",
+    }
+    assert [r.value for r in RefusalReason] == [
+        "source_unavailable",
+        "incomplete_request",
+        "protected_context_over_budget",
+        "access_denied",
+        "session_refusing",
+    ]

@@ -9,9 +9,12 @@ the builder reads.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tether.ledger.models import Note, Row, Run, Session, TailRead
+
+if TYPE_CHECKING:
+    from tether.ledger.sql import SqlLedger
 
 __all__ = ["FollowupReads"]
 
@@ -56,3 +59,10 @@ class FollowupReads(Protocol):
     ) -> list[Note]:
         """The newest notes of the agent that fit both bounds, oldest first."""
         ...
+
+
+if TYPE_CHECKING:
+
+    def _ledger_reads(ledger: SqlLedger) -> FollowupReads:
+        """mypy proves here that every ledger backend satisfies the protocol."""
+        return ledger
