@@ -8,6 +8,7 @@ checkout's ``node_modules`` (``package.json`` pins both), or the ones named by `
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 from collections.abc import Sequence
@@ -50,6 +51,15 @@ def _candidate_roots() -> list[Path]:
 
 @functools.lru_cache(maxsize=8)
 def _node_version(node: Path) -> tuple[int, int]:
+    # The npm-installed node names its version in its package.json: no process to start.
+    meta = node.parent.parent / "package.json"
+    if meta.is_file():
+        try:
+            version = str(json.loads(meta.read_text(encoding="utf-8"))["version"])
+            major, minor, *_ = version.split(".")
+            return int(major), int(minor)
+        except (OSError, ValueError, KeyError):
+            pass
     try:
         out = subprocess.run(
             [str(node), "--version"], capture_output=True, text=True, timeout=30, check=True
@@ -61,8 +71,6 @@ def _node_version(node: Path) -> tuple[int, int]:
 
 
 def _pi_version(cli: Path) -> str:
-    import json
-
     try:
         meta = json.loads((cli.parent.parent / "package.json").read_text(encoding="utf-8"))
         return str(meta.get("version", "unknown"))

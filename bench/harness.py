@@ -1,0 +1,226 @@
+"""Harness benchmark: what tether adds on top of driving pi's RPC directly.
+
+One scripted provider (tests/provider.py) and one script: a run of N turns, each but the last a
+tool call (``bash`` and ``read`` alternating), the last a text answer. The same run is timed,
+interleaved, repetition by repetition:
+
+- ``direct RPC``: a Python process that starts pi (same argv, same agent dir contents), sends the
+  prompt and reads stdout until ``agent_settled``: the baseline;
+- ``tether run``: the CLI, as a user runs it (config, ledger, follow-up view, mirror, pi);
+- in process, ``execute_run`` against the same direct RPC driver run in process.
+
+Then the mirror's lag: for every row, the time from pi creating the entry (its own timestamp)
+to the row being committed to the ledger, over all in-process runs: median and p99.
+
+    .venv/bin/python bench/harness.py                 # 20 turns, 5 repetitions
+    .venv/bin/python bench/harness.py --turns 50 --reps 3 --latency-ms 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def direct_rpc(argv: list[str], env: dict[str, str], cwd: str, prompt: str) -> float:
+    """The baseline client: prompt, read until settled, close. Returns wall seconds."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=cwd)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write(json.dumps({"id": "1", "type": "prompt", "message": prompt}).encode() + b"\n")
+    proc.stdin.flush()
+    settled = False
+    for line in proc.stdout:
+        if json.loads(line).get("type") == "agent_settled":
+            settled = True
+            break
+    proc.stdin.close()
+    proc.wait()
+    if not settled:
+        raise SystemExit("direct RPC: pi ended without agent_settled")
+    return time.perf_counter() - started
+
+
+def baseline_main(spec_path: str) -> None:
+    """``harness.py baseline SPEC``: the direct RPC run in a process of its own."""
+    spec = json.loads(Path(spec_path).read_text())
+    direct_rpc(spec["argv"], spec["env"], spec["cwd"], spec["prompt"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="provider delay per reply")
+    args = parser.parse_args()
+
+    import anyio
+
+    from provider import Reply, ScriptedProvider, ToolCall  # tests/provider.py
+    from tether.config import Config
+    from tether.harness.agentdir import write_agent_dir
+    from tether.harness.events import RowsMirrored, RunEvent
+    from tether.harness.pi import find_pi, pi_argv
+    from tether.harness.run import RunRequest, _pi_env, execute_run
+    from tether.ledger import RunStatus, open_ledger
+
+    work = Path(tempfile.mkdtemp(prefix="tether-bench-"))
+    (work / "notes.txt").write_text("some notes\n" * 20)
+    delay = args.latency_ms / 1000
+
+    def reply(req: Any) -> Reply:
+        # The turn is the number of tool results the request carries: the same script for
+        # every client, whatever order requests arrive in.
+        turn = sum(1 for m in req.messages if m.get("role") == "tool")
+        if turn >= args.turns - 1:
+            return Reply("finished after all the steps", delay_s=delay)
+        call = (
+            ToolCall("bash", {"command": f"echo step {turn}"})
+            if turn % 2 == 0
+            else ToolCall("read", {"path": "notes.txt"})
+        )
+        return Reply(f"step {turn}", tool_calls=[call], delay_s=delay)
+
+    pi = find_pi()
+    prompt = "do the steps"
+    with ScriptedProvider(reply) as provider:
+        config_text = f"""
+[ledger]
+url = "sqlite://{work}/ledger.db"
+[providers.local]
+base_url = "{provider.url}"
+context_window = 1000000
+max_tokens = 1024
+[agents.bench]
+provider = "local"
+model = "scripted"
+deadline_s = 600
+[harness]
+runs_dir = "runs"
+"""
+        cfg_path = work / "tether.toml"
+        cfg_path.write_text(config_text)
+        from tether.config import load_config
+
+        cfg: Config = load_config(cfg_path)
+        agent = cfg.agent("bench")
+
+        def baseline_spec(i: int) -> Path:
+            run_dir = work / "direct" / str(i)
+            agent_dir = write_agent_dir(run_dir / "agent", cfg, "bench")
+            argv = pi_argv(
+                pi,
+                session_file=run_dir / "session.jsonl",
+                provider=agent.provider,
+                model=agent.model,
+                effort=agent.effort,
+                tools=agent.tools,
+                system_prompt=agent.system_prompt,
+            )
+            spec = {
+                "argv": argv,
+                "env": _pi_env(agent_dir.env, pi),
+                "cwd": str(work),
+                "prompt": prompt,
+            }
+            path = run_dir / "spec.json"
+            path.write_text(json.dumps(spec))
+            return path
+
+        timings: dict[str, list[float]] = {"direct": [], "cli": [], "direct_in": [], "inproc": []}
+        lags: list[float] = []
+        store = open_ledger(f"sqlite://{work}/inproc.db")
+        for i in range(args.reps):
+            spec = baseline_spec(i)
+            t = time.perf_counter()
+            subprocess.run([sys.executable, __file__, "baseline", str(spec)], check=True)
+            timings["direct"].append(time.perf_counter() - t)
+
+            t = time.perf_counter()
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tether",
+                    "run",
+                    "--config",
+                    str(cfg_path),
+                    "-s",
+                    f"cli-{i}",
+                    "-a",
+                    "bench",
+                    "--json",
+                    prompt,
+                ],
+                capture_output=True,
+                text=True,
+                cwd=work,
+            )
+            timings["cli"].append(time.perf_counter() - t)
+            if done.returncode != 0 or json.loads(done.stdout)["status"] != "finished":
+                raise SystemExit(f"tether run failed: {done.stdout} {done.stderr}")
+
+            spec_in = json.loads(baseline_spec(1000 + i).read_text())
+            timings["direct_in"].append(
+                direct_rpc(spec_in["argv"], spec_in["env"], spec_in["cwd"], prompt)
+            )
+
+            events: list[RunEvent] = []
+            request = RunRequest(session=f"in-{i}", agent="bench", text=prompt, workdir=work)
+            t = time.perf_counter()
+            outcome = anyio.run(
+                functools.partial(execute_run, store, cfg, request, subscribers=[events.append])
+            )
+            timings["inproc"].append(time.perf_counter() - t)
+            if outcome.status is not RunStatus.FINISHED:
+                raise SystemExit(f"execute_run: {outcome}")
+            for e in events:
+                if isinstance(e, RowsMirrored):
+                    lags += [e.written_at - when for when in e.entry_times]
+        store.close()
+
+    def med(name: str) -> float:
+        return statistics.median(timings[name])
+
+    rows_per_run = len(lags) / args.reps
+    print(
+        f"harness bench: {args.turns}-turn run ({args.turns - 1} tool calls), "
+        f"{args.reps} repetitions each, provider latency {args.latency_ms:g} ms per reply, "
+        f"pi {pi.version}"
+    )
+    print(f"  direct RPC, own process        median {med('direct'):6.3f} s   (baseline)")
+    print(
+        f"  tether run (CLI process)       median {med('cli'):6.3f} s   "
+        f"ratio {med('cli') / med('direct'):.3f}"
+    )
+    print(f"  direct RPC, in process         median {med('direct_in'):6.3f} s   (baseline)")
+    print(
+        f"  execute_run, in process        median {med('inproc'):6.3f} s   "
+        f"ratio {med('inproc') / med('direct_in'):.3f}"
+    )
+    lags_ms = sorted(x * 1000 for x in lags)
+    p99 = lags_ms[min(len(lags_ms) - 1, round(0.99 * (len(lags_ms) - 1)))]
+    print(
+        f"  mirror lag (pi entry → ledger row): median {statistics.median(lags_ms):.1f} ms, "
+        f"p99 {p99:.1f} ms, max {lags_ms[-1]:.1f} ms over {len(lags_ms)} rows "
+        f"({rows_per_run:.0f} per run; pi's entry timestamps have 1 ms resolution)"
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "baseline":
+        baseline_main(sys.argv[2])
+    else:
+        main()
