@@ -181,3 +181,22 @@ def test_fencing_and_dense_seqs_across_processes(shared_url: str, tmp_path: Path
     for run, seen in by_run.items():
         epochs = [e for _, _, e in sorted(seen)]
         assert epochs == sorted(epochs), run
+
+
+def first_open(url: str, barrier: Barrier) -> None:
+    barrier.wait(120)
+    with open_ledger(url) as ledger:
+        ledger.ensure_session("s")
+
+
+def test_processes_opening_a_new_ledger_at_once_migrate_it_once(shared_url: str) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(WORKERS)
+    procs = [ctx.Process(target=first_open, args=(shared_url, barrier)) for _ in range(WORKERS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0] * WORKERS
+    with open_ledger(shared_url) as ledger:
+        assert [s.id for s in ledger.sessions()] == ["s"]

@@ -74,6 +74,18 @@ MIGRATIONS: list[str] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a migration, one at a time (``executescript`` would commit first)."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending
+            pending = ""
+    if pending.strip():
+        yield pending  # incomplete: SQLite says what is wrong with it
+
+
 class SQLiteLedger(SqlLedger):
     """One connection, serialized by a lock; WAL lets other processes read while it writes, and
     ``BEGIN IMMEDIATE`` makes every write transaction take the write lock up front."""
@@ -107,17 +119,21 @@ class SQLiteLedger(SqlLedger):
 
     def _migrate(self) -> None:
         with self._lock:
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise LedgerError(
-                    f"the ledger at {self.url} has schema version {version}, newer than this "
-                    f"tether ({SCHEMA_VERSION}); upgrade tether"
-                )
-            for i in range(version, SCHEMA_VERSION):
-                # executescript commits first; the version bump rides in the same script
-                self._conn.executescript(
-                    f"BEGIN IMMEDIATE;\n{MIGRATIONS[i]}\nPRAGMA user_version = {i + 1};\nCOMMIT;"
-                )
+            if self._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+                return
+            # Several processes may open a new ledger at once: the version is read again under
+            # the write lock, so exactly one of them migrates.
+            with self._tx() as c:
+                version = c.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise LedgerError(
+                        f"the ledger at {self.url} has schema version {version}, newer than "
+                        f"this tether ({SCHEMA_VERSION}); upgrade tether"
+                    )
+                for i in range(version, SCHEMA_VERSION):
+                    for statement in _statements(MIGRATIONS[i]):
+                        c.execute(statement)
+                c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Cursor]:
