@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provider import Reply, ScriptedProvider, Stall, ToolCall
-from tether.ledger import RunStatus, open_ledger
+from tether.ledger import NewRow, RunStatus, open_ledger
 
 TETHER = [sys.executable, "-m", "tether"]
 
@@ -155,3 +155,22 @@ def test_ctrl_c_stops_the_run_softly(
     assert out["status"] == "interrupted"
     assert out["stop_reason"] == "soft_stop"
     assert out["answer"] == "partial progress"
+
+
+def test_refused_view_exits_3_and_writes_nothing(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
+        store.ensure_session("s1")
+        broken = store.create_run("s1", "rev")
+        fence = store.claim_run(broken.id)
+        # A run that wrote rows but no request row: its request is incomplete.
+        store.append(fence, [NewRow.message("agent:rev", {"role": "assistant", "content": []})])
+        store.end_run(fence, RunStatus.FAILED)
+    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "go")
+    assert done.returncode == 3
+    out = json.loads(done.stdout)
+    assert out["status"] == "refused"
+    assert out["reason"] == "incomplete_request"
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
+        assert [r.id for r in store.runs("s1")] == [broken.id]
+        assert store.last_seq("s1") == 1
