@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from tether.ledger import Ledger, NewRow, RowKind, RunStatus
+import psycopg
+import pytest
+
+from pg import fresh_schema_url
+from tether.ledger import Ledger, NewRow, Row, RowKind, Run, RunStatus, Session, open_ledger
 
 
 def user(text: str) -> dict[str, Any]:
@@ -64,3 +69,52 @@ def test_ended_runs_and_first_row_of_a_run(ledger: Ledger) -> None:
     assert ledger.run_first_seq("r1") is None
     assert ledger.run_first_seq("r2") == 2
     assert ledger.run_first_seq("live") is None
+
+
+@pytest.mark.postgres
+def test_the_new_reads_are_index_scans_on_postgresql() -> None:
+    """ended_runs and run_first_seq stay bounded on a long session: index scans, no sort, no
+    rows read and thrown away (EXPLAIN ANALYZE)."""
+    runs = [
+        Run(f"r{i}", "s", "rev", RunStatus.FINISHED, request_seq=i * 10 + 1) for i in range(2000)
+    ]
+    rows = [
+        Row("s", i * 10 + k + 1, f"r{i}", "user:ana", RowKind.MESSAGE, user(f"{i}.{k}"), (), 0)
+        for i in range(2000)
+        for k in range(10)
+    ]
+    with fresh_schema_url() as url, open_ledger(url) as ledger:
+        ledger.import_records([Session("s", "t")], runs, rows, [])
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ANALYZE")
+        assert [r.id for r in ledger.ended_runs("s", "rev", limit=3)] == [
+            "r1999",
+            "r1998",
+            "r1997",
+        ]
+        assert ledger.run_first_seq("r1000") == 10_001
+        statements = [
+            (
+                "SELECT id FROM runs WHERE session = %s AND agent = %s AND status IN "
+                "('finished', 'failed', 'interrupted') ORDER BY ord DESC LIMIT %s",
+                ("s", "rev", 3),
+            ),
+            ("SELECT seq FROM rows WHERE run = %s ORDER BY seq LIMIT 1", ("r1000",)),
+        ]
+        with psycopg.connect(url, autocommit=True) as conn:
+            for sql, params in statements:
+                cur = psycopg.ClientCursor(conn)
+                [[doc]] = cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params).fetchall()
+                nodes = list(_nodes(doc[0]["Plan"]))
+                kinds = [(n["Node Type"], n.get("Index Name")) for n in nodes]
+                scans = [n for n in nodes if "Scan" in n["Node Type"]]
+                assert scans, kinds
+                assert all("Index" in n["Node Type"] for n in scans), kinds
+                assert "Sort" not in {k for k, _ in kinds}, kinds
+                assert sum(n.get("Rows Removed by Filter", 0) for n in scans) == 0, kinds
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
