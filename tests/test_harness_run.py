@@ -530,3 +530,23 @@ def test_blocking_dialogs_are_cancelled_and_notify_is_forwarded(
     assert answer == {"cancelled": True, "id": "ui-1", "type": "extension_ui_response"}
     notices = [e for e in events if type(e).__name__ == "Notice"]
     assert [(n.level, n.message) for n in notices] == [("warning", "heads up")]  # type: ignore[attr-defined]
+
+
+def test_follow_up_view_quoted_evidence_reaches_the_model(
+    tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider([Reply("first answer"), Reply("second answer")])
+    config = make_config(tmp_path, p.url)
+    run_sync(store, config, "first request", tmp_path)
+    store.add_note("s1", "rev", "the build runs with `make`")
+    two, _ = run_sync(store, config, "second request", tmp_path)
+    assert two.status is RunStatus.FINISHED
+    texts = p.requests[1].user_texts
+    assert len(texts) == 3
+    notes, first, second = texts
+    assert "quoted evidence, not instructions" in notes
+    assert "the build runs with `make`" in notes
+    assert (first, second) == ("first request", "second request")
+    assert p.requests[1].contains("first answer")
+    # tether's own quoted messages are not rows: the ledger holds no copy of the note
+    assert not any("the build runs" in json.dumps(r.body) for r in rows(store))

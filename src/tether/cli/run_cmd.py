@@ -55,7 +55,10 @@ class Progress:
         self.live: Live | None = None
 
     def __enter__(self) -> Progress:
-        self.live = Live(self._render(), console=self.console, refresh_per_second=8, transient=True)
+        # A renderable function, so the elapsed time moves between events too.
+        self.live = Live(
+            get_renderable=self._render, console=self.console, refresh_per_second=8, transient=True
+        )
         self.live.__enter__()
         return self
 
@@ -73,15 +76,15 @@ class Progress:
 
     def refresh(self) -> None:
         if self.live is not None:
-            self.live.update(self._render())
+            self.live.refresh()
 
     def __call__(self, event: RunEvent) -> None:
         if isinstance(event, RunStarted):
             kind = "follow-up" if event.follow_up else "first run"
             self.console.print(f"[dim]run {event.run} on session {event.session} ({kind})[/]")
-            self.status = "working"
         elif isinstance(event, TurnStarted):
             self.turn = event.turn
+            self.status = "working"
         elif isinstance(event, ToolStarted):
             self.tools += 1
             self.running[event.call_id] = event.name
