@@ -139,7 +139,13 @@ runs_dir = "runs"
             path.write_text(json.dumps(spec))
             return path
 
-        timings: dict[str, list[float]] = {"direct": [], "cli": [], "direct_in": [], "inproc": []}
+        timings: dict[str, list[float]] = {
+            "direct": [],
+            "cli": [],
+            "direct_in": [],
+            "inproc": [],
+            "startup": [],
+        }
         lags: list[float] = []
         store = open_ledger(f"sqlite://{work}/inproc.db")
         for i in range(args.reps):
@@ -171,6 +177,11 @@ runs_dir = "runs"
             timings["cli"].append(time.perf_counter() - t)
             if done.returncode != 0 or json.loads(done.stdout)["status"] != "finished":
                 raise SystemExit(f"tether run failed: {done.stdout} {done.stderr}")
+
+            # The CLI's fixed cost: interpreter, imports (typer, rich, pydantic …), no run.
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "tether", "run", "--help"], capture_output=True)
+            timings["startup"].append(time.perf_counter() - t)
 
             spec_in = json.loads(baseline_spec(1000 + i).read_text())
             timings["direct_in"].append(
@@ -204,6 +215,10 @@ runs_dir = "runs"
     print(
         f"  tether run (CLI process)       median {med('cli'):6.3f} s   "
         f"ratio {med('cli') / med('direct'):.3f}"
+    )
+    print(
+        f"    of which the CLI's start (`tether run --help`): median {med('startup'):.3f} s; "
+        f"without it, ratio {(med('cli') - med('startup')) / med('direct'):.3f}"
     )
     print(f"  direct RPC, in process         median {med('direct_in'):6.3f} s   (baseline)")
     print(

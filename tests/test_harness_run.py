@@ -16,7 +16,7 @@ import pytest
 from provider import Fail, Reply, ScriptedProvider, Stall, ToolCall, overflow, route
 from tether.clock import ManualClock
 from tether.config import Config
-from tether.harness.events import PiStarted, RunEvent, ToolStarted
+from tether.harness.events import PiStarted, RunEvent, RunStarted, ToolStarted
 from tether.harness.pi import PiInstall
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
@@ -550,3 +550,34 @@ def test_follow_up_view_quoted_evidence_reaches_the_model(
     assert p.requests[1].contains("first answer")
     # tether's own quoted messages are not rows: the ledger holds no copy of the note
     assert not any("the build runs" in json.dumps(r.body) for r in rows(store))
+
+
+def test_a_newer_owner_fences_the_harness_out(
+    tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider(
+        [Reply("mine", tool_calls=[ToolCall("bash", {"command": "true"})]), Stall()]
+    )
+    taken: list[int] = []
+
+    def take_over(stop: StopControl, events: list[RunEvent]) -> None:
+        run = next(e.run for e in events if isinstance(e, RunStarted))
+        taken.append(store.claim_run(run).epoch)  # another host claims the run
+        stop.soft()  # pi aborts and appends an entry: the mirror's write is fenced out
+
+    outcome, events = _run_until(
+        store,
+        make_config(tmp_path, p.url),
+        tmp_path,
+        ready=lambda _: len(p.requests) == 2,
+        act=take_over,
+    )
+    assert outcome.stop_reason is StopReason.FENCED_OUT
+    assert outcome.error is not None
+    assert "newer owner" in outcome.error
+    run = store.get_run(outcome.run)
+    assert run.status is RunStatus.RUNNING, "the run is the new owner's to end"
+    assert run.epoch == taken[0]
+    assert not any(r.body.get("stopReason") == "aborted" for r in rows(store))
+    pi_pid = next(e.pid for e in events if isinstance(e, PiStarted))
+    assert not _alive(pi_pid)
