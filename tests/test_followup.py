@@ -176,6 +176,7 @@ def test_request_notes_summary_and_actor_are_recovered(ledger: Ledger) -> None:
     assert request.copied
     assert view.gaps == ()
     assert view.sources == ("repo:acme/api",)
+    assert request.sources == req.sources == ()
 
 
 def test_a_checkpoint_outside_the_tail_is_read_by_index(ledger: Ledger) -> None:
@@ -518,6 +519,10 @@ def test_withheld_rows_and_checkpoint_are_named_gaps_without_content(ledger: Led
     assert unknown.message["toolCallId"] == "c3"
     assert "withheld" in text(unknown)
     assert call.seq in [m.origin for m in view.messages]
+    # Each carried message keeps its row's sources, for copies written as new rows.
+    assert {m.origin: m.sources for m in view.messages if m.origin}[hidden.seq - 1] == (
+        "repo:acme/api",
+    )
     for gap in view.gaps:
         assert any(m.synthetic and f"{gap.first}–{gap.last}" in text(m) for m in view.messages)
     # ana is admitted to everything: no gaps, the checkpoint quoted.

@@ -16,8 +16,6 @@ from tether.followup.render import render_refusal, render_view
 
 __all__ = ["context"]
 
-console = Console(highlight=False)
-
 
 @command
 def context(
@@ -59,6 +57,6 @@ def context(
     elif isinstance(view, Refusal):
         render_refusal(view, err_console)
     else:
-        render_view(view, console)
+        render_view(view, Console(highlight=False))  # made now: the terminal's width now
     if isinstance(view, Refusal):
         raise typer.Exit(Exit.REFUSED)

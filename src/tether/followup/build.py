@@ -308,6 +308,7 @@ class _Builder:
             bytes=size,
             modified=modified,
             media_bytes=media_bytes,
+            sources=row.sources,
         )
 
     @staticmethod

@@ -118,6 +118,8 @@ class ViewMessage:
     """The stored message was changed (media over an attachment limit became a placeholder)."""
     media_bytes: int = 0
     """Base64 media payload bytes it carries (counted against attachment limits only)."""
+    sources: tuple[str, ...] = ()
+    """The source obligations of the row it came from: a copy written as a new row keeps them."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
