@@ -106,3 +106,13 @@ def test_pi_is_the_pinned_one_or_a_clear_error(
     monkeypatch.setenv("TETHER_NODE", str(tmp_path / "node"))
     with pytest.raises(PiNotInstalled, match="make install"):
         find_pi()
+
+
+def test_public_names() -> None:
+    import tether.harness
+    import tether.mirror
+
+    for module in (tether.harness, tether.mirror):
+        assert sorted(module.__all__) == module.__all__
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{module.__name__}.{name}"
