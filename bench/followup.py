@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import statistics
 import tempfile
 import time
@@ -173,6 +174,7 @@ def timed(fns: dict[int, Callable[[], object]], repeat: int) -> dict[int, float]
         fn()
     for _ in range(repeat):
         for key, fn in fns.items():
+            gc.collect()  # one call's garbage is not charged to the next
             start = time.perf_counter()
             fn()
             samples[key].append(time.perf_counter() - start)
