@@ -152,6 +152,38 @@ def test_the_next_run_reads_the_checkpoint_even_when_the_tail_does_not_reach_it(
     assert "1999\\n2000" not in provider.task_requests[-1].raw.decode()
 
 
+def test_a_second_checkpoint_summarises_the_follow_up_view_including_the_first(
+    scripted_provider: Any, store: Ledger, tmp_path: Path
+) -> None:
+    second_summary = "## Goal\nCount again (SECOND-MARK-91d0)."
+    provider = scripted_provider(
+        route(
+            task=[*long_task(), *long_task("second answer")],
+            summary=[Reply(SUMMARY), Reply(second_summary)],
+        )
+    )
+    cfg = config(tmp_path, provider)
+    first = run(store, cfg, tmp_path)
+    second = run(store, cfg, tmp_path, text="Count to 2000 once more.")
+    assert (first.checkpoint, second.checkpoint) == ("written", "written")
+    assert second.answer == "second answer"
+    assert len(provider.summary_requests) == 2
+    # The second summary covers its whole working view: the first checkpoint, as tether quoted
+    # it into the follow-up, and the second run's own work.
+    text = provider.summary_requests[1].last_user_text
+    conversation = text.split("<conversation>")[1]
+    assert "SUMMARY-MARK-5c1e" in conversation
+    assert "Count to 2000 once more." in conversation
+    assert "second answer" in conversation
+    older, newer = rows_of(store, "s1", RowKind.COMPACTION)
+    assert newer.run == second.run
+    assert newer.body["summary"] == second_summary
+    assert newer.body["covers_to"] == newer.seq - 1 > older.seq
+    view = view_after(store, cfg)
+    assert view.checkpoint is not None
+    assert view.checkpoint.seq == newer.seq
+
+
 def test_a_view_under_the_budget_needs_no_checkpoint(
     scripted_provider: Any, store: Ledger, tmp_path: Path
 ) -> None:
