@@ -13,7 +13,17 @@ from typing import Any
 import anyio
 import pytest
 
-from provider import Fail, Reply, ScriptedProvider, Stall, ToolCall, overflow, route
+from provider import (
+    Fail,
+    Reply,
+    ScriptedProvider,
+    Stall,
+    ToolCall,
+    empty,
+    overflow,
+    route,
+    truncated,
+)
 from tether.clock import ManualClock
 from tether.config import Config
 from tether.harness.events import PiStarted, RunEvent, RunStarted, ToolStarted
@@ -581,3 +591,24 @@ def test_a_newer_owner_fences_the_harness_out(
     assert not any(r.body.get("stopReason") == "aborted" for r in rows(store))
     pi_pid = next(e.pid for e in events if isinstance(e, PiStarted))
     assert not _alive(pi_pid)
+
+
+def test_truncated_and_empty_answers_are_recorded_as_they_are(
+    tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider(
+        route(task=[truncated("an answer cut by the tok"), empty()], summary=[Reply("S")])
+    )
+    config = make_config(tmp_path, p.url)
+    cut, _ = run_sync(store, config, "long answer please", tmp_path)
+    assert cut.status is RunStatus.FINISHED
+    assert cut.answer == "an answer cut by the tok"
+    last = [r for r in rows(store) if r.role == "assistant"][-1]
+    assert last.body["stopReason"] == "length"
+    assert last.body["content"][0]["text"] == "an answer cut by the tok"
+    blank, _ = run_sync(store, config, "say nothing", tmp_path)
+    assert blank.status is RunStatus.FINISHED
+    assert blank.answer is None
+    last = [r for r in rows(store) if r.role == "assistant"][-1]
+    assert last.run == blank.run
+    assert last.body["content"] == []

@@ -197,3 +197,25 @@ def test_compactions_record_what_they_cover(ledger: Ledger, tmp_path: Path) -> N
     assert receipt.kind is RowKind.RECEIPT
     assert receipt.seq == 7
     assert receipt.actor == "agent:rev"
+
+
+def test_an_omitted_attempt_no_retry_answers_is_the_last_word(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    path = tmp_path / "s.jsonl"
+    fence, req = start(ledger)
+    m = mirror_for(ledger, fence, path, req)
+    write(
+        path,
+        user("u1", "do it"),
+        assistant("cut", "half an answ", stop="length"),
+        _entry("ed", "context_edit", targetId="cut", replacement=None),
+        _entry("tl", "thinking_level_change", thinkingLevel="off"),
+        _entry("cm", "custom_message", customType="ext", content="after it", display=False),
+    )
+    anyio.run(m.sync)
+    assert [r.seq for r in ledger.iter_rows("s1")] == [1], "waits for a retry"
+    anyio.run(lambda: m.sync(final=True))
+    got = [(r.entry_id, r.role) for r in ledger.iter_rows("s1")]
+    assert got == [(None, "user"), ("cut", "assistant"), ("cm", "custom")]
+    assert m.omitted_attempts == 0

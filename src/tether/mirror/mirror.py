@@ -10,9 +10,10 @@ Entries it does not write:
 
 - the ones tether wrote into the file itself before pi started (the follow-up view),
 - the user message carrying the run's request, already written as the run's request row,
-- a failed attempt (an assistant message that stopped with ``error`` or ``length``) that pi then
-  omits from context with a ``context_edit`` before retrying: pi's raw history keeps it, the
-  ledger keeps what the model goes on to see (the count is in ``omitted_attempts``),
+- a failed attempt (an assistant message that stopped with ``error`` or ``length``) that pi
+  omits from context with a ``context_edit`` and then retries: pi's raw history keeps it, the
+  ledger keeps what the model goes on to see (the count is in ``omitted_attempts``). An attempt
+  no retry follows is written: it is the run's last word,
 - pi's bookkeeping entries (see :mod:`tether.mirror.entries`).
 """
 
@@ -113,6 +114,9 @@ class Mirror:
         self._bus = bus or EventBus()
         self._poll = poll_s
         self._held: dict[str, Any] | None = None
+        """A failed attempt (``error``/``length``), until pi says whether it omits it."""
+        self._omitted: list[dict[str, Any]] = []
+        """An attempt pi omitted from context, then the entries after it, until a retry answers."""
         self._lock = anyio.Lock()
         self._wake = anyio.Event()
         self.omitted_attempts = 0
@@ -139,53 +143,84 @@ class Mirror:
             await self.sync()
 
     async def sync(self, *, final: bool = False) -> list[Row]:
-        """Mirror everything pi has appended so far; ``final`` also writes a held attempt."""
+        """Mirror everything pi has appended so far. ``final`` (pi has exited) also writes an
+        attempt still held or omitted without a retry: it was the run's last word."""
         async with self._lock:
+            # Shielded: a sync is short and must not stop halfway, or the entries it has read
+            # but not yet written would be lost to the next one.
             written: list[Row] = []
-            pending = _Pending([], [])
-            for entry in self._tail.read():
-                eid = entry["id"]
-                if eid in self._known:
-                    continue
-                self._order.append(eid)
-                if self._held is not None:
-                    held = self._held
-                    self._held = None
-                    if (
-                        entry.get("type") == "context_edit"
-                        and entry.get("targetId") == held["id"]
-                        and entry.get("replacement") is None
-                    ):
-                        self._known[held["id"]] = None
-                        self._known[eid] = None
-                        self.omitted_attempts += 1
-                        continue
-                    self._add(pending, held)
-                kind = entry.get("type")
-                if kind == "compaction":
-                    written += await self._flush(pending)
-                    written += await self._compaction(entry)
-                elif kind in CONVERSATION_ENTRIES:
-                    message = entry_message(entry) or {}
-                    if self._is_request(message):
-                        assert self._request is not None
-                        self._known[eid] = self._request[1]
-                        self._request = None
-                    elif (
-                        message.get("role") == "assistant"
-                        and message.get("stopReason") in HELD_STOPS
-                    ):
-                        self._held = entry
-                    else:
-                        self._add(pending, entry)
-                else:
-                    self._known[eid] = None
-                    self.skipped[str(kind)] += 1
-            if final and self._held is not None:
-                self._add(pending, self._held)
-                self._held = None
-            written += await self._flush(pending)
+            with anyio.CancelScope(shield=True):
+                written = await self._sync(final)
             return written
+
+    async def _sync(self, final: bool) -> list[Row]:
+        batch = _Pending([], [])
+        written: list[Row] = []
+        for entry in self._tail.read():
+            eid = entry["id"]
+            if eid in self._known:
+                continue
+            self._order.append(eid)
+            written += await self._take(entry, batch)
+        while final and (self._omitted or self._held is not None):
+            if self._omitted:
+                attempt, *after = self._omitted
+                self._omitted = []
+                self._add(batch, attempt)
+                for entry in after:
+                    written += await self._take(entry, batch)
+            elif self._held is not None:
+                self._add(batch, self._held)
+                self._held = None
+        written += await self._flush(batch)
+        return written
+
+    async def _take(self, entry: dict[str, Any], batch: _Pending) -> list[Row]:
+        """Route one new entry: into the batch, held back, or set aside."""
+        eid = entry["id"]
+        message = entry_message(entry) or {}
+        is_assistant = message.get("role") == "assistant"
+        if self._omitted:
+            # An omitted attempt waits for pi's retry to answer; what follows waits with it,
+            # so rows keep pi's order.
+            self._omitted.append(entry)
+            if not is_assistant:
+                return []
+            attempt, *after = self._omitted
+            self._omitted = []
+            self._known[attempt["id"]] = None
+            self.omitted_attempts += 1
+            written: list[Row] = []
+            for later in after:
+                written += await self._take(later, batch)
+            return written
+        if self._held is not None:
+            held = self._held
+            self._held = None
+            if (
+                entry.get("type") == "context_edit"
+                and entry.get("targetId") == held["id"]
+                and entry.get("replacement") is None
+            ):
+                self._known[eid] = None
+                self._omitted = [held]
+                return []
+            self._add(batch, held)
+        kind = entry.get("type")
+        if kind == "compaction":
+            return await self._flush(batch) + await self._compaction(entry)
+        if kind not in CONVERSATION_ENTRIES:
+            self._known[eid] = None
+            self.skipped[str(kind)] += 1
+        elif self._is_request(message):
+            assert self._request is not None
+            self._known[eid] = self._request[1]
+            self._request = None
+        elif is_assistant and message.get("stopReason") in HELD_STOPS:
+            self._held = entry
+        else:
+            self._add(batch, entry)
+        return []
 
     async def append_receipt(self, body: dict[str, Any]) -> Row:
         """Store a receipt (e.g. ``continuation_checkpoint_refused``) in order with the rows."""
