@@ -11,7 +11,8 @@
     │   └── InterchangeError   a JSONL ledger file is malformed (names file, line, problem)
     ├── HarnessError           driving pi failed (startup, transport, protocol)
     ├── ModelError             the embedded model server is missing, failed to start or to stop
-    └── Refused                a follow-up view was refused (carries a RefusalReason)
+    └── Refused                a follow-up view was refused (tether.followup.Refused; carries
+                               a RefusalReason)
 
 Foreign errors (sqlite3, psycopg, OS, RPC) are translated once, at the ledger and harness edges,
 with ``raise … from exc``.
