@@ -109,9 +109,10 @@ def test_refusing_session_exits_3(tmp_path: Path) -> None:
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
         store.ensure_session("s1")
         store.set_refusing("s1", "pi's idle was not confirmed")
-    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "go")
+    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "go")
     assert done.returncode == 3
     assert "idle was not confirmed" in done.stderr
+    assert json.loads(done.stdout)["reason"] == "session_refusing"
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
         assert store.runs("s1") == []
 

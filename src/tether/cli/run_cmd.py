@@ -13,10 +13,12 @@ import anyio
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape as esc
 from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import Exit, command, err_console
+from tether.errors import SessionRefusing
 from tether.followup import Refused
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.errors import PiNotInstalled
@@ -81,7 +83,9 @@ class Progress:
     def __call__(self, event: RunEvent) -> None:
         if isinstance(event, RunStarted):
             kind = "follow-up" if event.follow_up else "first run"
-            self.console.print(f"[dim]run {event.run} on session {event.session} ({kind})[/]")
+            self.console.print(
+                f"[dim]run {esc(event.run)} on session {esc(event.session)} ({kind})[/]"
+            )
         elif isinstance(event, TurnStarted):
             self.turn = event.turn
             self.status = "working"
@@ -89,24 +93,25 @@ class Progress:
             self.tools += 1
             self.running[event.call_id] = event.name
             args = json.dumps(event.args, ensure_ascii=False)
-            self.console.print(f"[cyan]→ {event.name}[/] {args[:100]}", markup=True)
+            self.console.print(f"[cyan]→ {esc(event.name)}[/] {esc(args[:100])}")
         elif isinstance(event, ToolFinished):
             self.running.pop(event.call_id, None)
             mark = "[red]✗[/]" if event.is_error else "[green]✓[/]"
             took = f" {event.duration_ms:.0f}ms" if event.duration_ms is not None else ""
-            self.console.print(f"  {mark} {event.name}{took}")
+            self.console.print(f"  {mark} {esc(event.name)}{took}")
         elif isinstance(event, Retrying):
             self.console.print(
-                f"[yellow]retrying ({event.attempt}/{event.max_attempts}):[/] {event.error[:120]}"
+                f"[yellow]retrying ({event.attempt}/{event.max_attempts}):[/] "
+                f"{esc(event.error[:120])}"
             )
         elif isinstance(event, Compacting):
             self.status = f"compacting ({event.reason})"
         elif isinstance(event, Compacted):
             self.status = "working"
         elif isinstance(event, Notice):
-            self.console.print(f"[magenta]{event.level}:[/] {event.message[:200]}")
+            self.console.print(f"[magenta]{esc(event.level)}:[/] {esc(event.message[:200])}")
         elif isinstance(event, StrayOutput):
-            self.console.print(f"[red]pi wrote a non-protocol line:[/] {event.line[:120]}")
+            self.console.print(f"[red]pi wrote a non-protocol line:[/] {esc(event.line[:120])}")
         elif isinstance(event, StopRequested):
             self.status = f"stopping ({event.reason})"
         self.refresh()
@@ -212,10 +217,17 @@ def run(
             out_console.out(
                 json.dumps({"status": "refused", "reason": exc.reason.value, "detail": exc.detail})
             )
-        err_console.print(f"[bold red]refused ({exc.reason.value}):[/] {exc.detail}")
+        err_console.print(f"[bold red]refused ({exc.reason.value}):[/] {esc(exc.detail)}")
+        raise typer.Exit(Exit.REFUSED) from None
+    except SessionRefusing as exc:
+        if as_json:
+            out_console.out(
+                json.dumps({"status": "refused", "reason": "session_refusing", "detail": str(exc)})
+            )
+        err_console.print(f"[bold red]refused (session_refusing):[/] {esc(str(exc))}")
         raise typer.Exit(Exit.REFUSED) from None
     except PiNotInstalled as exc:
-        err_console.print(f"[bold red]pi is not installed:[/] {exc}")
+        err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
         raise typer.Exit(Exit.USAGE) from None
     if as_json:
         out_console.out(json.dumps(outcome.to_json(), ensure_ascii=False))
@@ -224,10 +236,10 @@ def run(
     if outcome.status is not RunStatus.FINISHED:
         err_console.print(
             f"[bold red]run {outcome.run} {outcome.status.value}[/] ({outcome.stop_reason.value})"
-            + (f": {outcome.error}" if outcome.error else "")
-            + f"; pi's log: {outcome.run_dir / 'pi.log'}"
+            + (f": {esc(outcome.error)}" if outcome.error else "")
+            + f"; pi's log: {esc(str(outcome.run_dir / 'pi.log'))}"
         )
         raise typer.Exit(Exit.RUN_FAILED)
     if outcome.checkpoint.startswith("refused"):
-        err_console.print(f"[yellow]the continuation checkpoint was {outcome.checkpoint}[/]")
+        err_console.print(f"[yellow]the continuation checkpoint was {esc(outcome.checkpoint)}[/]")
         raise typer.Exit(Exit.REFUSED)
