@@ -7,6 +7,7 @@ import contextlib
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,6 +26,7 @@ COMPACTION_EVERY = 700
 COMPACTIONS_UNTIL = 1500  # then none: the newest compaction lies 3,600 rows back
 HELPERS_UNTIL = 50  # then only the reviewer runs: the newest ended helper run lies far back
 SCAN_BOUND = 600  # rows one scan of a bounded read may touch (its largest limit is 500)
+LONG_RUN = 1500  # rows of the run "live"
 
 
 def _records(sid: str) -> tuple[Session, list[Run], list[Row], list[Note]]:
@@ -73,7 +75,10 @@ def big(request: pytest.FixtureRequest) -> Iterator[tuple[str, PostgresLedger]]:
             session, runs, rows, notes = _records(f"s{i}")
             ledger.import_records([session], runs, rows, notes)
         live = ledger.create_run("s1", "reviewer", run_id="live")
-        ledger.claim_run(live.id)
+        fence = ledger.claim_run(live.id)
+        # A long run: the first row it wrote is read by index, not by sorting the run's rows.
+        say = {"role": "assistant", "content": "working"}
+        ledger.append(fence, [NewRow.message("agent:reviewer", say)] * LONG_RUN)
         if request.param == "analyzed":
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("ANALYZE")
@@ -176,6 +181,13 @@ def test_bounded_reads_are_index_scans(big: tuple[str, PostgresLedger]) -> None:
         assert ended.id == f"s2-r{HELPERS_UNTIL - 1}"
         assert len(ledger.notes("s2", "reviewer")) == 32
         assert ledger.last_seq("s2") == ROWS
+        assert [r.id for r in ledger.ended_runs("s2", "helper", limit=3)] == [
+            f"s2-r{HELPERS_UNTIL - 1}",
+            f"s2-r{HELPERS_UNTIL - 3}",
+            f"s2-r{HELPERS_UNTIL - 5}",
+        ]
+        assert ledger.run_first_seq("live") == ROWS + 1
+        assert ledger.run_first_seq("s2-r7") == 7 * ROWS // RUNS + 1
         # The write path's reads: the fence, the entry-id lookup, the seq counter.
         fence = ledger.claim_run("live")
         ledger.append(
@@ -312,3 +324,25 @@ def test_a_value_postgresql_cannot_hold_is_a_ledger_error() -> None:
         with pytest.raises(LedgerError, match="refused a value"):
             ledger.add_note("s", "a", "nul \x00 inside")
         assert ledger.notes("s", "a") == []
+
+
+def test_text_sorts_by_code_point_as_on_sqlite(tmp_path: Path) -> None:
+    ids = ["a-b", "aB", "a_c", "Ab", "ab", "B", "é", "z"]
+    with fresh_schema_url() as url:
+        orders = []
+        for target in (url, f"sqlite://{tmp_path}/l.db"):
+            with open_ledger(target) as ledger:
+                for sid in ids:
+                    ledger.create_session(sid, created="2026-11-29T10:00:00Z")
+                orders.append([s.id for s in ledger.sessions()])
+        assert orders == [sorted(ids), sorted(ids)]
+        # Whatever the database's locale: every text column of the ledger collates as "C".
+        with psycopg.connect(url) as conn:
+            found = conn.execute(
+                "SELECT DISTINCT c.collname FROM pg_attribute a "
+                "JOIN pg_class t ON t.oid = a.attrelid "
+                "JOIN pg_collation c ON c.oid = a.attcollation "
+                "WHERE t.relnamespace = current_schema()::regnamespace AND a.attnum > 0 "
+                "AND t.relname IN ('sessions', 'runs', 'rows', 'notes')"
+            ).fetchall()
+        assert found == [("C",)]

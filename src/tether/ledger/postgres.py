@@ -57,46 +57,48 @@ FTS_DOCUMENT = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
 
 # Each entry migrates from version i to i + 1. Append, never edit: a ledger on disk replays them.
 # Bodies, extras and timestamps are TEXT exactly as SQLite stores them (canonical JSON, the
-# interchange timestamps), so both backends return byte-identical records.
+# interchange timestamps), so both backends return byte-identical records; every TEXT column
+# collates as "C" (code point order, like SQLite's BINARY), so listings sort the same on both
+# whatever the database's locale.
 MIGRATIONS: list[str] = [
     f"""
     CREATE TABLE sessions (
-        id        TEXT PRIMARY KEY,
-        created   TEXT NOT NULL,
+        id        TEXT COLLATE "C" PRIMARY KEY,
+        created   TEXT COLLATE "C" NOT NULL,
         last_seq  BIGINT NOT NULL DEFAULT 0,
-        refusing  TEXT,
-        extra     TEXT NOT NULL DEFAULT '{{}}'
+        refusing  TEXT COLLATE "C",
+        extra     TEXT COLLATE "C" NOT NULL DEFAULT '{{}}'
     );
     CREATE TABLE runs (
         ord          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        id           TEXT NOT NULL UNIQUE,
-        session      TEXT NOT NULL REFERENCES sessions(id),
-        agent        TEXT NOT NULL,
-        status       TEXT NOT NULL CHECK (status IN
+        id           TEXT COLLATE "C" NOT NULL UNIQUE,
+        session      TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
+        agent        TEXT COLLATE "C" NOT NULL,
+        status       TEXT COLLATE "C" NOT NULL CHECK (status IN
                          ('queued', 'running', 'finished', 'failed', 'interrupted')),
         request_seq  BIGINT,
-        started      TEXT,
-        ended        TEXT,
+        started      TEXT COLLATE "C",
+        ended        TEXT COLLATE "C",
         epoch        BIGINT NOT NULL DEFAULT 0,
-        extra        TEXT NOT NULL DEFAULT '{{}}'
+        extra        TEXT COLLATE "C" NOT NULL DEFAULT '{{}}'
     );
     CREATE INDEX runs_by_session ON runs (session, ord);
     CREATE INDEX runs_ended ON runs (session, agent, ord)
         WHERE status IN ('finished', 'failed', 'interrupted');
     CREATE TABLE rows (
         id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        session      TEXT NOT NULL REFERENCES sessions(id),
+        session      TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
         seq          BIGINT NOT NULL,
-        run          TEXT REFERENCES runs(id),
-        actor        TEXT NOT NULL,
-        kind         TEXT NOT NULL CHECK (kind IN ('message', 'compaction', 'receipt')),
-        body         TEXT NOT NULL,
-        sources      TEXT NOT NULL DEFAULT '[]',
+        run          TEXT COLLATE "C" REFERENCES runs(id),
+        actor        TEXT COLLATE "C" NOT NULL,
+        kind         TEXT COLLATE "C" NOT NULL CHECK (kind IN ('message', 'compaction', 'receipt')),
+        body         TEXT COLLATE "C" NOT NULL,
+        sources      TEXT COLLATE "C" NOT NULL DEFAULT '[]',
         bytes        BIGINT NOT NULL,
         media_bytes  BIGINT NOT NULL DEFAULT 0,
-        entry_id     TEXT,
-        extra        TEXT NOT NULL DEFAULT '{{}}',
-        text         TEXT NOT NULL DEFAULT '',
+        entry_id     TEXT COLLATE "C",
+        extra        TEXT COLLATE "C" NOT NULL DEFAULT '{{}}',
+        text         TEXT COLLATE "C" NOT NULL DEFAULT '',
         UNIQUE (session, seq)
     );
     CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL;
@@ -104,12 +106,12 @@ MIGRATIONS: list[str] = [
     CREATE INDEX rows_fts ON rows USING gin ({FTS_DOCUMENT});
     CREATE TABLE notes (
         id       BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        session  TEXT NOT NULL REFERENCES sessions(id),
-        agent    TEXT NOT NULL,
-        text     TEXT NOT NULL,
-        at       TEXT NOT NULL,
+        session  TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
+        agent    TEXT COLLATE "C" NOT NULL,
+        text     TEXT COLLATE "C" NOT NULL,
+        at       TEXT COLLATE "C" NOT NULL,
         bytes    BIGINT NOT NULL,
-        extra    TEXT NOT NULL DEFAULT '{{}}'
+        extra    TEXT COLLATE "C" NOT NULL DEFAULT '{{}}'
     );
     CREATE INDEX notes_by_agent ON notes (session, agent, id);
     """,
