@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tether.cli import context_cmd, ledger_cmd, model_cmd
+from tether.cli import context_cmd, ledger_cmd, model_cmd, run_cmd
 
 app = typer.Typer(
     name="tether",
@@ -17,6 +17,7 @@ app.add_typer(ledger_cmd.session_app, name="session")
 app.command("log")(ledger_cmd.log)
 app.command("sessions")(ledger_cmd.sessions)
 app.command("context")(context_cmd.context)
+app.command("run")(run_cmd.run)
 app.add_typer(model_cmd.model_app, name="model")
 
 
