@@ -24,6 +24,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.panel import Panel
 from rich.rule import Rule
+from rich.syntax import Syntax
+from rich.text import Text
 
 from tether.errors import ModelError
 from tether.model import server_available, stop_recorded, write_local_config
@@ -109,13 +111,14 @@ def _run_follow_up(config: Path, request: str) -> dict[str, object]:
         [sys.executable, "-m", "tether", *args], capture_output=True, text=True, check=False
     )
     if proc.returncode != 0:
-        console.print(proc.stderr.strip() or proc.stdout.strip())
+        console.print(proc.stderr.strip() or proc.stdout.strip(), markup=False)
         console.print(f"[bold red]tether run exited {proc.returncode}[/]")
         raise SystemExit(proc.returncode)
     result: dict[str, object] = json.loads(proc.stdout)
     console.print(
         Panel(
-            str(result["answer"]).strip() or "(empty answer)",
+            # The model's text is shown as is, never read as markup.
+            Text(str(result["answer"]).strip() or "(empty answer)"),
             title=f"answer · run {result['run']} · {time.monotonic() - began:.1f}s",
             title_align="left",
             subtitle=f"checkpoint: {result['checkpoint']}",
@@ -155,7 +158,7 @@ def live_session() -> int:
             summary_max_bytes=1_200,
         )
         console.print(Rule(f"2. A config for it ({config}), follow-up budget {LIVE_BUDGET} bytes"))
-        console.print(config.read_text(encoding="utf-8").strip())
+        console.print(Syntax(config.read_text(encoding="utf-8").strip(), "toml", word_wrap=True))
         console.print(f"[dim]set-up took {time.monotonic() - began:.1f}s[/]")
         console.print(Rule("3. Follow-ups on one session, each a real pi run through tether"))
         outcome = "not_needed"
