@@ -9,7 +9,8 @@ interleaved, repetition by repetition:
 - ``tether run``: the CLI, as a user runs it (config, ledger, follow-up view, mirror, pi);
 - in process, ``execute_run`` against the same direct RPC driver run in process.
 
-Then the mirror's lag: for every row, the time from pi creating the entry (its own timestamp)
+Wall time on a shared machine is noisy, so the CPU this process spends per run (direct vs
+``execute_run``, the provider's threads counted in both) is printed too. Then the mirror's lag: for every row, the time from pi creating the entry (its own timestamp)
 to the row being committed to the ledger, over all in-process runs: median and p99.
 
     .venv/bin/python bench/harness.py                 # 20 turns, 5 repetitions
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,6 +53,13 @@ def direct_rpc(argv: list[str], env: dict[str, str], cwd: str, prompt: str) -> f
     if not settled:
         raise SystemExit("direct RPC: pi ended without agent_settled")
     return time.perf_counter() - started
+
+
+def cpu() -> tuple[float, float]:
+    """CPU seconds (user + system) of this process, and of its reaped children."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
 def baseline_main(spec_path: str) -> None:
@@ -145,6 +154,9 @@ runs_dir = "runs"
             "direct_in": [],
             "inproc": [],
             "startup": [],
+            "cpu_direct": [],
+            "cpu_tether": [],
+            "cpu_pi": [],
         }
         lags: list[float] = []
         store = open_ledger(f"sqlite://{work}/inproc.db")
@@ -184,9 +196,13 @@ runs_dir = "runs"
             timings["startup"].append(time.perf_counter() - t)
 
             spec_in = json.loads(baseline_spec(1000 + i).read_text())
+            before = cpu()
             timings["direct_in"].append(
                 direct_rpc(spec_in["argv"], spec_in["env"], spec_in["cwd"], prompt)
             )
+            after = cpu()
+            timings["cpu_direct"].append(after[0] - before[0])
+            timings["cpu_pi"].append(after[1] - before[1])
 
             events: list[RunEvent] = []
             request = RunRequest(session=f"in-{i}", agent="bench", text=prompt, workdir=work)
@@ -195,6 +211,7 @@ runs_dir = "runs"
                 functools.partial(execute_run, store, cfg, request, subscribers=[events.append])
             )
             timings["inproc"].append(time.perf_counter() - t)
+            timings["cpu_tether"].append(cpu()[0] - after[0])
             if outcome.status is not RunStatus.FINISHED:
                 raise SystemExit(f"execute_run: {outcome}")
             for e in events:
@@ -224,6 +241,11 @@ runs_dir = "runs"
     print(
         f"  execute_run, in process        median {med('inproc'):6.3f} s   "
         f"ratio {med('inproc') / med('direct_in'):.3f}"
+    )
+    print(
+        f"  CPU of this process per run (the provider's threads included in both): direct "
+        f"{med('cpu_direct'):.3f} s, execute_run {med('cpu_tether'):.3f} s; pi itself "
+        f"{med('cpu_pi'):.3f} s"
     )
     lags_ms = sorted(x * 1000 for x in lags)
     p99 = lags_ms[min(len(lags_ms) - 1, round(0.99 * (len(lags_ms) - 1)))]
