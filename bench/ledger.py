@@ -1,8 +1,12 @@
 """Ledger benchmark: append throughput against raw ``sqlite3.executemany``, and bounded reads on
-short and long sessions. Every figure is a ratio against a baseline measured in the same run.
+short and long sessions; then the same on PostgreSQL side by side (append with 1, 4 and 8
+writer processes against raw psycopg ``executemany``, bounded reads at 10^3 and 10^6 rows).
+Every figure is a ratio against a baseline measured in the same run.
 
     .venv/bin/python bench/ledger.py            # 10^3, 10^5, 10^6 rows (a few minutes)
     .venv/bin/python bench/ledger.py --quick    # 10^3, 10^4, 10^5 rows
+    --postgres URL (default $TETHER_TEST_POSTGRES_URL) names the server; the bench works in a
+    schema of its own and drops it afterwards. --no-postgres skips that half.
 """
 
 from __future__ import annotations
@@ -10,15 +14,25 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import multiprocessing
+import os
+import queue
 import sqlite3
 import statistics
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+import psycopg
 
 from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
+from tether.ledger.postgres import _dialect
 from tether.ledger.sql import _INSERT_ROW, encode_row
 from tether.ledger.sqlite import MIGRATIONS
 
@@ -64,7 +78,7 @@ def fill(ledger: Ledger, session: str, n: int, batch: int = 1000) -> None:
         fence = ledger.claim_run(run.id)
         ledger.append(fence, [NewRow.message("user:ana", message(2))], request=True)
         i += 1
-        if i == 2:
+        if i == 1:  # the second row: a compaction covering the first
             body = {"summary": "early summary", "covers_to": 1, "continuation": {"version": 1}}
             ledger.append(fence, [NewRow("agent:reviewer", RowKind.COMPACTION, body)])
             i += 1
@@ -152,25 +166,160 @@ READS: dict[str, Callable[[Ledger, str, int], object]] = {
 }
 
 
-def bench_reads(tmp: Path, sizes: list[int], repeat: int) -> None:
+def bench_reads(
+    url_for: Callable[[int], str], sizes: list[int], repeat: int, label: str = "sqlite"
+) -> dict[int, dict[str, float]]:
     results: dict[int, dict[str, float]] = {}
     for n in sizes:
         t0 = time.perf_counter()
-        with open_ledger(f"sqlite://{tmp}/reads-{n}.db") as ledger:
+        with open_ledger(url_for(n)) as ledger:
             fill(ledger, "s", n)
             built = time.perf_counter() - t0
-            print(f"built a session of {n:,} rows in {built:.1f} s", flush=True)
+            print(f"built a {label} session of {n:,} rows in {built:.1f} s", flush=True)
             results[n] = {
                 name: timed(functools.partial(f, ledger, "s", n), repeat)
                 for name, f in READS.items()
             }
     small, large = sizes[0], sizes[-1]
     head = "".join(f"{n:>12,}" for n in sizes)
-    print(f"\nbounded reads, median µs over {repeat} calls, by session length:")
+    print(f"\n{label}: bounded reads, median µs over {repeat} calls, by session length:")
     print(f"  {'read':<24}{head}   ratio {large:,} : {small:,} (target <= 2)")
     for name in READS:
         cells = "".join(f"{results[n][name] * 1e6:>12.1f}" for n in sizes)
         print(f"  {name:<24}{cells}   {results[large][name] / results[small][name]:>6.2f}")
+    return results
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+WRITERS = (1, 4, 8)
+
+
+class PgSchemas:
+    """Schemas of the bench's own on the server (a fresh one per measurement), dropped at exit."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.prefix = f"bench_{uuid.uuid4().hex[:8]}"
+        self.made: list[str] = []
+
+    def url(self, name: str) -> str:
+        schema = f"{self.prefix}_{name}"
+        with psycopg.connect(self.base, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        self.made.append(schema)
+        sep = "&" if "?" in self.base else "?"
+        return f"{self.base}{sep}options={quote(f'-csearch_path={schema}', safe='')}"
+
+    def __enter__(self) -> PgSchemas:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with psycopg.connect(self.base, autocommit=True) as conn:
+            for schema in self.made:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def _writer(
+    kind: str, url: str, worker: int, rows: int, batch: int, barrier: Barrier, out: Queue[Any]
+) -> None:
+    """One writer process: append ``rows`` rows to a session of its own, a transaction a batch.
+    Puts when it started and ended on the shared monotonic clock."""
+    sid = f"w{worker}"
+    news = [NewRow.message(actor(i), message(i)) for i in range(rows)]
+    if kind == "raw":
+        with psycopg.connect(url, autocommit=True) as conn:
+            barrier.wait()
+            t0 = time.monotonic()
+            for k in range(0, rows, batch):
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO log VALUES (%s, %s, %s, %s)",
+                        [
+                            (sid, k + i + 1, r.actor, json.dumps(r.body))
+                            for i, r in enumerate(news[k : k + batch])
+                        ],
+                    )
+            out.put((t0, time.monotonic()))
+        return
+    if kind == "raw-schema":
+        # tether's own encoded tuples, prepared outside the clock, into tether's schema (with
+        # its indexes, the full-text one included): what is left is the fence, the seq counter
+        # and the encoding.
+        with open_ledger(url) as ledger:
+            ledger.create_session(sid)
+            run = ledger.create_run(sid, "a").id
+        encoded = [encode_row(sid, i + 1, run, row) for i, row in enumerate(news)]
+        with psycopg.connect(url, autocommit=True) as conn:
+            barrier.wait()
+            t0 = time.monotonic()
+            for k in range(0, rows, batch):
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.executemany(_dialect(_INSERT_ROW), encoded[k : k + batch])
+            out.put((t0, time.monotonic()))
+        return
+    with open_ledger(url) as ledger:
+        ledger.create_session(sid)
+        fence = ledger.claim_run(ledger.create_run(sid, "a").id)
+        barrier.wait()
+        t0 = time.monotonic()
+        for k in range(0, rows, batch):
+            ledger.append(fence, news[k : k + batch])
+        out.put((t0, time.monotonic()))
+
+
+def _throughput(kind: str, url: str, writers: int, rows: int, batch: int) -> float:
+    """Rows per second of ``writers`` processes appending ``rows`` rows between them."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(writers)
+    out: Queue[Any] = ctx.Queue()
+    each = rows // writers
+    procs = [
+        ctx.Process(target=_writer, args=(kind, url, w, each, batch, barrier, out))
+        for w in range(writers)
+    ]
+    for p in procs:
+        p.start()
+    spans = []
+    while len(spans) < writers:
+        try:
+            spans.append(out.get(timeout=1))
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.terminate()
+                raise SystemExit(f"a {kind} writer failed; see its traceback above") from None
+    for p in procs:
+        p.join()
+    return each * writers / (max(e for _, e in spans) - min(s for s, _ in spans))
+
+
+def bench_concurrent_append(tmp: Path, schemas: PgSchemas, rows: int, batch: int) -> None:
+    print(f"append {rows:,} rows in batches of {batch}, split over N writer processes, each on")
+    print("a session of its own (a transaction a batch), rows/s:")
+    print("  raw: json.dumps + executemany into (session, seq, actor, body);")
+    print("  pre: tether's encoded tuples, prepared outside the clock, into tether's schema.")
+    print(
+        f"  {'writers':<8}{'pg raw':>10}{'pg pre':>10}{'pg tether':>11}{'sqlite tether':>15}"
+        f"{'tether:raw':>12}{'tether:pre':>12}"
+    )
+    for n in WRITERS:
+        raw_url = schemas.url(f"raw{n}")
+        with psycopg.connect(raw_url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE log (session TEXT, seq BIGINT, actor TEXT, body TEXT, "
+                "UNIQUE (session, seq))"
+            )
+        raw = _throughput("raw", raw_url, n, rows, batch)
+        pre = _throughput("raw-schema", schemas.url(f"pre{n}"), n, rows, batch)
+        pg = _throughput("tether", schemas.url(f"append{n}"), n, rows, batch)
+        lite = _throughput("tether", f"sqlite://{tmp}/append-{n}.db", n, rows, batch)
+        print(
+            f"  {n:<8}{raw:>10,.0f}{pre:>10,.0f}{pg:>11,.0f}{lite:>15,.0f}"
+            f"{pg / raw:>12.2f}{pg / pre:>12.2f}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -181,11 +330,28 @@ def main() -> None:
     parser.add_argument("--append-rows", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=300)
+    parser.add_argument("--postgres", default=os.environ.get("TETHER_TEST_POSTGRES_URL", PG_URL))
+    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
     args = parser.parse_args()
     sizes = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**5, 10**6]
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as d:
-        bench_append(Path(d), args.append_rows, args.batch)
-        bench_reads(Path(d), sizes, args.repeat)
+        tmp = Path(d)
+        bench_append(tmp, args.append_rows, args.batch)
+        sqlite_reads = bench_reads(lambda n: f"sqlite://{tmp}/reads-{n}.db", sizes, args.repeat)
+        if args.no_postgres:
+            return
+        with PgSchemas(args.postgres) as schemas:
+            print()
+            bench_concurrent_append(tmp, schemas, args.append_rows, args.batch)
+            pg_sizes = [sizes[0], sizes[-1]]
+            pg_reads = bench_reads(
+                lambda n: schemas.url(f"reads{n}"), pg_sizes, args.repeat, "postgres"
+            )
+        print("\npostgres : sqlite, the same bounded read on the same session length:")
+        print("  " + f"{'read':<24}" + "".join(f"{n:>12,}" for n in pg_sizes))
+        for name in READS:
+            cells = "".join(f"{pg_reads[n][name] / sqlite_reads[n][name]:>12.2f}" for n in pg_sizes)
+            print(f"  {name:<24}{cells}")
 
 
 if __name__ == "__main__":
