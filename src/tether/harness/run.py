@@ -27,12 +27,10 @@ cancels the run's work scope. Whatever answer exists is kept in every outcome (i
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,38 +42,40 @@ from tether.config import AgentConfig, Config
 from tether.errors import FencedOut, LedgerError, RunNotActive, SessionRefusing
 from tether.followup import FollowupView, Refusal, build_view
 from tether.harness.agentdir import write_agent_dir
-from tether.harness.client import Closed, Record, RpcClient, Stray
+from tether.harness.client import RpcClient
 from tether.harness.errors import PiStartupFailed, TransportClosed
 from tether.harness.events import (
-    AnswerDelta,
-    Compacted,
-    Compacting,
     EventBus,
-    Notice,
     PiStarted,
-    Retrying,
     RunEnded,
     RunStarted,
-    Settled,
     StopRequested,
-    StrayOutput,
     Subscriber,
-    ToolFinished,
-    ToolStarted,
-    TurnStarted,
 )
 from tether.harness.pi import PiInstall, find_pi, pi_argv
-from tether.harness.protocol import Command, Disposition, Event, UiMethod
+from tether.harness.protocol import Command, Disposition
+from tether.harness.pump import RunState, follow
 from tether.harness.sessionfile import PreEntry, write_session_file
 from tether.harness.stops import StopControl, StopReason, race_clock
 from tether.harness.transport import SubprocessTransport
+from tether.harness.turn import (
+    NOT_NEEDED,
+    CheckpointResult,
+    CheckpointStatus,
+    CheckpointStep,
+    RunOutcome,
+    RunRequest,
+    SettledTurn,
+)
 from tether.ledger import Fence, Ledger, NewRow, RowKind, RunStatus
 from tether.ledger.models import now_iso
-from tether.mirror.entries import Actors, message_text
+from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror
 
 __all__ = [
+    "NOT_NEEDED",
     "CheckpointResult",
+    "CheckpointStatus",
     "CheckpointStep",
     "RunOutcome",
     "RunRequest",
@@ -86,99 +86,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-MAX_STRAYS = 100
-"""Non-protocol stdout lines tolerated (each reported) before the run fails as a protocol error."""
-STRAY_SAMPLES = 5
-
-
-@dataclass(frozen=True, slots=True)
-class RunRequest:
-    session: str
-    agent: str
-    text: str
-    actor: str = "user:local"
-    workdir: Path | None = None
-    """Where pi (and its tools) run; default: the current directory."""
-    run_id: str | None = None
-    extensions: tuple[Path, ...] = ()
-    """pi extensions loaded with ``--extension`` (e.g. the continuation extension)."""
-
-
-class CheckpointStatus(enum.StrEnum):
-    NOT_NEEDED = "not_needed"
-    WRITTEN = "written"
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointResult:
-    status: str
-    """``written``, ``refused:<reason>`` or ``not_needed`` (DESIGN §3.5)."""
-    refuse_session: str | None = None
-    """When set, the session refuses further prompts with this reason (pi's idle was not
-    confirmed, or the checkpoint's delivery is unknown)."""
-
-
-NOT_NEEDED = CheckpointResult(CheckpointStatus.NOT_NEEDED.value)
-
-
-@dataclass
-class SettledTurn:
-    """What the checkpoint step gets, after ``agent_settled`` of a successful task turn and
-    before the run ends. The client still reads events (the mirror keeps mirroring), ``stop``
-    still works (a soft stop or the deadline sends ``abort``, which also aborts a running
-    compaction; a hard stop kills pi), and the step should give up by ``deadline``."""
-
-    client: RpcClient
-    ledger: Ledger
-    fence: Fence
-    mirror: Mirror
-    config: Config
-    agent_name: str
-    agent: AgentConfig
-    run_id: str
-    session: str
-    answer: str | None
-    clock: Clock
-    deadline: float
-    """On ``clock``."""
-    stop: StopControl
-    bus: EventBus
-    attempt: CheckpointResult | None = None
-    """What the checkpoint counts as if the step is cut off (a hard stop cancels it); the step
-    sets it once it has sent ``compact``."""
-
-    def remaining(self) -> float:
-        return max(0.0, self.deadline - self.clock.now())
-
-
-CheckpointStep = Callable[[SettledTurn], Awaitable[CheckpointResult]]
-
-
-@dataclass(frozen=True, slots=True)
-class RunOutcome:
-    run: str
-    session: str
-    status: RunStatus
-    stop_reason: StopReason
-    answer: str | None
-    checkpoint: str
-    error: str | None
-    run_dir: Path
-    follow_up: bool
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "run": self.run,
-            "session": self.session,
-            "status": self.status.value,
-            "answer": self.answer,
-            "checkpoint": self.checkpoint,
-            "stop_reason": self.stop_reason.value,
-        }
-        if self.error:
-            out["error"] = self.error
-        return out
-
 
 def runs_dir(config: Config) -> Path:
     """Where runs keep their directories (``harness.runs_dir``; relative to the config file)."""
@@ -187,35 +94,6 @@ def runs_dir(config: Config) -> Path:
     if chosen is None:
         return base / ".tether" / "runs"
     return chosen if chosen.is_absolute() else base / chosen
-
-
-@dataclass
-class _State:
-    """What the event pump has seen."""
-
-    prompted: bool = False
-    turns: int = 0
-    tool_calls: int = 0
-    retries: int = 0
-    answer: str | None = None
-    last_assistant: dict[str, Any] | None = None
-    settled: bool = False
-    settled_aborted: bool = False
-    closed_reason: str | None = None
-    strays: int = 0
-    stray_samples: list[str] = field(default_factory=list)
-    extension_errors: list[str] = field(default_factory=list)
-    failure: tuple[StopReason, str] | None = None
-    fatal: BaseException | None = None
-    idle_unconfirmed: bool = False
-    checkpointing: bool = False
-    """The task turn settled successfully and the checkpoint step has started."""
-    done: anyio.Event = field(default_factory=anyio.Event)
-    """Set when pi settled or its transport closed."""
-
-    def fail(self, reason: StopReason, message: str) -> None:
-        if self.failure is None:
-            self.failure = (reason, message)
 
 
 async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -386,7 +264,7 @@ class _Driver:
         self.run_dir = run_dir
         self.deadline = deadline
         self.checkpoint_step = checkpoint
-        self.state = _State()
+        self.state = RunState()
         self.checkpoint = NOT_NEEDED
         self.grace = config.harness.stop_grace_s
         self.exit_status: int | None = None
@@ -508,7 +386,12 @@ class _Driver:
                     records = client.subscribe()
                     async with anyio.create_task_group() as tg:
                         work = anyio.CancelScope()
-                        tg.start_soon(self._guard, self._pump(records, mirror))
+                        tg.start_soon(
+                            self._guard,
+                            follow(
+                                records, self.state, bus=self.bus, stop=self.stop, mirror=mirror
+                            ),
+                        )
                         tg.start_soon(self._guard, mirror.run())
                         tg.start_soon(self._guard, self._watch_deadline())
                         tg.start_soon(self._guard, self._watch_stop(client, transport, work))
@@ -633,113 +516,6 @@ class _Driver:
         await self.stop.hard_requested.wait()
         await transport.kill()
         work.cancel()
-
-    async def _pump(self, records: Any, mirror: Mirror) -> None:
-        state = self.state
-        async for item in records:
-            self._on_record(item, mirror)
-        if state.closed_reason is None:
-            state.closed_reason = "pi's output ended"
-        state.done.set()
-
-    def _on_record(self, item: Record, mirror: Mirror) -> None:
-        state, bus = self.state, self.bus
-        if isinstance(item, Closed):
-            state.closed_reason = item.reason
-            state.done.set()
-            mirror.poke()
-            return
-        if isinstance(item, Stray):
-            state.strays += 1
-            text = item.line.decode("utf-8", "replace")
-            if len(state.stray_samples) < STRAY_SAMPLES:
-                state.stray_samples.append(text[:200])
-            bus.emit(StrayOutput(line=text, problem=item.problem))
-            if state.strays > MAX_STRAYS:
-                state.fail(
-                    StopReason.PROTOCOL_ERROR,
-                    f"pi wrote {state.strays} lines to stdout that are not RPC records "
-                    f"(first: {state.stray_samples[0]!r})",
-                )
-                self.stop.stop_hard(StopReason.PROTOCOL_ERROR)
-            return
-        kind = item.get("type")
-        if kind == Event.MESSAGE_UPDATE:
-            update = item.get("assistantMessageEvent") or {}
-            if update.get("type") == "text_delta" and isinstance(update.get("delta"), str):
-                bus.emit(AnswerDelta(update["delta"]))
-            return
-        if kind == Event.TURN_START:
-            state.turns += 1
-            bus.emit(TurnStarted(state.turns))
-        elif kind == Event.MESSAGE_END:
-            message = item.get("message") or {}
-            if message.get("role") == "assistant":
-                state.last_assistant = message
-                text = message_text(message)
-                if text.strip():
-                    state.answer = text
-            mirror.poke()
-        elif kind == Event.TOOL_EXECUTION_START:
-            state.tool_calls += 1
-            bus.emit(
-                ToolStarted(
-                    str(item.get("toolCallId")), str(item.get("toolName")), item.get("args")
-                )
-            )
-        elif kind == Event.TOOL_EXECUTION_END:
-            bus.emit(
-                ToolFinished(
-                    str(item.get("toolCallId")),
-                    str(item.get("toolName")),
-                    bool(item.get("isError")),
-                    item.get("durationMs"),
-                )
-            )
-        elif kind == Event.AUTO_RETRY_START:
-            state.retries += 1
-            bus.emit(
-                Retrying(
-                    int(item.get("attempt", 0)),
-                    int(item.get("maxAttempts", 0)),
-                    str(item.get("errorMessage", "")),
-                )
-            )
-        elif kind == Event.COMPACTION_START:
-            bus.emit(Compacting(str(item.get("reason"))))
-        elif kind == Event.COMPACTION_END:
-            error = item.get("errorMessage")
-            bus.emit(
-                Compacted(
-                    reason=str(item.get("reason")),
-                    ok=item.get("result") is not None,
-                    aborted=bool(item.get("aborted")),
-                    error=error if isinstance(error, str) else None,
-                )
-            )
-            mirror.poke()
-        elif kind == Event.AGENT_SETTLED:
-            state.settled = True
-            state.settled_aborted = bool(item.get("aborted"))
-            bus.emit(Settled(state.settled_aborted))
-            mirror.poke()
-            state.done.set()
-        elif kind == Event.EXTENSION_ERROR:
-            message = (
-                f"extension {item.get('extensionPath')} failed in {item.get('event')}: "
-                f"{item.get('error')}"
-            )
-            state.extension_errors.append(message)
-            bus.emit(Notice(level="error", message=message))
-        elif kind == Event.EXTENSION_UI_REQUEST and item.get("method") == UiMethod.NOTIFY:
-            bus.emit(
-                Notice(
-                    level=str(item.get("notifyType") or "info"),
-                    message=str(item.get("message", "")),
-                )
-            )
-        elif kind in (Event.ENTRY_APPENDED, Event.TURN_END, Event.AGENT_END):
-            mirror.poke()
 
     # -- the end ---------------------------------------------------------------------------------
 
