@@ -51,8 +51,10 @@ def tether(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedP
 def run_json(cwd: Path, session: str, request: str) -> dict[str, Any]:
     args = ["run", "--session", session, "--agent", AGENT, "--actor", ACTOR, "--json", request]
     proc = tether(cwd, *args, timeout=DEADLINE_S + 60)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode in (0, 3), proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout)
+    # Exit 3 is a finished run whose continuation checkpoint was refused (DESIGN §3.5).
+    assert (proc.returncode == 3) == str(result["checkpoint"]).startswith("refused:"), result
     return result
 
 

@@ -110,10 +110,11 @@ def _run_follow_up(config: Path, request: str) -> dict[str, object]:
     proc = subprocess.run(
         [sys.executable, "-m", "tether", *args], capture_output=True, text=True, check=False
     )
-    if proc.returncode != 0:
+    # Exit 3 with a JSON result: the run finished and its continuation checkpoint was refused.
+    if proc.returncode not in (0, 3) or not proc.stdout.strip():
         console.print(proc.stderr.strip() or proc.stdout.strip(), markup=False)
         console.print(f"[bold red]tether run exited {proc.returncode}[/]")
-        raise SystemExit(proc.returncode)
+        raise SystemExit(proc.returncode or 1)
     result: dict[str, object] = json.loads(proc.stdout)
     console.print(
         Panel(
