@@ -10,8 +10,9 @@ interleaved, repetition by repetition:
 - in process, ``execute_run`` against the same direct RPC driver run in process.
 
 Wall time on a shared machine is noisy, so the CPU this process spends per run (direct vs
-``execute_run``, the provider's threads counted in both) is printed too. Then the mirror's lag: for every row, the time from pi creating the entry (its own timestamp)
-to the row being committed to the ledger, over all in-process runs: median and p99.
+``execute_run``, the provider's threads counted in both) is printed too. Then the mirror's lag:
+for every row, the time from pi creating the entry (its own timestamp) to the row being committed
+to the ledger, over all in-process runs: median and p99.
 
     .venv/bin/python bench/harness.py                 # 20 turns, 5 repetitions
     .venv/bin/python bench/harness.py --turns 50 --reps 3 --latency-ms 50

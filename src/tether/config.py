@@ -88,7 +88,8 @@ class HarnessConfig(_Section):
     reserve_tokens: int | None = Field(None, ge=0)
     """pi's ``compaction.reserveTokens`` (default: min(16384, max(max_tokens, window / 4)))."""
     pi_settings: dict[str, Any] = Field(default_factory=dict)
-    """Merged (deeply) into every run's pi ``settings.json``, e.g. ``{retry = {baseDelayMs = 500}}``."""
+    """Merged (deeply) into every run's pi ``settings.json``,
+    e.g. ``{retry = {baseDelayMs = 500}}``."""
 
 
 class AccessConfig(_Section):

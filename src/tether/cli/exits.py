@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tether.errors import ConfigError, InterchangeError, SessionRefusing, TetherError
 
@@ -33,16 +34,16 @@ def translate_errors() -> Iterator[None]:
     try:
         yield
     except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error:[/] {exc}")
+        err_console.print(f"[bold red]configuration error:[/] {escape(str(exc))}")
         raise typer.Exit(Exit.USAGE) from None
     except InterchangeError as exc:
-        err_console.print(f"[bold red]bad ledger file:[/] {exc}; nothing was written")
+        err_console.print(f"[bold red]bad ledger file:[/] {escape(str(exc))}; nothing was written")
         raise typer.Exit(Exit.ERROR) from None
     except SessionRefusing as exc:
-        err_console.print(f"[bold red]refused:[/] {exc}")
+        err_console.print(f"[bold red]refused:[/] {escape(str(exc))}")
         raise typer.Exit(Exit.REFUSED) from None
     except TetherError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(Exit.ERROR) from None
 
 
