@@ -116,7 +116,8 @@ def test_every_command_has_help_with_an_example() -> None:
 def test_error_text_is_never_read_as_markup(tmp_path: Path) -> None:
     cfg = tmp_path / "tether.toml"
     cfg.write_text(
-        '[providers.p]\nbase_url = "http://127.0.0.1:1/v1"\n[agents.a]\nprovider = "q"\nmodel = "m"\n'
+        '[providers.p]\nbase_url = "http://127.0.0.1:1/v1"\n'
+        '[agents.a]\nprovider = "q"\nmodel = "m"\n'
     )
     result = runner.invoke(app, ["sessions", "--config", str(cfg)])
     assert result.exit_code == 2
