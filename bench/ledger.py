@@ -36,6 +36,26 @@ from tether.ledger.postgres import _dialect
 from tether.ledger.sql import _INSERT_ROW, encode_row
 from tether.ledger.sqlite import MIGRATIONS
 
+# The "raw" baseline: the fields of the interchange row record (DESIGN §3.1), serialized with
+# json.dumps and inserted with executemany under the same unique key. No fence, no seq counter,
+# no measurement, no search text.
+RAW_TABLE = (
+    "CREATE TABLE log (session TEXT, seq BIGINT, run TEXT, actor TEXT, kind TEXT, "
+    "sources TEXT, body TEXT, UNIQUE (session, seq))"
+)
+
+
+def raw_tuple(session: str, seq: int, row: NewRow) -> tuple[object, ...]:
+    return (
+        session,
+        seq,
+        "r",
+        row.actor,
+        row.kind.value,
+        json.dumps(row.sources),
+        json.dumps(row.body),
+    )
+
 
 def message(i: int) -> dict[str, Any]:
     if i % 3 == 0:
@@ -101,23 +121,18 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
 def bench_append(tmp: Path, rows: int, batch: int) -> None:
     news = [NewRow.message(actor(i), message(i)) for i in range(rows)]
 
-    # Baseline 1, the headline: what a plain log does with the same rows, json.dumps and
+    # Baseline 1, the headline: what a plain log does with the same rows (RAW_TABLE), json.dumps and
     # executemany into (session, seq, actor, body) with its unique key, a transaction a batch.
     raw = sqlite3.connect(tmp / "raw.db", isolation_level=None)
     raw.execute("PRAGMA journal_mode = WAL")
     raw.execute("PRAGMA synchronous = NORMAL")
-    raw.execute(
-        "CREATE TABLE log (session TEXT, seq INTEGER, actor TEXT, body TEXT, UNIQUE (session, seq))"
-    )
+    raw.execute(RAW_TABLE)
     t0 = time.perf_counter()
     for k in range(0, rows, batch):
         raw.execute("BEGIN IMMEDIATE")
         raw.executemany(
-            "INSERT INTO log VALUES (?, ?, ?, ?)",
-            [
-                ("s", k + i + 1, r.actor, json.dumps(r.body))
-                for i, r in enumerate(news[k : k + batch])
-            ],
+            "INSERT INTO log VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [raw_tuple("s", k + i + 1, r) for i, r in enumerate(news[k : k + batch])],
         )
         raw.execute("COMMIT")
     plain = time.perf_counter() - t0
@@ -235,11 +250,8 @@ def _writer(
             for k in range(0, rows, batch):
                 with conn.transaction(), conn.cursor() as cur:
                     cur.executemany(
-                        "INSERT INTO log VALUES (%s, %s, %s, %s)",
-                        [
-                            (sid, k + i + 1, r.actor, json.dumps(r.body))
-                            for i, r in enumerate(news[k : k + batch])
-                        ],
+                        "INSERT INTO log VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                        [raw_tuple(sid, k + i + 1, r) for i, r in enumerate(news[k : k + batch])],
                     )
             out.put((t0, time.monotonic()))
         return
@@ -298,7 +310,7 @@ def _throughput(kind: str, url: str, writers: int, rows: int, batch: int) -> flo
 def bench_concurrent_append(tmp: Path, schemas: PgSchemas, rows: int, batch: int) -> None:
     print(f"append {rows:,} rows in batches of {batch}, split over N writer processes, each on")
     print("a session of its own (a transaction a batch), rows/s:")
-    print("  raw: json.dumps + executemany into (session, seq, actor, body);")
+    print("  raw: json.dumps + executemany of the row record's fields (see RAW_TABLE);")
     print("  pre: tether's encoded tuples, prepared outside the clock, into tether's schema.")
     print(
         f"  {'writers':<8}{'pg raw':>10}{'pg pre':>10}{'pg tether':>11}{'sqlite tether':>15}"
@@ -307,10 +319,7 @@ def bench_concurrent_append(tmp: Path, schemas: PgSchemas, rows: int, batch: int
     for n in WRITERS:
         raw_url = schemas.url(f"raw{n}")
         with psycopg.connect(raw_url, autocommit=True) as conn:
-            conn.execute(
-                "CREATE TABLE log (session TEXT, seq BIGINT, actor TEXT, body TEXT, "
-                "UNIQUE (session, seq))"
-            )
+            conn.execute(RAW_TABLE)
         raw = _throughput("raw", raw_url, n, rows, batch)
         pre = _throughput("raw-schema", schemas.url(f"pre{n}"), n, rows, batch)
         pg = _throughput("tether", schemas.url(f"append{n}"), n, rows, batch)

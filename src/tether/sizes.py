@@ -67,6 +67,7 @@ def measure(value: Any, *, canonical: str | None = None) -> Measure:
     if canonical is None:
         canonical = canonical_json(value)
     if '"image"' not in canonical:  # cheap test: no image block, no media to strip
-        return Measure(len(canonical.encode("utf-8")), 0, 0)
+        size = len(canonical) if canonical.isascii() else len(canonical.encode("utf-8"))
+        return Measure(size, 0, 0)
     stripped, media, count = strip_media(value)
     return Measure(len(canonical_json(stripped).encode("utf-8")), media, count)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "ENDED_STATUSES",
@@ -111,8 +111,10 @@ class NewRow:
         return NewRow(actor=actor, kind=RowKind.MESSAGE, body=message, **kw)
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
+class Row(NamedTuple):
+    """A stored row. A named tuple, not a frozen dataclass: appends and reads build thousands of
+    these, and a frozen dataclass costs about three times as much to construct."""
+
     session: str
     seq: int
     run: str | None
@@ -124,7 +126,7 @@ class Row:
     """Measured once, at append (DESIGN §3.3): canonical JSON of the body, media as lengths."""
     media_bytes: int = 0
     entry_id: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = {}  # noqa: RUF012  (a NamedTuple default is shared: never mutate it)
 
     @property
     def covers_to(self) -> int | None:

@@ -10,6 +10,9 @@ from tether.ledger.models import RowKind
 
 __all__ = ["row_text"]
 
+# One encoder, made once: json.dumps with keyword arguments builds a new encoder on every call.
+_ARGS = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
+
 
 def _blocks_text(content: Any) -> list[str]:
     if isinstance(content, str):
@@ -25,7 +28,7 @@ def _blocks_text(content: Any) -> list[str]:
             elif kind == "thinking" and isinstance(block.get("thinking"), str):
                 out.append(block["thinking"])
             elif kind == "toolCall":
-                args = json.dumps(block.get("arguments"), ensure_ascii=False, sort_keys=True)
+                args = _ARGS(block.get("arguments"))
                 out.append(f"{block.get('name', '')} {args}")
     return out
 
