@@ -52,6 +52,8 @@ demo: install $(VENV)/.local-installed
 bench: install
 	$(BIN)/python bench/ledger.py
 	$(BIN)/python bench/followup.py
+	$(BIN)/python bench/harness.py
+	$(BIN)/python bench/checkpoint.py
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
