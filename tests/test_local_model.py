@@ -117,7 +117,7 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
 
     log = tether(tmp_path, "log", "--session", "s1", "--json")
     assert log.returncode == 0, log.stderr
-    records = [json.loads(line) for line in log.stdout.splitlines() if line.strip()]
+    records = [json.loads(line) for line in log.stdout.split("\n") if line.strip()]
     rows = [r for r in records if r.get("type") == "row"]
     seqs = [r["seq"] for r in rows]
     assert seqs == list(range(1, len(rows) + 1))
