@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,6 +73,7 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX rows_by_run ON rows (run, seq);",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+BUSY_TIMEOUT_S = 30.0
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -84,6 +86,23 @@ def _statements(script: str) -> Iterator[str]:
             pending = ""
     if pending.strip():
         yield pending  # incomplete: SQLite says what is wrong with it
+
+
+def _enter_wal(conn: sqlite3.Connection) -> None:
+    """Put the database in WAL mode (persistent, so usually a no-op read). Switching a new file
+    needs an exclusive lock, and SQLite answers "database is locked" at once, without its busy
+    handler, when another process is switching it too: retry until the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal":
+                return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+        if time.monotonic() > deadline:
+            raise sqlite3.OperationalError("could not switch the database to WAL: it stays locked")
+        time.sleep(0.01)
 
 
 class SQLiteLedger(SqlLedger):
@@ -107,10 +126,12 @@ class SQLiteLedger(SqlLedger):
                 "(use sqlite:///ABSOLUTE/PATH, sqlite:RELATIVE/PATH or memory:)"
             )
         try:
-            self._conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
-            self._conn.execute("PRAGMA journal_mode = WAL" if target != ":memory:" else "SELECT 1")
+            self._conn = sqlite3.connect(
+                target, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+            if target != ":memory:":
+                _enter_wal(self._conn)
             self._conn.execute("PRAGMA foreign_keys = ON")
-            self._conn.execute("PRAGMA busy_timeout = 30000")
             self._conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open SQLite ledger at {target}: {exc}") from exc
