@@ -371,3 +371,16 @@ class _Url:
     def __init__(self, url: str) -> None:
         self.url = url
         self.model = "scripted"
+
+
+def test_the_summary_bound_is_capped_by_the_follow_up_budget(
+    scripted_provider: Any, store: Ledger, tmp_path: Path
+) -> None:
+    # 1,500 bytes is under the configured bound but over a quarter of the 4,000-byte budget: the
+    # next view could not quote it beside the request and the notices, so it is refused.
+    provider = scripted_provider(route(task=long_task(), summary=[huge(1500)]))
+    cfg = config(tmp_path, provider, budget=4000, summary_max_bytes=60_000)
+    outcome = run(store, cfg, tmp_path)
+    assert (outcome.checkpoint, outcome.answer) == ("refused:over_bound", ANSWER)
+    assert rows_of(store, "s1", RowKind.COMPACTION) == []
+    assert len(provider.summary_requests) == 1

@@ -72,7 +72,8 @@ class AgentConfig(_Section):
     checkpoint_min_time_s: float = Field(30, ge=0)
     """A checkpoint is attempted only when at least this much of the deadline remains."""
     summary_max_bytes: int = Field(60_000, gt=0)
-    """A continuation summary over this many bytes is refused (``over_bound``)."""
+    """A continuation summary over this many bytes is refused (``over_bound``); the bound is
+    capped at a quarter of the follow-up budget, so the next view can always hold it."""
 
 
 class HarnessConfig(_Section):

@@ -98,6 +98,17 @@ def retry_policy(config: Config, agent: AgentConfig) -> dict[str, int] | None:
     }
 
 
+SUMMARY_SHARE = 4
+"""A checkpoint's summary may take at most 1/SUMMARY_SHARE of the follow-up budget: the next view
+must still hold it quoted, beside the previous request, the notes and the gap notices, or it is
+refused (``protected_context_over_budget``) and the checkpoint was written for nothing."""
+
+
+def summary_bound(agent: AgentConfig, budget: int) -> int:
+    """The byte bound in the marker: the agent's ``summary_max_bytes``, capped by the budget."""
+    return max(1, min(agent.summary_max_bytes, budget // SUMMARY_SHARE))
+
+
 def marker(run: str, *, max_bytes: int, retry: dict[str, int] | None) -> str:
     """The ``compact`` custom instructions the extension recognises (and nothing else does)."""
     body: dict[str, Any] = {
@@ -231,7 +242,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
 
     text = marker(
         turn.run_id,
-        max_bytes=agent.summary_max_bytes,
+        max_bytes=summary_bound(agent, budget),
         retry=retry_policy(turn.config, agent),
     )
     bound = turn.deadline + turn.config.harness.stop_grace_s
