@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.rule import Rule
 from rich.syntax import Syntax
@@ -36,11 +37,12 @@ console = Console(highlight=False)
 DEMO_DIR = Path(".tether") / "demo"
 
 
-def tether(*args: str, check: bool = True) -> int:
-    """Run the real CLI, as a user would, and show the command first."""
-    console.print(f"[bold cyan]$ tether {' '.join(args)}[/]")
+def tether(*args: str, check: bool = True, ok: tuple[int, ...] = (0,)) -> int:
+    """Run the real CLI, as a user would, and show the command first. With ``check``, an exit
+    status outside ``ok`` ends the demo with that status."""
+    console.print(f"[bold cyan]$ tether {escape(' '.join(args))}[/]")
     proc = subprocess.run([sys.executable, "-m", "tether", *args], check=False)
-    if check and proc.returncode != 0:
+    if check and proc.returncode not in ok:
         console.print(f"[bold red]tether {args[0]} exited {proc.returncode}[/]")
         raise SystemExit(proc.returncode)
     return proc.returncode
@@ -170,6 +172,7 @@ def live_session() -> int:
         console.print(Rule("4. The session's timeline: requests, answers, and the checkpoint"))
         tether("log", "--session", LIVE_SESSION, "--config", str(config))
         console.print(Rule("5. What the next follow-up would be given"))
+        # A refused view (exit 3) is an answer too: it says why, and the demo goes on.
         tether(
             "context",
             "--session",
@@ -182,6 +185,7 @@ def live_session() -> int:
             NEXT_REQUEST,
             "--config",
             str(config),
+            ok=(0, 3),
         )
     finally:
         console.print(Rule("6. Stop the model server"))
