@@ -331,6 +331,31 @@ def bench_concurrent_append(tmp: Path, schemas: PgSchemas, rows: int, batch: int
         )
 
 
+def bench_tail_over_huge_rows(tmp: Path, repeat: int) -> None:
+    """The tail past the budget: 300 rows of 1 MB below one small row. A tail that read the
+    bodies of a whole page before looking at sizes would read 256 MB to return 60 bytes."""
+    with open_ledger(f"sqlite://{tmp}/huge.db") as ledger:
+        ledger.create_session("s")
+        fence = ledger.claim_run(ledger.create_run("s", "a").id)
+        big = NewRow.message(
+            "tool:read",
+            {
+                "role": "toolResult",
+                "toolCallId": "c",
+                "content": [{"type": "text", "text": "x" * 10**6}],
+            },
+        )
+        for _ in range(10):
+            ledger.append(fence, [big] * 30)
+        small = {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}
+        ledger.append(fence, [NewRow.message("agent:a", small)])
+        baseline = timed(functools.partial(ledger.row, "s", 301), repeat)
+        tail = timed(functools.partial(ledger.tail, "s", 240_000), repeat)
+    print("\ntail (240,000 bytes) over 300 rows of 1 MB below one small row, median µs:")
+    print(f"  one exact row (baseline) {baseline * 1e6:>10.1f}")
+    print(f"  tail                     {tail * 1e6:>10.1f}   ratio {tail / baseline:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -346,6 +371,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as d:
         tmp = Path(d)
         bench_append(tmp, args.append_rows, args.batch)
+        bench_tail_over_huge_rows(tmp, 50)
         sqlite_reads = bench_reads(lambda n: f"sqlite://{tmp}/reads-{n}.db", sizes, args.repeat)
         if args.no_postgres:
             return

@@ -117,6 +117,8 @@ MIGRATIONS: list[str] = [
     """,
     # 2: the follow-up view asks whether a run wrote any row (SqlLedger.run_first_seq).
     "CREATE INDEX rows_by_run ON rows (run, seq);",
+    # 3: the tail reads row sizes before bodies (SqlLedger.tail); this index covers that scan.
+    "CREATE INDEX rows_sizes ON rows (session, seq, bytes);",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

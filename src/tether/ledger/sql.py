@@ -575,22 +575,35 @@ class SqlLedger(abc.ABC):
             c.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,))
             found = c.fetchone()
             # Seqs are dense, so each page is a window of TAIL_PAGE seqs below the newest: the
-            # read stays bounded whatever plan the database picks for a range.
+            # read stays bounded whatever plan the database picks for a range. Sizes come first,
+            # from the (session, seq, bytes) index, and bodies only for the rows taken: a page
+            # of huge rows past the budget is never read.
             top = int(found[0]) if found else after
             while top > after:
                 low = max(after, top - TAIL_PAGE)
                 c.execute(
-                    f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND seq > ? AND seq <= ? "
+                    "SELECT seq, bytes FROM rows WHERE session = ? AND seq > ? AND seq <= ? "
                     "ORDER BY seq DESC LIMIT ?",
                     (session_id, low, top, TAIL_PAGE),
                 )
-                for raw in c.fetchall():
-                    size = raw[7]
-                    if total + size > max_bytes or len(taken) >= max_rows:
-                        taken.reverse()
-                        return TailRead(rows=taken, bytes=total, stop_seq=raw[1])
+                stop: int | None = None
+                first = top + 1
+                for seq, size in c.fetchall():
+                    if total + size > max_bytes or len(taken) + (top - seq) >= max_rows:
+                        stop = seq
+                        break
                     total += size
-                    taken.append(_row(raw))
+                    first = seq
+                if first <= top:
+                    c.execute(
+                        f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND seq >= ? AND seq <= ? "
+                        "ORDER BY seq DESC",
+                        (session_id, first, top),
+                    )
+                    taken.extend(map(_row, c.fetchall()))
+                if stop is not None:
+                    taken.reverse()
+                    return TailRead(rows=taken, bytes=total, stop_seq=stop)
                 top = low
         taken.reverse()
         return TailRead(rows=taken, bytes=total, stop_seq=None)
