@@ -44,7 +44,7 @@ from tether.harness.agentdir import pi_settings
 from tether.harness.client import Record, is_notify
 from tether.harness.errors import TransportClosed
 from tether.harness.protocol import Command, Response
-from tether.harness.run import NOT_NEEDED, CheckpointResult, SettledTurn
+from tether.harness.run import NOT_NEEDED, CheckpointResult, SettledTurn, in_thread
 from tether.harness.stops import race_clock
 from tether.ledger import ReceiptReason, Row, RowKind
 from tether.sizes import measure
@@ -152,10 +152,6 @@ def _drain(records: MemoryObjectReceiveStream[Record], run: str) -> ReceiptReaso
         found = parse_receipt(item, run) or found
 
 
-async def _db(fn: Any, *args: Any) -> Any:
-    return await anyio.to_thread.run_sync(fn, *args)
-
-
 async def _refuse(turn: SettledTurn, reason: ReceiptReason, detail: str | None) -> None:
     """Store the receipt as a row of the run and mark the run's context as needing recall.
     Shielded: a stop arriving now must not leave the receipt without its run record."""
@@ -165,7 +161,7 @@ async def _refuse(turn: SettledTurn, reason: ReceiptReason, detail: str | None) 
         extra["checkpoint_detail"] = detail
     with anyio.CancelScope(shield=True):
         await turn.mirror.append_receipt(body)
-        await _db(turn.ledger.update_run_extra, turn.fence, extra)
+        await in_thread(turn.ledger.update_run_extra, turn.fence, extra)
 
 
 async def _compact(turn: SettledTurn, instructions: str) -> Response | TransportClosed:
@@ -193,7 +189,7 @@ async def _await_row(turn: SettledTurn, bound: float) -> Row | None:
     the row; poll briefly in case the mirror's own task holds the batch."""
     while True:
         await turn.mirror.sync()
-        row: Row | None = await _db(turn.ledger.latest_compaction, turn.session)
+        row: Row | None = await in_thread(turn.ledger.latest_compaction, turn.session)
         if _is_ours(row, turn.run_id):
             return row
         if turn.clock.now() >= bound:
@@ -215,7 +211,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
     except TransportClosed as exc:
         await _refuse(turn, ReceiptReason.CANCELLED, f"pi went away before the checkpoint: {exc}")
         return _refused(ReceiptReason.CANCELLED)
-    await _db(turn.ledger.update_run_extra, turn.fence, {"working_view_bytes": size})
+    await in_thread(turn.ledger.update_run_extra, turn.fence, {"working_view_bytes": size})
 
     names = {c.get("name") for c in (commands.get("commands") or []) if isinstance(c, dict)}
     why_not: str | None = None
@@ -297,7 +293,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
     if row is None:
         # pi wrote the checkpoint but the mirror cannot show it: never claim it, and stop
         # prompts until someone looks (the final mirror pass may still write it).
-        await _db(
+        await in_thread(
             turn.ledger.update_run_extra,
             turn.fence,
             {"needs_recall": True, "checkpoint_detail": "the checkpoint row was not mirrored"},
@@ -306,7 +302,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
             ReceiptReason.CANCELLED,
             f"run {turn.run_id}'s continuation checkpoint was written by pi but not mirrored",
         )
-    await _db(
+    await in_thread(
         turn.ledger.update_run_extra,
         turn.fence,
         {"checkpoint_seq": row.seq, "needs_recall": False},

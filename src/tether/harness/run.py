@@ -96,7 +96,8 @@ def runs_dir(config: Config) -> Path:
     return chosen if chosen.is_absolute() else base / chosen
 
 
-async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking ledger call in a worker thread (the ledger API is synchronous)."""
     return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
 
@@ -142,7 +143,7 @@ async def execute_run(
     bus = EventBus(list(subscribers))
     deadline = clock.now() + agent.deadline_s
 
-    session = await _db(ledger.ensure_session, request.session)
+    session = await in_thread(ledger.ensure_session, request.session)
     if session.refusing:
         raise SessionRefusing(
             f"session {session.id!r} refuses new prompts: {session.refusing}; after checking "
@@ -150,8 +151,8 @@ async def execute_run(
         )
     view = await _followup_view(ledger, config, request)
 
-    run = await _db(ledger.create_run, request.session, request.agent, run_id=request.run_id)
-    fence = await _db(ledger.claim_run, run.id)
+    run = await in_thread(ledger.create_run, request.session, request.agent, run_id=request.run_id)
+    fence = await in_thread(ledger.claim_run, run.id)
     run_dir = runs_dir(config) / run.id
     bus.emit(
         RunStarted(run=run.id, session=request.session, agent=request.agent, follow_up=bool(view))
@@ -181,7 +182,7 @@ async def execute_run(
                 else RunStatus.FAILED
             )
             with contextlib.suppress(LedgerError):
-                await _db(
+                await in_thread(
                     ledger.end_run,
                     fence,
                     status,
@@ -205,9 +206,9 @@ async def _followup_view(
 ) -> FollowupView | None:
     """The follow-up view when the session has history (None for its first run); a refused
     view raises ``Refused`` before anything is written."""
-    if await _db(ledger.last_seq, request.session) == 0:
+    if await in_thread(ledger.last_seq, request.session) == 0:
         return None
-    view = await _db(
+    view = await in_thread(
         build_view,
         ledger,
         session=request.session,
@@ -274,7 +275,7 @@ class _Driver:
     # -- setup -----------------------------------------------------------------------------------
 
     async def _record_request(self) -> int:
-        rows = await _db(
+        rows = await in_thread(
             self.ledger.append,
             self.fence,
             [
@@ -305,9 +306,9 @@ class _Driver:
                     found[seq] = row.sources
             return found
 
-        by_origin = await _db(sources) if origins else {}
+        by_origin = await in_thread(sources) if origins else {}
         written = iter(
-            await _db(
+            await in_thread(
                 self.ledger.append,
                 self.fence,
                 [
@@ -585,7 +586,7 @@ class _Driver:
             extra["mirror_problems"] = mirror.problems[:10]
         if reason is not StopReason.FENCED_OUT:
             with anyio.CancelScope(shield=True):
-                await _db(self.ledger.end_run, self.fence, status, extra=extra)
+                await in_thread(self.ledger.end_run, self.fence, status, extra=extra)
                 refusing = self.checkpoint.refuse_session
                 if state.idle_unconfirmed:
                     refusing = (
@@ -593,7 +594,7 @@ class _Driver:
                         f"({reason.value})"
                     )
                 if refusing:
-                    await _db(self.ledger.set_refusing, self.fence.session, refusing)
+                    await in_thread(self.ledger.set_refusing, self.fence.session, refusing)
         return RunOutcome(
             run=self.fence.run,
             session=self.fence.session,
