@@ -129,6 +129,8 @@ class SqlLedger(abc.ABC):
     """The run ledger. Open one with :func:`tether.ledger.open_ledger`."""
 
     url: str
+    _compactions_hint = ""
+    """Table hint for reads of the newest compaction (the dialect may pin the partial index)."""
 
     # -- the dialect's part ------------------------------------------------------------------
 
@@ -381,9 +383,8 @@ class SqlLedger(abc.ABC):
                 )
         return out
 
-    @staticmethod
     def _with_covered_sources(
-        c: Cursor, session_id: str, first: int, fresh: Sequence[NewRow]
+        self, c: Cursor, session_id: str, first: int, fresh: Sequence[NewRow]
     ) -> list[NewRow]:
         """Give each compaction row the union of the sources of the rows it covers (DESIGN
         invariant 18), at write time, so a follow-up that reads the checkpoint by index never
@@ -400,7 +401,8 @@ class SqlLedger(abc.ABC):
             if stored_to >= 1:
                 start = 1
                 c.execute(
-                    "SELECT seq, body FROM rows WHERE session = ? AND kind = 'compaction' "
+                    f"SELECT seq, body FROM rows {self._compactions_hint} "
+                    "WHERE session = ? AND kind = 'compaction' "
                     "AND seq <= ? ORDER BY seq DESC LIMIT 1",
                     (session_id, stored_to),
                 )
@@ -509,7 +511,8 @@ class SqlLedger(abc.ABC):
         """The newest compaction row of the session, wherever it lies."""
         with self._read() as c:
             c.execute(
-                f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND kind = 'compaction' "
+                f"SELECT {_ROW_COLS} FROM rows {self._compactions_hint} "
+                "WHERE session = ? AND kind = 'compaction' "
                 "ORDER BY seq DESC LIMIT 1",
                 (session_id,),
             )

@@ -111,6 +111,10 @@ class SQLiteLedger(SqlLedger):
     """One connection, serialized by a lock; WAL lets other processes read while it writes, and
     ``BEGIN IMMEDIATE`` makes every write transaction take the write lock up front."""
 
+    # Without statistics SQLite may walk rows_sizes (session, seq, bytes) backwards and filter
+    # on kind, reading every row of the session: pin the partial index of compactions.
+    _compactions_hint = "INDEXED BY rows_compactions"
+
     def __init__(self, url: str) -> None:
         self.url = url
         if url == "memory:":
