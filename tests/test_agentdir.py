@@ -9,9 +9,9 @@ import pytest
 
 from tether.config import Config
 from tether.errors import ConfigError
-from tether.harness.agentdir import write_agent_dir
-from tether.harness.errors import PiNotInstalled
-from tether.harness.pi import find_pi, pi_argv
+from tether.pi.agentdir import write_agent_dir
+from tether.pi.errors import PiNotInstalled
+from tether.pi.install import find_pi, pi_argv
 
 
 def config(**harness: object) -> Config:

@@ -74,7 +74,7 @@ async def with_summary_running(
 def assert_refused_cleanly(ledger: Ledger, outcome: RunOutcome, provider: ScriptedProvider) -> None:
     """No checkpoint, one receipt, the answer kept, nothing asked of the provider again."""
     assert outcome.answer == ANSWER
-    assert outcome.checkpoint == "refused:cancelled"
+    assert outcome.checkpoint.label == "refused:cancelled"
     assert rows_of(ledger, "s1", RowKind.COMPACTION) == []
     [receipt] = rows_of(ledger, "s1", RowKind.RECEIPT)
     assert receipt.body == {
@@ -142,7 +142,7 @@ def test_idle_not_confirmed_by_the_deadline_keeps_the_answer_and_refuses_the_ses
 
     outcome = anyio.run(main)
     assert outcome.answer == ANSWER
-    assert outcome.checkpoint == "refused:cancelled"
+    assert outcome.checkpoint.label == "refused:cancelled"
     assert rows_of(store, "s1", RowKind.COMPACTION) == []
     assert len(provider.summary_requests) == 1
     refusing = store.get_session("s1").refusing

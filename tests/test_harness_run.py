@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,12 @@ from provider import (
 )
 from tether.clock import ManualClock
 from tether.config import Config
-from tether.harness.events import PiStarted, RunEvent, RunStarted, ToolStarted
-from tether.harness.pi import PiInstall
+from tether.errors import ConfigError
+from tether.events import PiStarted, RunEvent, RunStarted, Settled, ToolStarted
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
 from tether.ledger import Ledger, Row, RowKind, RunStatus, open_ledger
+from tether.pi.install import PiInstall
 
 FAKE_PI = Path(__file__).with_name("fake_pi.py")
 
@@ -612,3 +614,81 @@ def test_truncated_and_empty_answers_are_recorded_as_they_are(
     last = [r for r in rows(store) if r.role == "assistant"][-1]
     assert last.run == blank.run
     assert last.body["content"] == []
+
+
+def test_a_second_stop_during_close_kills_at_once_and_a_late_stop_keeps_the_run_finished(
+    tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pi settled, then ignores the end of stdin and SIGTERM: an orderly close would take two
+    grace periods (2 x 5 s). A soft stop then a hard one (Ctrl-C twice) during that close kill it
+    at once, and since the task turn had settled, the run stays finished."""
+    monkeypatch.setenv("FAKE_PI_MODE", "stubborn")
+    config = make_config(tmp_path, "http://127.0.0.1:9/v1")
+    stopped_at: list[float] = []
+
+    def twice(stop: StopControl, _: list[RunEvent]) -> None:
+        stopped_at.append(time.monotonic())
+        stop.soft()
+        stop.stop_hard()
+
+    outcome, events = _run_until(
+        store,
+        config,
+        tmp_path,
+        ready=lambda evs: any(isinstance(e, Settled) for e in evs),
+        act=twice,
+        pi=fake_pi(),
+    )
+    took = time.monotonic() - stopped_at[0]
+    assert took < 2.5, f"the hard stop waited {took:.1f}s for the orderly close"
+    assert (outcome.status, outcome.stop_reason, outcome.answer) == (
+        RunStatus.FINISHED,
+        StopReason.SETTLED,
+        "all done",
+    )
+    pi_pid = next(e.pid for e in events if isinstance(e, PiStarted))
+    assert not _alive(pi_pid)
+    assert store.get_run(outcome.run).status is RunStatus.FINISHED
+
+
+def test_a_soft_stop_after_pi_settled_does_not_interrupt_the_run(
+    tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_PI_MODE", "stubborn")
+    config = make_config(tmp_path, "http://127.0.0.1:9/v1", deadline_s=600)
+    config = config.model_copy(
+        update={"harness": config.harness.model_copy(update={"stop_grace_s": 0.5})}
+    )
+    outcome, _ = _run_until(
+        store,
+        config,
+        tmp_path,
+        ready=lambda evs: any(isinstance(e, Settled) for e in evs),
+        act=lambda stop, _: stop.soft(),
+        pi=fake_pi(),
+    )
+    assert (outcome.status, outcome.stop_reason) == (RunStatus.FINISHED, StopReason.SETTLED)
+    assert store.get_run(outcome.run).status is RunStatus.FINISHED
+    assert store.get_session("s1").refusing is None
+
+
+def test_a_missing_api_key_is_refused_before_anything_is_written(
+    tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TETHER_TEST_UNSET_KEY", raising=False)
+    config = Config.model_validate(
+        {
+            "providers": {
+                "hosted": {
+                    "base_url": "http://127.0.0.1:9/v1",
+                    "api_key_env": "TETHER_TEST_UNSET_KEY",
+                }
+            },
+            "agents": {"rev": {"provider": "hosted", "model": "m"}},
+            "harness": {"runs_dir": str(tmp_path / "runs")},
+        }
+    )
+    with pytest.raises(ConfigError, match=r"\$TETHER_TEST_UNSET_KEY"):
+        run_sync(store, config, "hello", tmp_path, pi=fake_pi())
+    assert store.sessions() == []
+    assert not (tmp_path / "runs").exists()

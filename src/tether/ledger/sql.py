@@ -51,7 +51,7 @@ _IMPORT_CHUNK = 1000
 
 _ROW_COLS = "session, seq, run, actor, kind, body, sources, bytes, media_bytes, entry_id, extra"
 _RUN_COLS = "id, session, agent, status, request_seq, started, ended, epoch, extra"
-_ENDED = "('finished', 'failed', 'interrupted')"
+_ENDED = "(" + ", ".join(f"'{s.value}'" for s in sorted(ENDED_STATUSES)) + ")"
 
 
 class Cursor(Protocol):

@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from tether.harness.events import EventBus, RowsMirrored
+from tether.events import EventBus, RowsMirrored
 from tether.ledger import Fence, Ledger, NewRow, Row, RowKind
 from tether.mirror.entries import (
     CONVERSATION_ENTRIES,

@@ -19,7 +19,7 @@ from typing import Any
 from tether.config import AgentConfig, Config, ProviderConfig
 from tether.errors import ConfigError
 
-__all__ = ["AgentDir", "merge", "pi_models", "pi_settings", "write_agent_dir"]
+__all__ = ["AgentDir", "merge", "pi_models", "pi_settings", "provider_env", "write_agent_dir"]
 
 NO_KEY = "tether-no-key"
 """pi needs some key to call a provider; local servers ignore it."""
@@ -97,19 +97,27 @@ class AgentDir:
     """Variables the pi process needs (the agent dir, the provider's key)."""
 
 
+def provider_env(config: Config, agent_name: str) -> dict[str, str]:
+    """The variables that carry the agent's provider key, or ``ConfigError`` when the key's
+    variable is not set (checked before a run writes anything)."""
+    agent = config.agent(agent_name)
+    provider = config.provider(agent.provider)
+    if not provider.api_key_env:
+        return {}
+    key = os.environ.get(provider.api_key_env)
+    if not key:
+        raise ConfigError(
+            f"provider {agent.provider!r} reads its API key from ${provider.api_key_env}, "
+            "which is not set; export it before `tether run`"
+        )
+    return {provider.api_key_env: key}
+
+
 def write_agent_dir(path: Path, config: Config, agent_name: str) -> AgentDir:
     """Create ``path`` with the run's ``models.json`` and ``settings.json``."""
     agent = config.agent(agent_name)
     provider = config.provider(agent.provider)
-    env = {"PI_CODING_AGENT_DIR": str(path.resolve())}
-    if provider.api_key_env:
-        key = os.environ.get(provider.api_key_env)
-        if not key:
-            raise ConfigError(
-                f"provider {agent.provider!r} reads its API key from ${provider.api_key_env}, "
-                "which is not set; export it before `tether run`"
-            )
-        env[provider.api_key_env] = key
+    env = {"PI_CODING_AGENT_DIR": str(path.resolve()), **provider_env(config, agent_name)}
     path.mkdir(parents=True, exist_ok=True)
     (path / "models.json").write_text(
         json.dumps(pi_models(agent.provider, provider, agent), indent=2) + "\n", encoding="utf-8"

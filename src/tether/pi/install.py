@@ -11,13 +11,13 @@ import functools
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tether.harness.errors import PiNotInstalled
+from tether.pi.errors import PiNotInstalled
 
-__all__ = ["PiInstall", "find_pi", "pi_argv"]
+__all__ = ["PiInstall", "find_pi", "pi_argv", "pi_env"]
 
 PI_PACKAGE = "node_modules/@earendil-works/pi-coding-agent"
 PI_CLI = f"{PI_PACKAGE}/dist/cli.js"
@@ -143,3 +143,16 @@ def pi_argv(
     for ext in extensions:
         argv += ["--extension", str(Path(ext).resolve())]
     return argv
+
+
+def pi_env(extra: Mapping[str, str], pi: PiInstall) -> dict[str, str]:
+    """pi's environment: this process's (without ``PI_*``), ``extra`` (the agent dir), offline,
+    loopback never proxied, and the pinned Node first on ``PATH``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PI_")}
+    env.update(extra)
+    env["PI_OFFLINE"] = "1"
+    loopback = "127.0.0.1,localhost"
+    for key in ("NO_PROXY", "no_proxy"):
+        env[key] = f"{loopback},{env[key]}" if env.get(key) else loopback
+    env["PATH"] = f"{pi.node_bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    return env
