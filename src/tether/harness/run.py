@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
+from tether.access import Obligations
 from tether.clock import Clock, SystemClock
 from tether.config import Config
 from tether.errors import FencedOut, LedgerError, RunNotActive, SessionRefusing
@@ -260,6 +261,8 @@ class _Driver:
         self.grace = config.harness.stop_grace_s
         self.state = RunState()
         self.prompted = False
+        self.obligations = Obligations()
+        """The sources of everything the run was given; every row it writes carries them."""
         self.failure: Stopped | None = None
         """The harness's own failure (a helper task, the final mirror pass): it wins."""
 
@@ -309,6 +312,8 @@ class _Driver:
 
     async def drive(self, view: FollowupView | None) -> RunOutcome:
         entries = await self._write_view(view) if view is not None else []
+        if view is not None:
+            self.obligations.add(view.sources)
         view_record = _view_record(view, sum(vm.copied for vm in view.messages)) if view else None
         request_seq = await self._record_request()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -327,6 +332,7 @@ class _Driver:
             known=known,
             request=(self.request.text, request_seq),
             bus=self.bus,
+            obligations=self.obligations,
         )
         argv = pi_argv(
             self.pi,
