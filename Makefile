@@ -36,7 +36,8 @@ lint: install
 	$(BIN)/ruff format --check src tests bench
 	node_modules/.bin/tsc -p tsconfig.json
 
-typecheck: install
+# After the `local` extra: the model server's modules are checked against starlette's own types.
+typecheck: install $(VENV)/.local-installed
 	$(BIN)/mypy
 
 pytest: install $(VENV)/.local-installed
