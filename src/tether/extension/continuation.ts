@@ -164,7 +164,7 @@ export function splitWorkingView(messages: readonly AgentMessage[]): {
 
 /** A copy of the summary request with the quoted evidence ahead of the conversation: prepended to
  * the first text block of the last user message (pi's prompt, which opens `<conversation>`). */
-export function withEvidence(context: TranscriptContext, evidence: string): TranscriptContext {
+function withEvidence(context: TranscriptContext, evidence: string): TranscriptContext {
 	const messages = [...context.messages];
 	for (let i = messages.length - 1; i >= 0; i--) {
 		const message = messages[i];
