@@ -18,6 +18,7 @@ FLOORS: dict[str, int] = {
     "sizes": 1,
     "config": 1,
     "events": 1,
+    "files": 1,
     # 2: storage and admission
     "ledger": 2,
     "access": 2,

@@ -185,6 +185,7 @@ def test_a_hard_stop_kills_pi_and_writes_no_checkpoint(
 
 
 def write_toml(tmp: Path, provider: ScriptedProvider, *, budget: int, name: str = "t") -> Path:
+    (tmp / "work").mkdir(exist_ok=True)
     path = tmp / f"{name}-{budget}.toml"
     path.write_text(
         f"""
@@ -205,6 +206,7 @@ model = "{provider.model}"
 tools = ["bash"]
 deadline_s = 120
 checkpoint_min_time_s = 0
+workdir = "{tmp}/work"
 
 [harness]
 runs_dir = "{tmp}/runs"

@@ -51,6 +51,13 @@ def make_config(tmp: Path, url: str, *, window: int = 8192, **agent: Any) -> Con
     )
 
 
+def workdir_in(tmp: Path) -> Path:
+    """The agent's workdir: beside the ledger and the run directories, never around them."""
+    work = tmp / "work"
+    work.mkdir(exist_ok=True)
+    return work
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Ledger]:
     ledger = open_ledger(f"sqlite://{tmp_path}/ledger.db")
@@ -71,7 +78,7 @@ def run_sync(
         agent="rev",
         text=text,
         actor=kw.pop("actor", "user:ana"),
-        workdir=tmp,
+        workdir=workdir_in(tmp),
         extensions=kw.pop("extensions", ()),
     )
 
@@ -84,7 +91,7 @@ def run_sync(
 def test_multi_turn_run_records_tool_calls_in_order(
     tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
-    (tmp_path / "notes.txt").write_text("the notes file\n")
+    (workdir_in(tmp_path) / "notes.txt").write_text("the notes file\n")
     p = scripted_provider(
         [
             Reply(
@@ -291,7 +298,9 @@ def test_deadline_aborts_and_keeps_the_answer(
             result: list[RunOutcome] = []
 
             async def run() -> None:
-                request = RunRequest(session="s1", agent="rev", text="work", workdir=tmp_path)
+                request = RunRequest(
+                    session="s1", agent="rev", text="work", workdir=workdir_in(tmp_path)
+                )
                 result.append(await execute_run(store, config, request, clock=clock))
 
             tg.start_soon(run)
@@ -331,7 +340,9 @@ def _run_until(
         async with anyio.create_task_group() as tg:
 
             async def run() -> None:
-                request = RunRequest(session="s1", agent="rev", text="work", workdir=tmp)
+                request = RunRequest(
+                    session="s1", agent="rev", text="work", workdir=workdir_in(tmp)
+                )
                 result.append(
                     await execute_run(
                         store, config, request, stop=stop, subscribers=[events.append], **kw
@@ -445,9 +456,12 @@ def fake_pi() -> PiInstall:
 def test_fake_pi_printing_malformed_lines(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "garbage")
     outcome, events = run_sync(
-        store, make_config(tmp_path, "http://127.0.0.1:9/v1"), "hello", tmp_path, pi=fake_pi()
+        store,
+        make_config(tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "garbage"}),
+        "hello",
+        tmp_path,
+        pi=fake_pi(),
     )
     assert outcome.status is RunStatus.FAILED
     assert outcome.stop_reason is StopReason.TRANSPORT_LOST
@@ -462,9 +476,12 @@ def test_fake_pi_printing_malformed_lines(
 def test_fake_pi_flooding_stdout_is_a_protocol_error(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "flood")
     outcome, _ = run_sync(
-        store, make_config(tmp_path, "http://127.0.0.1:9/v1"), "hello", tmp_path, pi=fake_pi()
+        store,
+        make_config(tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "flood"}),
+        "hello",
+        tmp_path,
+        pi=fake_pi(),
     )
     assert outcome.status is RunStatus.FAILED
     assert outcome.stop_reason is StopReason.PROTOCOL_ERROR
@@ -475,9 +492,12 @@ def test_fake_pi_flooding_stdout_is_a_protocol_error(
 def test_fake_pi_crashing_at_startup(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "crash")
     outcome, _ = run_sync(
-        store, make_config(tmp_path, "http://127.0.0.1:9/v1"), "hello", tmp_path, pi=fake_pi()
+        store,
+        make_config(tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "crash"}),
+        "hello",
+        tmp_path,
+        pi=fake_pi(),
     )
     assert outcome.status is RunStatus.FAILED
     assert outcome.stop_reason is StopReason.STARTUP_FAILED
@@ -488,9 +508,10 @@ def test_fake_pi_crashing_at_startup(
 def test_soft_stop_that_pi_ignores_escalates_and_refuses_the_session(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "deaf")
     clock = ManualClock()
-    config = make_config(tmp_path, "http://127.0.0.1:9/v1", deadline_s=100)
+    config = make_config(
+        tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "deaf"}, deadline_s=100
+    )
 
     async def go() -> RunOutcome:
         result: list[RunOutcome] = []
@@ -498,7 +519,9 @@ def test_soft_stop_that_pi_ignores_escalates_and_refuses_the_session(
         async with anyio.create_task_group() as tg:
 
             async def run() -> None:
-                request = RunRequest(session="s1", agent="rev", text="work", workdir=tmp_path)
+                request = RunRequest(
+                    session="s1", agent="rev", text="work", workdir=workdir_in(tmp_path)
+                )
                 result.append(
                     await execute_run(
                         store,
@@ -532,9 +555,12 @@ def test_soft_stop_that_pi_ignores_escalates_and_refuses_the_session(
 def test_blocking_dialogs_are_cancelled_and_notify_is_forwarded(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "dialog")
     outcome, events = run_sync(
-        store, make_config(tmp_path, "http://127.0.0.1:9/v1"), "hello", tmp_path, pi=fake_pi()
+        store,
+        make_config(tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "dialog"}),
+        "hello",
+        tmp_path,
+        pi=fake_pi(),
     )
     assert outcome.status is RunStatus.FINISHED
     assert outcome.answer is not None
@@ -622,8 +648,7 @@ def test_a_second_stop_during_close_kills_at_once_and_a_late_stop_keeps_the_run_
     """pi settled, then ignores the end of stdin and SIGTERM: an orderly close would take two
     grace periods (2 x 5 s). A soft stop then a hard one (Ctrl-C twice) during that close kill it
     at once, and since the task turn had settled, the run stays finished."""
-    monkeypatch.setenv("FAKE_PI_MODE", "stubborn")
-    config = make_config(tmp_path, "http://127.0.0.1:9/v1")
+    config = make_config(tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "stubborn"})
     stopped_at: list[float] = []
 
     def twice(stop: StopControl, _: list[RunEvent]) -> None:
@@ -654,8 +679,9 @@ def test_a_second_stop_during_close_kills_at_once_and_a_late_stop_keeps_the_run_
 def test_a_soft_stop_after_pi_settled_does_not_interrupt_the_run(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "stubborn")
-    config = make_config(tmp_path, "http://127.0.0.1:9/v1", deadline_s=600)
+    config = make_config(
+        tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "stubborn"}, deadline_s=600
+    )
     config = config.model_copy(
         update={"harness": config.harness.model_copy(update={"stop_grace_s": 0.5})}
     )

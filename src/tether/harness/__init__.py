@@ -17,7 +17,8 @@ and ``RunRequest(extensions=(EXTENSION_PATH,))``).
 from __future__ import annotations
 
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
-from tether.harness.run import execute_run, runs_dir
+from tether.harness.run import execute_run
+from tether.harness.rundir import runs_dir
 from tether.harness.stops import StopControl, Stopped, StopReason
 from tether.harness.turn import (
     NOT_NEEDED,

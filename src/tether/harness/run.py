@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -45,8 +46,10 @@ from tether.clock import Clock, SystemClock
 from tether.config import Config
 from tether.errors import FencedOut, LedgerError, RunNotActive, SessionRefusing
 from tether.events import EventBus, PiStarted, RunEnded, RunStarted, StopRequested, Subscriber
+from tether.files import private_file
 from tether.followup import FollowupView, Refusal, build_view
 from tether.harness.pump import RunState, follow
+from tether.harness.rundir import check_workdir, make_run_dir, runs_dir
 from tether.harness.stops import StopControl, Stopped, StopReason, race_clock
 from tether.harness.turn import (
     NOT_NEEDED,
@@ -65,10 +68,11 @@ from tether.ledger import Fence, Ledger, NewRow, ReceiptReason, RowKind, RunStat
 from tether.ledger.models import now_iso
 from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror
-from tether.pi.agentdir import provider_env, write_agent_dir
+from tether.pi.agentdir import provider_keys, write_agent_dir
 from tether.pi.client import RpcClient
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.install import PiInstall, find_pi, pi_argv, pi_env
+from tether.pi.keys import key_channel
 from tether.pi.protocol import Command, Disposition
 from tether.pi.sessionfile import PreEntry, write_session_file
 from tether.pi.transport import SubprocessTransport
@@ -87,15 +91,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-def runs_dir(config: Config) -> Path:
-    """Where runs keep their directories (``harness.runs_dir``; relative to the config file)."""
-    base = config.path.parent if config.path else Path.cwd()
-    chosen = config.harness.runs_dir
-    if chosen is None:
-        return base / ".tether" / "runs"
-    return chosen if chosen.is_absolute() else base / chosen
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -127,7 +122,13 @@ async def execute_run(
     ``Refused`` before anything is written; every later failure ends the run (failed or
     interrupted, with its reason) and is reported in the outcome."""
     agent = config.agent(request.agent)
-    key_env = provider_env(config, request.agent)  # a missing key refuses before any write
+    keys = provider_keys(config, request.agent)  # a missing key refuses before any write
+    workdir = check_workdir(
+        request.workdir or config.workdir(request.agent),
+        agent=request.agent,
+        config=config,
+        ledger=ledger,
+    )
     pi = pi or find_pi()
     clock = clock or SystemClock()
     stop = stop or StopControl()
@@ -158,7 +159,8 @@ async def execute_run(
         run_dir=runs_dir(config) / run.id,
         deadline=clock.now() + agent.deadline_s,
         checkpoint=checkpoint,
-        key_env=key_env,
+        keys=keys,
+        workdir=workdir,
     )
     try:
         outcome = await driver.drive(view)
@@ -243,7 +245,8 @@ class _Driver:
         run_dir: Path,
         deadline: float,
         checkpoint: CheckpointStep | None,
-        key_env: dict[str, str],
+        keys: dict[str, str],
+        workdir: Path,
     ) -> None:
         self.ledger = ledger
         self.config = config
@@ -257,7 +260,8 @@ class _Driver:
         self.run_dir = run_dir
         self.deadline = deadline
         self.checkpoint_step = checkpoint
-        self.key_env = key_env
+        self.keys = keys
+        self.workdir = workdir
         self.grace = config.harness.stop_grace_s
         self.state = RunState()
         self.prompted = False
@@ -316,10 +320,10 @@ class _Driver:
             self.obligations.add(view.sources)
         view_record = _view_record(view, sum(vm.copied for vm in view.messages)) if view else None
         request_seq = await self._record_request()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(self.config, self.fence.run)
         agent_dir = write_agent_dir(self.run_dir / "agent", self.config, self.request.agent)
-        session_file = self.run_dir / "session.jsonl"
-        workdir = (self.request.workdir or Path.cwd()).resolve()
+        session_file = private_file(self.run_dir / "session.jsonl")
+        workdir = self.workdir
         offset, known = write_session_file(
             session_file, session_id=self.fence.run, cwd=workdir, messages=entries
         )
@@ -334,38 +338,49 @@ class _Driver:
             bus=self.bus,
             obligations=self.obligations,
         )
-        argv = pi_argv(
-            self.pi,
-            session_file=session_file,
-            provider=self.agent.provider,
-            model=self.agent.model,
-            effort=self.agent.effort,
-            tools=self.agent.tools,
-            system_prompt=self.agent.system_prompt,
-            extensions=self.request.extensions,
-        )
         log_path = self.run_dir / "pi.log"
-        env = pi_env({**agent_dir.env, **self.key_env}, self.pi)
         task: TaskEnd = PiFailed(StopReason.STARTUP_FAILED, "pi was not started")
         checkpoint, late = NOT_NEEDED, None
         exit_status: int | None = None
         diagnostics = ""
         try:
-            async with (
-                SubprocessTransport.open(
-                    argv, env=env, cwd=workdir, stderr_log=log_path, grace_s=self.grace
-                ) as transport,
-                anyio.create_task_group() as keeper,
-            ):
-                # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
-                keeper.start_soon(self._kill_on_hard_stop, transport)
-                try:
-                    task, checkpoint, late = await self._with_pi(transport, mirror)
-                finally:
-                    diagnostics = transport.diagnostics()
-                    await transport.aclose()
-                    keeper.cancel_scope.cancel()
-            exit_status = transport.exit_status
+            with key_channel(self.keys) as channel:
+                argv = pi_argv(
+                    self.pi,
+                    session_file=session_file,
+                    provider=self.agent.provider,
+                    model=self.agent.model,
+                    effort=self.agent.effort,
+                    tools=self.agent.tools,
+                    system_prompt=self.agent.system_prompt,
+                    extensions=(*channel.extensions, *self.request.extensions),
+                )
+                env = pi_env(
+                    {**agent_dir.env, **channel.env},
+                    self.pi,
+                    tmpdir=self.run_dir / "tmp",
+                    agent_env=self.agent.env,
+                )
+                async with (
+                    SubprocessTransport.open(
+                        argv,
+                        env=env,
+                        cwd=workdir,
+                        stderr_log=log_path,
+                        grace_s=self.grace,
+                        pass_fds=channel.pass_fds,
+                    ) as transport,
+                    anyio.create_task_group() as keeper,
+                ):
+                    # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
+                    keeper.start_soon(self._kill_on_hard_stop, transport)
+                    try:
+                        task, checkpoint, late = await self._with_pi(transport, mirror)
+                    finally:
+                        diagnostics = transport.diagnostics()
+                        await transport.aclose()
+                        keeper.cancel_scope.cancel()
+                exit_status = transport.exit_status
         except PiStartupFailed as exc:
             task = PiFailed(StopReason.STARTUP_FAILED, str(exc))
         finally:
@@ -567,6 +582,12 @@ class _Driver:
         found = verdict(task, late=late, failure=self.failure, grace_s=self.grace)
         error = self._with_stderr(found.error, found.stop_reason, diagnostics)
         escalated = isinstance(task, Stopped) and task.escalated
+        # A run that ended well leaves nothing behind; any other keeps its directory to look at.
+        keep = (
+            found.status is not RunStatus.FINISHED or escalated or bool(checkpoint.refuse_session)
+        )
+        if keep and error:
+            error += f" (pi's log and session file are kept in {self.run_dir})"
         extra: dict[str, Any] = {
             "stop_reason": found.stop_reason.value,
             "answer": state.answer,
@@ -601,6 +622,8 @@ class _Driver:
                     )
                 if refusing:
                     await in_thread(self.ledger.set_refusing, self.fence.session, refusing)
+        if not keep:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         return RunOutcome(
             run=self.fence.run,
             session=self.fence.session,

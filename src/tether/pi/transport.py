@@ -28,6 +28,7 @@ import anyio
 import anyio.abc
 import psutil
 
+from tether.files import private_file
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.jsonl import LineSplitter
 
@@ -104,14 +105,16 @@ class SubprocessTransport:
         cwd: Path,
         stderr_log: Path,
         grace_s: float = 3.0,
+        pass_fds: Sequence[int] = (),
     ) -> AsyncIterator[SubprocessTransport]:
-        log = stderr_log.open("ab")
+        log = private_file(stderr_log).open("ab")
         try:
             process = await anyio.open_process(
                 list(argv),
                 env=dict(env),
                 cwd=str(cwd),
                 start_new_session=True,  # its own process group, so the stop reaches its children
+                pass_fds=pass_fds,
             )
         except OSError as exc:
             log.close()
