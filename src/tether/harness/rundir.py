@@ -32,8 +32,8 @@ def _inside(path: Path, directory: Path) -> bool:
 
 
 def check_workdir(workdir: Path, *, agent: str, config: Config, ledger: Ledger) -> Path:
-    """``workdir`` resolved, or ``ConfigError`` (nothing written yet) when it contains what the
-    agent's tools must not reach."""
+    """``workdir`` resolved (and created if missing), or ``ConfigError`` (nothing written yet)
+    when it contains what the agent's tools must not reach."""
     workdir = workdir.resolve()
     guarded = [
         ("the ledger", ledger.path),
@@ -47,6 +47,7 @@ def check_workdir(workdir: Path, *, agent: str, config: Config, ledger: Ledger) 
                 f"tools could read or change it. Set [agents.{agent}] workdir (or --workdir) to a "
                 f"directory that does not contain it, or move {what} out of {workdir}"
             )
+    workdir.mkdir(parents=True, exist_ok=True)
     return workdir
 
 
