@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tether.cli import context_cmd, ledger_cmd, model_cmd, run_cmd, runs_cmd
+from tether.cli import context_cmd, interop_cmd, ledger_cmd, model_cmd, run_cmd, runs_cmd
 
 app = typer.Typer(
     name="tether",
@@ -20,6 +20,8 @@ app.command("context")(context_cmd.context)
 app.command("run")(run_cmd.run)
 app.add_typer(model_cmd.model_app, name="model")
 app.add_typer(runs_cmd.runs_app, name="runs")
+app.add_typer(interop_cmd.import_app, name="import")
+app.add_typer(interop_cmd.export_app, name="export")
 
 
 def main() -> None:

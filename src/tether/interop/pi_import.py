@@ -1,0 +1,544 @@
+"""A pi session file into the ledger (DESIGN §3.11), in bounded memory.
+
+pi's own rules (``dist/core/session-manager.js`` of the pinned package) are followed:
+
+* lines are split on ``\\n`` only; a line that is not JSON (pi's ``JSON.parse`` refuses it,
+  ``NaN`` included) is skipped, as pi skips it, and counted;
+* version 1 files get ids and a linear parent chain, and a compaction's ``firstKeptEntryIndex``
+  becomes ``firstKeptEntryId``; version 2's ``hookMessage`` role is ``custom``;
+* the active branch is the last entry back to the root through ``parentId`` (an unknown parent
+  ends the walk);
+* ``context_edit`` entries on the branch are applied to their targets (the latest wins): a null
+  replacement leaves the target out, a replacement changes the content of a user, assistant,
+  tool-result or custom message (a string becomes one text block for assistants and results);
+* null content is read as pi reads it (``[]``, or ``""`` for a system message).
+
+Runs: one per user message that starts a turn; a user message right after a tool result is
+steering inside the running turn and belongs to it. System messages right before a turn's user
+message open that turn's run. Rows before the first turn belong to no run.
+
+A compaction covers the rows before its first kept entry (all rows before it when that entry is
+not on the branch before it: pi keeps none then).
+
+Memory: the first pass keeps each entry's shape (id, parent, offset, type, role), not its body;
+the second reads the bodies of the branch's entries by offset, and rows stream into the
+ledger's one import transaction a chunk at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tether.errors import AlreadyExists, InterchangeError
+from tether.interop.pi_format import (
+    AFTER_KEY,
+    BEFORE_KEY,
+    BODY_FIELDS,
+    HEADER_KEY,
+    PI_KEY,
+    RECEIPT_TYPE,
+    ms_of_iso,
+)
+from tether.ledger import Ledger, Row, RowKind, Run, RunStatus, Session
+from tether.ledger.models import now_iso
+from tether.mirror.entries import Actors, compaction_body, message_actor
+
+__all__ = ["ImportPlan", "ImportReport", "LeftOut", "import_pi", "plan_import"]
+
+DEFAULT_ACTOR = "user:pi"
+"""The actor of imported user messages when ``--actor`` is not given."""
+
+_EDITABLE_ROLES = frozenset({"user", "assistant", "toolResult", "custom"})
+_TURN_ROLES = frozenset({"user", "assistant", "toolResult"})
+
+
+class LeftOut(enum.StrEnum):
+    """What an import does not bring into the ledger."""
+
+    OFF_BRANCH = "off_branch"
+    """Entries that are not on the active branch."""
+    CONTEXT_EDIT = "context_edit"
+    """Edit entries: applied to their targets, not kept themselves."""
+    OMITTED_BY_EDIT = "omitted_by_edit"
+    """Entries a ``context_edit`` with a null replacement removed from the context."""
+    MALFORMED = "malformed"
+    """Lines that are not JSON objects (pi skips them too)."""
+
+
+class _Kind(enum.Enum):
+    ROW = "row"
+    BOOKKEEPING = "bookkeeping"
+    EDIT = "edit"
+
+
+@dataclass(frozen=True, slots=True)
+class _PlannedRow:
+    pos: int
+    """Index of the entry in the file's entry list."""
+    kind: RowKind
+    run: int | None
+    """Index into the plan's runs."""
+    before: tuple[int, ...]
+    """Bookkeeping entries that ride on this row."""
+    covers_to: int = 0
+    edit: int | None = None
+    """The context_edit entry applied to this row (its replacement is not null)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _PlannedRun:
+    request_row: int | None
+    """Index into the plan's rows."""
+    first_row: int
+    last_row: int
+
+
+@dataclass
+class ImportReport:
+    session: str
+    version: int
+    entries: int
+    runs: int
+    rows: int
+    compactions: int
+    edited: int
+    """Rows whose content a context_edit replaced."""
+    bookkeeping: dict[str, int] = field(default_factory=dict)
+    """Bookkeeping entries kept (in row and session extras), by entry type."""
+    left_out: dict[LeftOut, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "version": self.version,
+            "entries": self.entries,
+            "runs": self.runs,
+            "rows": self.rows,
+            "compactions": self.compactions,
+            "edited": self.edited,
+            "bookkeeping": dict(sorted(self.bookkeeping.items())),
+            "left_out": {k.value: v for k, v in sorted(self.left_out.items())},
+        }
+
+
+@dataclass
+class ImportPlan:
+    """The first pass: the shape of every entry and what becomes of the active branch's."""
+
+    path: Path
+    header: dict[str, Any]
+    version: int
+    ids: list[str]
+    offsets: list[int]
+    lengths: list[int]
+    lines: list[int]
+    stamps: list[Any]
+    rows: list[_PlannedRow]
+    runs: list[_PlannedRun]
+    after: tuple[int, ...]
+    report: ImportReport
+    first_kept: dict[int, str] = field(default_factory=dict)
+    """Compaction entry index → its first kept entry id (after the v1 migration)."""
+
+    def read_entry(self, f: IO[bytes], pos: int) -> dict[str, Any]:
+        f.seek(self.offsets[pos])
+        entry: dict[str, Any] = _loads(f.read(self.lengths[pos]))
+        if self.version < 2:
+            entry["id"] = self.ids[pos]
+            entry["parentId"] = self.ids[pos - 1] if pos > 0 else None
+            if entry.get("type") == "compaction":
+                entry.pop("firstKeptEntryIndex", None)
+                if pos in self.first_kept:
+                    entry["firstKeptEntryId"] = self.first_kept[pos]
+        return entry
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(raw: bytes) -> Any:
+    return json.loads(raw, parse_constant=_reject_constant)
+
+
+def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
+    """Read the file's shape (not its bodies) and plan the rows and runs of its active branch."""
+    p = Path(path)
+    source = str(p)
+    ids: list[str] = []
+    parents: list[str | None] = []
+    offsets: list[int] = []
+    lengths: list[int] = []
+    lines: list[int] = []
+    stamps: list[Any] = []
+    types: list[str] = []
+    roles: list[str | None] = []
+    info: dict[int, Any] = {}
+    header: dict[str, Any] | None = None
+    malformed = 0
+    try:
+        f = p.open("rb")
+    except OSError as exc:
+        raise InterchangeError(source, 0, f"cannot read: {exc.strerror}") from exc
+    with f:
+        offset = 0
+        for lineno, raw in enumerate(f, start=1):
+            start, offset = offset, offset + len(raw)
+            if not raw.strip():
+                continue
+            try:
+                entry = _loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                malformed += 1
+                continue
+            if not isinstance(entry, dict):
+                malformed += 1
+                continue
+            if header is None:
+                if entry.get("type") != "session" or not isinstance(entry.get("id"), str):
+                    raise InterchangeError(
+                        source, lineno, "not a pi session file: the first entry is not a header"
+                    )
+                header = entry
+                continue
+            kind = entry.get("type")
+            kind = kind if isinstance(kind, str) else ""
+            pos = len(ids)
+            ids.append(str(entry.get("id")) if entry.get("id") is not None else "")
+            parent = entry.get("parentId")
+            parents.append(parent if isinstance(parent, str) else None)
+            offsets.append(start)
+            lengths.append(len(raw))
+            lines.append(lineno)
+            stamps.append(entry.get("timestamp"))
+            types.append(kind)
+            role = None
+            if kind == "message" and isinstance(entry.get("message"), dict):
+                role = entry["message"].get("role")
+                role = "custom" if role == "hookMessage" else role
+            roles.append(role if isinstance(role, str) else None)
+            if kind == "context_edit":
+                info[pos] = (entry.get("targetId"), entry.get("replacement") is None)
+            elif kind == "compaction":
+                info[pos] = entry.get("firstKeptEntryId", entry.get("firstKeptEntryIndex"))
+            elif kind == "custom":
+                info[pos] = entry.get("customType")
+            elif kind == "branch_summary":
+                info[pos] = bool(entry.get("summary"))
+    if header is None:
+        raise InterchangeError(source, 0, "not a pi session file: it holds no header")
+    version = header.get("version", 1)
+    version = version if isinstance(version, int) else 1
+
+    first_kept: dict[int, str] = {}
+    if version < 2:
+        # pi's migration: ids in file order, each entry the child of the one before; a
+        # compaction's index counts the header as entry 0.
+        ids = [f"{i:08x}" for i in range(len(ids))]
+        parents = [None, *ids[:-1]] if ids else []
+        for pos, value in info.items():
+            if types[pos] == "compaction" and isinstance(value, int) and 1 <= value <= len(ids):
+                first_kept[pos] = ids[value - 1]
+    else:
+        for pos, value in info.items():
+            if types[pos] == "compaction" and isinstance(value, str):
+                first_kept[pos] = value
+
+    index = {eid: i for i, eid in enumerate(ids)}
+    branch: list[int] = []
+    seen: set[int] = set()
+    at: int | None = len(ids) - 1 if ids else None
+    while at is not None and at not in seen:
+        seen.add(at)
+        branch.append(at)
+        parent = parents[at]
+        at = index.get(parent) if parent is not None else None
+    branch.reverse()
+    del parents, index, seen
+
+    report = ImportReport(
+        session=session,
+        version=version,
+        entries=len(ids),
+        runs=0,
+        rows=0,
+        compactions=0,
+        edited=0,
+    )
+    left_out: Counter[LeftOut] = Counter()
+    left_out[LeftOut.OFF_BRANCH] = len(ids) - len(branch)
+    left_out[LeftOut.MALFORMED] = malformed
+
+    # context_edit: the latest edit of each target on the branch wins
+    edits: dict[str, tuple[int, bool]] = {}
+    for pos in branch:
+        if types[pos] == "context_edit":
+            target, is_null = info[pos]
+            if isinstance(target, str):
+                edits[target] = (pos, is_null)
+
+    def kind_of(pos: int) -> tuple[_Kind, RowKind | None]:
+        t = types[pos]
+        if t == "message":
+            return _Kind.ROW, RowKind.MESSAGE
+        if t == "custom_message":
+            return _Kind.ROW, RowKind.MESSAGE
+        if t == "branch_summary":
+            return (_Kind.ROW, RowKind.MESSAGE) if info.get(pos) else (_Kind.BOOKKEEPING, None)
+        if t == "compaction":
+            return _Kind.ROW, RowKind.COMPACTION
+        if t == "custom" and info.get(pos) == RECEIPT_TYPE:
+            return _Kind.ROW, RowKind.RECEIPT
+        if t == "context_edit":
+            return _Kind.EDIT, None
+        return _Kind.BOOKKEEPING, None
+
+    rows: list[_PlannedRow] = []
+    row_roles: list[str | None] = []
+    rows_before: dict[str, int] = {}
+    """Entry id → how many rows precede that entry on the branch (for covers_to)."""
+    before: list[int] = []
+    bookkeeping: Counter[str] = Counter()
+    for pos in branch:
+        rows_before.setdefault(ids[pos], len(rows))
+        kind, row_kind = kind_of(pos)
+        if kind is _Kind.EDIT:
+            left_out[LeftOut.CONTEXT_EDIT] += 1
+            continue
+        if kind is _Kind.BOOKKEEPING:
+            before.append(pos)
+            bookkeeping[types[pos] or "unknown"] += 1
+            continue
+        assert row_kind is not None
+        edit = edits.get(ids[pos])
+        if edit is not None and edit[1]:
+            left_out[LeftOut.OMITTED_BY_EDIT] += 1
+            continue
+        covers_to = 0
+        if row_kind is RowKind.COMPACTION:
+            report.compactions += 1
+            kept = first_kept.get(pos)
+            # pi keeps from the first kept entry only when it lies on the branch before the
+            # compaction; otherwise it keeps nothing from before the compaction
+            covers_to = rows_before.get(kept, len(rows)) if kept is not None else len(rows)
+        role = "custom" if types[pos] == "custom_message" else roles[pos]
+        applied = None
+        if edit is not None and role in _EDITABLE_ROLES and row_kind is RowKind.MESSAGE:
+            applied = edit[0]
+            report.edited += 1
+        rows.append(_PlannedRow(pos, row_kind, None, tuple(before), covers_to, applied))
+        row_roles.append(role if row_kind is RowKind.MESSAGE else None)
+        before = []
+    after = tuple(before)
+
+    # runs: one per user message that starts a turn
+    starts: list[int] = []
+    last_turn_role: str | None = None
+    for i, role in enumerate(row_roles):
+        if role == "user" and last_turn_role != "toolResult":
+            starts.append(i)
+        if role in _TURN_ROLES:
+            last_turn_role = role
+    runs: list[_PlannedRun] = []
+    firsts: list[int] = []
+    for k, s in enumerate(starts):
+        first, floor = s, starts[k - 1] if k else -1
+        while first - 1 > floor and row_roles[first - 1] == "system":
+            first -= 1
+        firsts.append(first)
+    for k, (s, first) in enumerate(zip(starts, firsts, strict=True)):
+        last = firsts[k + 1] - 1 if k + 1 < len(firsts) else len(rows) - 1
+        runs.append(_PlannedRun(request_row=s, first_row=first, last_row=last))
+    planned: list[_PlannedRow] = []
+    run_of: list[int | None] = [None] * len(rows)
+    for k, r in enumerate(runs):
+        for i in range(r.first_row, r.last_row + 1):
+            run_of[i] = k
+    for i, row in enumerate(rows):
+        planned.append(
+            _PlannedRow(row.pos, row.kind, run_of[i], row.before, row.covers_to, row.edit)
+        )
+
+    report.rows = len(planned)
+    report.runs = len(runs)
+    report.bookkeeping = dict(bookkeeping)
+    report.left_out = {k: v for k, v in left_out.items() if v}
+    return ImportPlan(
+        path=p,
+        header=header,
+        version=version,
+        ids=ids,
+        offsets=offsets,
+        lengths=lengths,
+        lines=lines,
+        stamps=stamps,
+        rows=planned,
+        runs=runs,
+        after=after,
+        report=report,
+        first_kept=first_kept,
+    )
+
+
+def _rest(entry: dict[str, Any], kind: str) -> dict[str, Any]:
+    known = BODY_FIELDS.get(kind, frozenset({"type", "id", "parentId"}))
+    return {k: v for k, v in entry.items() if k not in known}
+
+
+def _bookkeeping(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k != "parentId"}
+
+
+def _message_of(entry: dict[str, Any], source: str, line: int) -> dict[str, Any]:
+    """The AgentMessage a row-producing message entry stands for, as pi's context has it."""
+    kind = entry.get("type")
+    if kind == "message":
+        message = entry.get("message")
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InterchangeError(source, line, "a message entry holds no message with a role")
+        message = dict(message)
+        if message["role"] == "hookMessage":
+            message["role"] = "custom"
+        if message.get("content") is None:
+            if message["role"] == "system":
+                message["content"] = ""
+            elif message["role"] in _TURN_ROLES:
+                message["content"] = []
+        return message
+    if kind == "custom_message":
+        out: dict[str, Any] = {
+            "role": "custom",
+            "customType": entry.get("customType"),
+            "content": entry["content"] if entry.get("content") is not None else [],
+            "timestamp": ms_of_iso(entry.get("timestamp")),
+        }
+        for key in ("display", "details"):
+            if key in entry:
+                out[key] = entry[key]
+        return out
+    # branch_summary
+    out = {
+        "role": "branchSummary",
+        "summary": entry.get("summary"),
+        "timestamp": ms_of_iso(entry.get("timestamp")),
+    }
+    if "fromId" in entry:
+        out["fromId"] = entry["fromId"]
+    return out
+
+
+def _apply_edit(message: dict[str, Any], replacement: Any) -> dict[str, Any]:
+    if not isinstance(replacement, dict) or "content" not in replacement:
+        return message
+    content = replacement["content"]
+    if message.get("role") in ("assistant", "toolResult") and isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    return {**message, "content": content}
+
+
+def iter_rows(plan: ImportPlan, session: str, run_ids: list[str], actors: Actors) -> Iterator[Row]:
+    """The second pass: the planned rows with their bodies, in seq order."""
+    source = str(plan.path)
+    with plan.path.open("rb") as f:
+        for seq, planned in enumerate(plan.rows, start=1):
+            entry = plan.read_entry(f, planned.pos)
+            kind = str(entry.get("type"))
+            line = plan.lines[planned.pos]
+            extra: dict[str, Any] = {}
+            rest = _rest(entry, kind)
+            if rest:
+                extra[PI_KEY] = rest
+            if planned.before:
+                extra[BEFORE_KEY] = [_bookkeeping(plan.read_entry(f, b)) for b in planned.before]
+            if planned.kind is RowKind.COMPACTION:
+                if not isinstance(entry.get("summary"), str):
+                    raise InterchangeError(source, line, "a compaction entry has no summary")
+                body = compaction_body(entry, planned.covers_to)
+                actor = actors.agent_actor
+            elif planned.kind is RowKind.RECEIPT:
+                data = entry.get("data")
+                if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+                    raise InterchangeError(source, line, "a tether receipt entry has no kind")
+                body = data
+                actor = actors.agent_actor
+            else:
+                body = _message_of(entry, source, line)
+                if planned.edit is not None:
+                    edit = plan.read_entry(f, planned.edit)
+                    body = _apply_edit(body, edit.get("replacement"))
+                actor = message_actor(body, actors)
+            yield Row(
+                session=session,
+                seq=seq,
+                run=run_ids[planned.run] if planned.run is not None else None,
+                actor=actor,
+                kind=planned.kind,
+                body=body,
+                sources=(),
+                bytes=0,
+                entry_id=str(entry["id"]) if entry.get("id") is not None else None,
+                extra=extra,
+            )
+
+
+def _check_id(value: str, what: str) -> None:
+    if not value or not value.isprintable():
+        raise InterchangeError("<arguments>", 0, f"the {what} must be non-empty and printable")
+
+
+def import_pi(
+    ledger: Ledger,
+    path: str | Path,
+    *,
+    session: str,
+    agent: str,
+    actor: str | None = None,
+) -> ImportReport:
+    """Bring a pi session file into a new ledger session, in one transaction (a bad file or a
+    taken session id writes nothing)."""
+    for value, what in ((session, "session id"), (agent, "agent name")):
+        _check_id(value, what)
+    if actor is not None:
+        _check_id(actor, "actor")
+    if ledger.session(session) is not None:
+        raise AlreadyExists(
+            f"session {session!r} already exists; import into a new session id "
+            "(`tether sessions` lists the taken ones)"
+        )
+    plan = plan_import(path, session=session)
+    header = {k: v for k, v in plan.header.items() if k not in ("type", "version")}
+    extra: dict[str, Any] = {HEADER_KEY: header}
+    if plan.after:
+        with plan.path.open("rb") as f:
+            extra[AFTER_KEY] = [_bookkeeping(plan.read_entry(f, b)) for b in plan.after]
+    created = plan.header.get("timestamp")
+    record = Session(
+        id=session, created=created if isinstance(created, str) else now_iso(), extra=extra
+    )
+    run_ids = [f"r-{uuid.uuid4().hex[:12]}" for _ in plan.runs]
+    runs = []
+    for rid, planned in zip(run_ids, plan.runs, strict=True):
+        first = plan.rows[planned.first_row].pos
+        last = plan.rows[planned.last_row].pos
+        started, ended = plan.stamps[first], plan.stamps[last]
+        runs.append(
+            Run(
+                id=rid,
+                session=session,
+                agent=agent,
+                status=RunStatus.FINISHED,
+                request_seq=planned.request_row + 1 if planned.request_row is not None else None,
+                started=started if isinstance(started, str) else None,
+                ended=ended if isinstance(ended, str) else None,
+            )
+        )
+    actors = Actors(user=actor or DEFAULT_ACTOR, agent=agent)
+    ledger.import_records([record], runs, iter_rows(plan, session, run_ids, actors), [])
+    return plan.report

