@@ -65,12 +65,34 @@ def after_compaction(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [m for m in messages[cut + 1 :] if m["role"] != "system"]
 
 
-def view_after_checkpoint(view: FollowupView) -> list[dict[str, Any]]:
-    msgs = [m.message for m in view.messages]
+def check_view_against_pi(store: Ledger, session: str, path: Path) -> FollowupView:
+    """tether's view of the imported session against pi's context for the file.
+
+    After the checkpoint, tether carries the rows from its previous request on; rows that pi
+    keeps before that request are not carried but named in gap notices (the follow-up builder
+    reads its tail after the request). So: what tether carries is exactly the end of pi's
+    context, its only other messages are gap notices, and the rows those name are exactly the
+    rest of pi's context."""
+    view = build_view(store, session=session, agent=AGENT, actor="user:ana", budget=10**7)
+    assert isinstance(view, FollowupView), view
+    theirs = after_compaction(pi_context(path))
+    msgs = list(view.messages)
     cut = max(
-        (i for i, m in enumerate(msgs) if m.get("customType") == "tether.checkpoint"), default=-1
+        (i for i, m in enumerate(msgs) if m.message.get("customType") == "tether.checkpoint"),
+        default=-1,
     )
-    return msgs[cut + 1 :]
+    ours = msgs[cut + 1 :]
+    carried = [m.message for m in ours if not m.synthetic]
+    assert all(m.message.get("customType") == "tether.gap" for m in ours if m.synthetic)
+    named = [
+        row.body
+        for gap in view.gaps
+        for row in store.rows_range(session, gap.first, gap.last)
+        if row.kind is RowKind.MESSAGE and row.body.get("role") != "system"
+    ]
+    assert canon(named + carried) == canon(theirs)
+    assert carried, "the view carries nothing of pi's context"
+    return view
 
 
 def canon(messages: list[dict[str, Any]]) -> list[str]:
@@ -178,12 +200,6 @@ def _import(tmp: Path, path: Path, session: str, name: str = "ledger") -> Ledger
     return store
 
 
-def _view(store: Ledger, session: str) -> FollowupView:
-    view = build_view(store, session=session, agent=AGENT, actor="user:ana", budget=10**7)
-    assert isinstance(view, FollowupView), view
-    return view
-
-
 # -- the views equal pi's own context ---------------------------------------------------------
 
 
@@ -195,27 +211,37 @@ def test_view_after_compaction_equals_pi_context(
     path = pi_sessions["files"][stage]
     store = _import(tmp_path, path, stage)
     with store:
-        view = _view(store, stage)
-        ours = view_after_checkpoint(view)
-        theirs = after_compaction(pi_context(path))
-        assert canon(ours) == canon(theirs)
-        assert view.checkpoint is not None and not view.gaps
-        # the CLI prints the same messages (role, content and the fields a reader needs)
+        view = check_view_against_pi(store, stage, path)
+        assert view.checkpoint is not None
+        # the CLI prints the same view
         done = runner.invoke(
             app,
-            ["context", "-s", stage, "-a", AGENT, "--actor", "user:ana", "--budget", "10000000"]
-            + ["--json", "--ledger", store.url],
+            [
+                "context",
+                "-s",
+                stage,
+                "-a",
+                AGENT,
+                "--actor",
+                "user:ana",
+                "--budget",
+                "10000000",
+                "--json",
+                "--ledger",
+                store.url,
+            ],
         )
         assert done.exit_code == 0, done.output
         shown = json.loads(done.stdout)["messages"]
-        cut = max(i for i, m in enumerate(shown) if m.get("customType") == "tether.checkpoint")
-        assert [(m["role"], m["content"]) for m in shown[cut + 1 :]] == [
-            (m["role"], m["content"]) for m in theirs
+        assert [(m["role"], m["content"]) for m in shown] == [
+            (m.role, m.message.get("content")) for m in view.messages
         ]
 
 
 @pytest.mark.slow
-def test_import_runs_actors_and_what_was_left_out(pi_sessions: dict[str, Any], tmp_path: Path) -> None:
+def test_import_runs_actors_and_what_was_left_out(
+    pi_sessions: dict[str, Any], tmp_path: Path
+) -> None:
     path = pi_sessions["files"]["twice"]
     store = open_ledger(f"sqlite://{tmp_path}/l.db")
     with store:
@@ -225,13 +251,21 @@ def test_import_runs_actors_and_what_was_left_out(pi_sessions: dict[str, Any], t
         requests = [_text({"message": store.row("s", r.request_seq).body}) for r in runs]  # type: ignore[union-attr]
     # one run per user message that starts a turn; the steering message is inside run 3;
     # the abandoned fifth prompt is off the branch
-    assert requests == ["first: say hi", "second: run a tool", "third: take your time"] + [
+    assert requests == [
+        "first: say hi",
+        "second: run a tool",
+        "third: take your time",
         "fourth",
         "sixth, on the branch",
         "seventh",
     ]
-    steer = next(r for r in rows if r.body.get("content") == [{"type": "text", "text": "STEER: change course"}])
-    assert steer.run == runs[2].id and steer.actor == "user:ana"
+    steer = next(
+        r
+        for r in rows
+        if r.body.get("content") == [{"type": "text", "text": "STEER: change course"}]
+    )
+    assert steer.run == runs[2].id
+    assert steer.actor == "user:ana"
     assert all(r.run is not None for r in rows if r.body.get("role") != "system")
     assert {r.actor for r in rows if r.body.get("role") == "toolResult"} == {"tool:bash"}
     assert {r.actor for r in rows if r.body.get("role") == "assistant"} == {f"agent:{AGENT}"}
@@ -259,7 +293,9 @@ def _normalized_dump(store: Ledger, session: str) -> list[dict[str, Any]]:
     out = io.StringIO()
     dump_session(store, session, out)
     records = [json.loads(line) for line in out.getvalue().splitlines()]
-    run_names = {rec["id"]: f"run{i}" for i, rec in enumerate(r for r in records if r["type"] == "run")}
+    run_names = {
+        rec["id"]: f"run{i}" for i, rec in enumerate(r for r in records if r["type"] == "run")
+    }
     for rec in records:
         if rec["type"] == "session":
             rec["id"] = "S"
@@ -310,26 +346,25 @@ def test_pi_continues_an_exported_session(pi_sessions: dict[str, Any], tmp_path:
     # pi appended to the exported file, on its last entry, and sent the model what it holds
     assert after[: len(before)] == before
     new = after[len(before) :]
-    assert new and new[0]["parentId"] == before[-1]["id"]
+    assert new
+    assert new[0]["parentId"] == before[-1]["id"]
     assert "EIGHT after the export" in json.dumps(new)
     sent = provider.requests[seen]
-    assert sent.contains("seventh") and sent.contains("PI-SUMMARY")
+    assert sent.contains("seventh")
+    assert sent.contains("PI-SUMMARY")
     # and the continued file imports again, its new run included
     store = open_ledger(f"sqlite://{tmp_path}/l.db")
     with store:
-        report = import_pi(store, exported, session="c2", agent=AGENT)
+        report = import_pi(store, exported, session="c2", agent=AGENT, actor="user:ana")
         assert report.runs == 7
-        view = _view(store, "c2")
-    assert canon(view_after_checkpoint(view)) == canon(after_compaction(pi_context(exported)))
+        check_view_against_pi(store, "c2", exported)
 
 
 # -- files pi made before: versions 1 and 2, malformed lines ----------------------------------
 
 
 def _write(path: Path, records: list[Any]) -> Path:
-    path.write_text(
-        "\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n"
-    )
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n")
     return path
 
 
@@ -350,33 +385,83 @@ def test_version_1_and_2_files_are_migrated_as_pi_migrates_them(tmp_path: Path) 
             {"type": "message", "timestamp": stamp, "message": _msg("user", "two", 3)},
             {"type": "message", "timestamp": stamp, "message": _msg("assistant", "TWO", 4)},
             # pi's v1 index counts the header as entry 0 (and skips the malformed line)
-            {"type": "compaction", "timestamp": stamp, "summary": "S1", "firstKeptEntryIndex": 3,
-             "tokensBefore": 10},
+            {
+                "type": "compaction",
+                "timestamp": stamp,
+                "summary": "S1",
+                "firstKeptEntryIndex": 3,
+                "tokensBefore": 10,
+            },
             {"type": "message", "timestamp": stamp, "message": _msg("user", "three", 5)},
-            {"type": "message", "timestamp": stamp,
-             "message": {"role": "hookMessage", "customType": "h", "content": "HOOK", "display": True, "timestamp": 6}},
+            {
+                "type": "message",
+                "timestamp": stamp,
+                "message": {
+                    "role": "hookMessage",
+                    "customType": "h",
+                    "content": "HOOK",
+                    "display": True,
+                    "timestamp": 6,
+                },
+            },
         ],
     )
     store = open_ledger("memory:")
     with store:
-        report = import_pi(store, v1, session="v1", agent=AGENT)
-        assert report.version == 1 and report.left_out == {LeftOut.MALFORMED: 1}
+        report = import_pi(store, v1, session="v1", agent=AGENT, actor="user:ana")
+        assert report.version == 1
+        assert report.left_out == {LeftOut.MALFORMED: 1}
         compaction = store.latest_compaction("v1")
-        assert compaction is not None and compaction.covers_to == 2
-        assert store.row("v1", 6).body["role"] == "custom"  # type: ignore[union-attr]
-        view = _view(store, "v1")
-    assert canon(view_after_checkpoint(view)) == canon(after_compaction(pi_context(v1)))
+        assert compaction is not None
+        assert compaction.covers_to == 2
+        assert store.row("v1", 7).body["role"] == "custom"  # type: ignore[union-attr]
+        check_view_against_pi(store, "v1", v1)
 
     v2 = _write(
         tmp_path / "v2.jsonl",
         [
             {"type": "session", "version": 2, "id": "mid", "timestamp": stamp, "cwd": "/w"},
-            {"type": "message", "id": "a", "parentId": None, "timestamp": stamp, "message": _msg("user", "one", 1)},
-            {"type": "message", "id": "b", "parentId": "a", "timestamp": stamp,
-             "message": {"role": "hookMessage", "customType": "h", "content": "HOOK", "display": False, "timestamp": 2}},
-            {"type": "message", "id": "c", "parentId": "b", "timestamp": stamp, "message": _msg("assistant", "ONE", 3)},
-            {"type": "message", "id": "x", "parentId": "a", "timestamp": stamp, "message": _msg("assistant", "OTHER", 4)},
-            {"type": "message", "id": "d", "parentId": "c", "timestamp": stamp, "message": {"role": "user", "content": None, "timestamp": 5}},
+            {
+                "type": "message",
+                "id": "a",
+                "parentId": None,
+                "timestamp": stamp,
+                "message": _msg("user", "one", 1),
+            },
+            {
+                "type": "message",
+                "id": "b",
+                "parentId": "a",
+                "timestamp": stamp,
+                "message": {
+                    "role": "hookMessage",
+                    "customType": "h",
+                    "content": "HOOK",
+                    "display": False,
+                    "timestamp": 2,
+                },
+            },
+            {
+                "type": "message",
+                "id": "c",
+                "parentId": "b",
+                "timestamp": stamp,
+                "message": _msg("assistant", "ONE", 3),
+            },
+            {
+                "type": "message",
+                "id": "x",
+                "parentId": "a",
+                "timestamp": stamp,
+                "message": _msg("assistant", "OTHER", 4),
+            },
+            {
+                "type": "message",
+                "id": "d",
+                "parentId": "c",
+                "timestamp": stamp,
+                "message": {"role": "user", "content": None, "timestamp": 5},
+            },
         ],
     )
     store = open_ledger("memory:")
@@ -385,7 +470,8 @@ def test_version_1_and_2_files_are_migrated_as_pi_migrates_them(tmp_path: Path) 
         assert report.left_out == {LeftOut.OFF_BRANCH: 1}
         rows = list(store.iter_rows("v2"))
     assert [r.entry_id for r in rows] == ["a", "b", "c", "d"]
-    assert rows[1].body["role"] == "custom" and rows[3].body["content"] == []
+    assert rows[1].body["role"] == "custom"
+    assert rows[3].body["content"] == []
     assert canon([r.body for r in rows]) == canon(pi_context(v2))
 
 
@@ -405,11 +491,13 @@ def test_a_bad_file_or_a_taken_session_writes_nothing(tmp_path: Path) -> None:
             import_pi(store, not_pi, session="x", agent=AGENT)
         with pytest.raises(InterchangeError, match=r"y.jsonl:3: .*no message with a role"):
             import_pi(store, bad_message, session="y", agent=AGENT)
-        assert store.session("x") is None and store.session("y") is None
+        assert store.session("x") is None
+        assert store.session("y") is None
         store.create_session("taken")
         with pytest.raises(AlreadyExists):
             import_pi(store, bad_message, session="taken", agent=AGENT)
     done = runner.invoke(
         app, ["import", "pi", str(not_pi), "-s", "z", "-a", AGENT, "--ledger", "memory:"]
     )
-    assert done.exit_code == 1 and "not a pi session file" in done.output
+    assert done.exit_code == 1
+    assert "not a pi session file" in done.output

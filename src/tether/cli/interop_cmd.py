@@ -17,8 +17,12 @@ from tether.interop import export_pi, import_pi
 
 __all__ = ["export_app", "import_app"]
 
-import_app = typer.Typer(help="Bring sessions of other tools into the ledger.", no_args_is_help=True)
-export_app = typer.Typer(help="Write ledger sessions in other tools' formats.", no_args_is_help=True)
+import_app = typer.Typer(
+    help="Bring sessions of other tools into the ledger.", no_args_is_help=True
+)
+export_app = typer.Typer(
+    help="Write ledger sessions in other tools' formats.", no_args_is_help=True
+)
 console = Console(highlight=False, stderr=True)
 
 
