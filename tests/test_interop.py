@@ -501,3 +501,50 @@ def test_a_bad_file_or_a_taken_session_writes_nothing(tmp_path: Path) -> None:
     )
     assert done.exit_code == 1
     assert "not a pi session file" in done.output
+
+
+@pytest.mark.slow
+def test_import_of_a_large_file_streams(tmp_path: Path) -> None:
+    """10^5 entries (a 100 MB file) import in bounded memory: the shape of each entry is held,
+    never the bodies (reading the whole file would take five times the peak allowed here)."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from interop import write_pi_file  # bench/interop.py: the same file the benchmark uses
+
+    path = tmp_path / "big.jsonl"
+    n = write_pi_file(path, 100_000)
+    size = path.stat().st_size
+    db = f"sqlite://{tmp_path}/big.db"
+    with (tmp_path / "out.json").open("wb") as out, (tmp_path / "err.txt").open("wb") as err:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tether",
+                "import",
+                "pi",
+                str(path),
+                "-s",
+                "big",
+                "-a",
+                AGENT,
+                "--ledger",
+                db,
+                "--json",
+            ],
+            stdout=out,
+            stderr=err,
+        )
+        # wait4: this child's own peak RSS (RUSAGE_CHILDREN would mix in other tests' pi)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, (tmp_path / "err.txt").read_text()
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert report["entries"] == n
+    assert report["left_out"]["off_branch"] == 1000
+    with open_ledger(db) as store:
+        assert store.last_seq("big") == report["rows"] > 0.95 * n - 1000
+    peak = usage.ru_maxrss * 1024
+    assert peak < 0.2 * size + 100_000_000, f"peak RSS {peak / 1e6:.0f} MB for {size / 1e6:.0f} MB"
