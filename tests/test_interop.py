@@ -548,3 +548,50 @@ def test_import_of_a_large_file_streams(tmp_path: Path) -> None:
         assert store.last_seq("big") == report["rows"] > 0.95 * n - 1000
     peak = usage.ru_maxrss * 1024
     assert peak < 0.2 * size + 100_000_000, f"peak RSS {peak / 1e6:.0f} MB for {size / 1e6:.0f} MB"
+
+
+@pytest.mark.slow
+def test_a_tether_session_exports_to_a_file_pi_continues(
+    scripted_provider: Any, tmp_path: Path
+) -> None:
+    """A session tether ran (a continuation checkpoint, then a follow-up): pi's context for the
+    exported file is the checkpoint's summary and the rows after what it covers, and a real pi
+    run continues the file."""
+    import checkpoint_support as cs
+
+    provider = scripted_provider(
+        route(
+            task=[*cs.long_task(), Reply("second answer"), Reply("THIRD, in pi")],
+            summary=[Reply(cs.SUMMARY)],
+        )
+    )
+    cfg = cs.config(tmp_path, provider)
+    store = open_ledger(cfg.ledger.url)
+    with store:
+        assert cs.run(store, cfg, tmp_path).checkpoint == "written"
+        cs.run(store, cfg, tmp_path, text="What did you count to?", checkpoint=None)
+        [checkpoint] = cs.rows_of(store, "s1", RowKind.COMPACTION)
+        kept = [
+            r.body
+            for r in store.iter_rows("s1")
+            if r.seq > checkpoint.covers_to  # type: ignore[operator]
+            and r.kind is RowKind.MESSAGE
+            and r.body.get("role") != "system"
+        ]
+        exported = tmp_path / "s1.jsonl"
+        with exported.open("w") as out:
+            report = export_pi(store, "s1", out)
+    assert report.runs == 2
+    context = pi_context(exported)
+    summaries = [m for m in context if m["role"] == "compactionSummary"]
+    assert [m["summary"] for m in summaries] == [cs.SUMMARY]
+    assert canon(after_compaction(context)) == canon(kept)
+    before = entries(exported)
+    with PiRpc(exported, cfg, cs.AGENT, tmp_path) as pi:
+        pi.prompt("And a third question, in pi itself")
+    new = entries(exported)[len(before) :]
+    assert new[0]["parentId"] == before[-1]["id"]
+    assert "THIRD, in pi" in json.dumps(new)
+    sent = provider.task_requests[-1]
+    assert sent.contains("SUMMARY-MARK-5c1e")
+    assert sent.contains("second answer")
