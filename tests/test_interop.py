@@ -595,3 +595,50 @@ def test_a_tether_session_exports_to_a_file_pi_continues(
     sent = provider.task_requests[-1]
     assert sent.contains("SUMMARY-MARK-5c1e")
     assert sent.contains("second answer")
+
+
+def test_import_and_export_on_every_backend(ledger: Ledger, tmp_path: Path) -> None:
+    stamp = "2024-12-03T14:00:00.000Z"
+    path = _write(
+        tmp_path / "s.jsonl",
+        [
+            {"type": "session", "version": 3, "id": "p", "timestamp": stamp, "cwd": "/w"},
+            {"type": "model_change", "id": "m", "parentId": None, "timestamp": stamp}
+            | {"provider": "local", "modelId": "x"},
+            {"type": "message", "id": "a", "parentId": "m", "timestamp": stamp}
+            | {"message": _msg("user", "one", 1)},
+            {"type": "message", "id": "b", "parentId": "a", "timestamp": stamp}
+            | {"message": _msg("assistant", "ONE", 2)},
+            {"type": "compaction", "id": "c", "parentId": "b", "timestamp": stamp}
+            | {"summary": "S", "firstKeptEntryId": "b", "tokensBefore": 3},
+            {
+                "type": "custom",
+                "id": "r",
+                "parentId": "c",
+                "timestamp": stamp,
+                "customType": "tether.receipt",
+            }
+            | {"data": {"kind": "continuation_checkpoint_refused", "run": "r1", "reason": "empty"}},
+            {"type": "label", "id": "l", "parentId": "r", "timestamp": stamp}
+            | {"targetId": "a", "label": "here"},
+        ],
+    )
+    report = import_pi(ledger, path, session="p", agent=AGENT, actor="user:ana")
+    assert (report.rows, report.runs, report.bookkeeping) == (
+        4,
+        1,
+        {"model_change": 1, "label": 1},
+    )
+    rows = list(ledger.iter_rows("p"))
+    assert [r.kind for r in rows] == [
+        RowKind.MESSAGE,
+        RowKind.MESSAGE,
+        RowKind.COMPACTION,
+        RowKind.RECEIPT,
+    ]
+    assert rows[0].extra["pi_before"][0]["type"] == "model_change"
+    assert rows[2].covers_to == 1
+    assert ledger.get_session("p").extra["pi_after"][0]["label"] == "here"
+    out = io.StringIO()
+    export_pi(ledger, "p", out)
+    assert [json.loads(line) for line in out.getvalue().splitlines()] == entries(path)

@@ -79,6 +79,7 @@ def export_pi_cmd(
     """
     _, store = open_configured_ledger(config, ledger)
     with store:
+        store.get_session(session)  # a missing session leaves no empty file behind
         if output is None:
             report = export_pi(store, session, sys.stdout)
         else:

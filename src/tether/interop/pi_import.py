@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tether.errors import AlreadyExists, InterchangeError
+from tether.errors import AlreadyExists, InterchangeError, LedgerError
 from tether.interop.pi_format import (
     AFTER_KEY,
     BEFORE_KEY,
@@ -489,7 +489,7 @@ def iter_rows(plan: ImportPlan, session: str, run_ids: list[str], actors: Actors
 
 def _check_id(value: str, what: str) -> None:
     if not value or not value.isprintable():
-        raise InterchangeError("<arguments>", 0, f"the {what} must be non-empty and printable")
+        raise LedgerError(f"{what} {value!r} is not an id: ids are non-empty and printable")
 
 
 def import_pi(
