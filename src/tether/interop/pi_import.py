@@ -52,7 +52,7 @@ from tether.ledger import Ledger, Row, RowKind, Run, RunStatus, Session
 from tether.ledger.models import now_iso
 from tether.mirror.entries import Actors, compaction_body, message_actor
 
-__all__ = ["ImportPlan", "ImportReport", "LeftOut", "import_pi", "plan_import"]
+__all__ = ["ImportPlan", "ImportReport", "LeftOut", "import_pi", "message_of", "plan_import"]
 
 DEFAULT_ACTOR = "user:pi"
 """The actor of imported user messages when ``--actor`` is not given."""
@@ -395,7 +395,7 @@ def _bookkeeping(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k != "parentId"}
 
 
-def _message_of(entry: dict[str, Any], source: str, line: int) -> dict[str, Any]:
+def message_of(entry: dict[str, Any], source: str, line: int) -> dict[str, Any]:
     """The AgentMessage a row-producing message entry stands for, as pi's context has it."""
     kind = entry.get("type")
     if kind == "message":
@@ -468,7 +468,7 @@ def iter_rows(plan: ImportPlan, session: str, run_ids: list[str], actors: Actors
                 body = data
                 actor = actors.agent_actor
             else:
-                body = _message_of(entry, source, line)
+                body = message_of(entry, source, line)
                 if planned.edit is not None:
                     edit = plan.read_entry(f, planned.edit)
                     body = _apply_edit(body, edit.get("replacement"))
