@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from tether.config import Config
-from tether.harness.agentdir import write_agent_dir
-from tether.harness.pi import find_pi, pi_argv
+from tether.pi.agentdir import write_agent_dir
+from tether.pi.install import find_pi, pi_argv
 
 __all__ = ["PiRpc"]
 

@@ -28,8 +28,9 @@ FLOORS: dict[str, int] = {
     "model": 3,
     # 4: pi's entries into the ledger
     "mirror": 4,
-    # 5: one run's lifecycle
+    # 5: one run's lifecycle; pi session files in and out
     "harness": 5,
+    "interop": 5,
     # 7: the ways in
     "cli": 7,
     "demo": 7,

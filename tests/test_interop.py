@@ -574,7 +574,7 @@ def test_a_tether_session_exports_to_a_file_pi_continues(
     cfg = cs.config(tmp_path, provider)
     store = open_ledger(cfg.ledger.url)
     with store:
-        assert cs.run(store, cfg, tmp_path).checkpoint == "written"
+        assert cs.run(store, cfg, tmp_path).checkpoint.status == "written"
         cs.run(store, cfg, tmp_path, text="What did you count to?", checkpoint=None)
         [checkpoint] = cs.rows_of(store, "s1", RowKind.COMPACTION)
         kept = [
