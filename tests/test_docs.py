@@ -147,3 +147,16 @@ def test_readme_links_stay_in_the_repository() -> None:
         assert (ROOT / path).exists(), f"README links to a missing file: {target}"
     for doc in ("configuration.md", "contracts.md", "operations.md", "cli.md"):
         assert f"docs/{doc}" in targets
+
+
+@pytest.mark.parametrize("doc", sorted(p.name for p in DOCS.glob("*.md")))
+def test_docs_link_only_inside_the_repository(doc: str) -> None:
+    text = (DOCS / doc).read_text()
+    assert "../shared" not in text
+    for target in re.findall(r"\]\(([^)]+)\)", text):
+        path = target.split("#", 1)[0]
+        if not path:
+            continue
+        assert not re.match(r"[a-z]+:", path), f"docs/{doc} links outside: {target}"
+        assert (DOCS / path).resolve().is_relative_to(ROOT), f"docs/{doc}: {target}"
+        assert (DOCS / path).exists(), f"docs/{doc} links to a missing file: {target}"
