@@ -58,6 +58,7 @@ bench: install
 	$(BIN)/python bench/followup.py
 	$(BIN)/python bench/harness.py
 	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/interop.py
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
