@@ -7,8 +7,10 @@ import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
+// The pinned package's dist/ (the test passes the one tether runs), else this checkout's.
 const here = dirname(fileURLToPath(import.meta.url));
-const pi = await import(join(here, "..", "node_modules", "@earendil-works", "pi-coding-agent", "dist", "index.js"));
+const dist = process.env.TETHER_PI_DIST ?? join(here, "..", "node_modules", "@earendil-works", "pi-coding-agent", "dist");
+const pi = await import(join(dist, "index.js"));
 const { SessionManager, buildSessionContext, migrateSessionEntries, parseSessionEntries } = pi;
 
 const [command, file, ...rest] = process.argv.slice(2);

