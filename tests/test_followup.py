@@ -56,6 +56,11 @@ def text(m: ViewMessage) -> str:
     return "\n".join(b.get("text", "") for b in content or [] if b.get("type") == "text")
 
 
+def named(first: int, last: int) -> str:
+    """How a gap notice names its range: "row 9", or "rows 10–41"."""
+    return f"row {first} " if first == last else f"rows {first}–{last} "
+
+
 def check_well_formed(view: FollowupView) -> None:
     """Invariants 1 and 6, counted independently."""
     assert view.bytes == sum(size_of(m.message) for m in view.messages)
@@ -524,7 +529,7 @@ def test_withheld_rows_and_checkpoint_are_named_gaps_without_content(ledger: Led
         "repo:acme/api",
     )
     for gap in view.gaps:
-        assert any(m.synthetic and f"{gap.first}–{gap.last}" in text(m) for m in view.messages)
+        assert any(m.synthetic and named(gap.first, gap.last) in text(m) for m in view.messages)
     # ana is admitted to everything: no gaps, the checkpoint quoted.
     full = view_of(ledger, actor="user:ana", grants=grants)
     assert full.gaps == ()

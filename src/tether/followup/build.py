@@ -1,15 +1,27 @@
 """Building the follow-up view: what a new run of an agent on a session is given.
 
-DESIGN §3.2, §3.3, §3.6 and invariants 1–9 and 18. A pure function of bounded reads
-(:class:`~tether.followup.reads.FollowupReads`); it writes nothing and reads no whole transcript:
+DESIGN §3.2, §3.3, §3.6 and invariants 1–9 and 18. An imperative shell of bounded reads
+(:func:`read_inputs`, through :class:`~tether.followup.reads.FollowupReads`) feeds a functional
+core of pure steps (:func:`compose`); nothing is written and no whole transcript is read:
 
 * the session record (a refusing session refuses the view);
 * the newest ended run of the agent and its exact request row (``Run.request_seq``), by seq;
 * the newest compaction row of either kind, by index, wherever it lies;
 * the agent's notes, capped by count and bytes;
-* a tail after ``max(request seq, compaction covers_to)`` capped by the budget in stored bytes;
-* when the request lies after the compaction's coverage, at most :data:`PROBE_ROWS` rows between
-  them, only to measure that gap exactly (prompt-state rows there are not history).
+* a tail after the compaction's coverage, capped in stored bytes by what the notes and summary
+  leave of the budget; read again (at most :data:`TAIL_READS` reads, never past twice the budget)
+  when rows that cost the view nothing (prompt state, receipts, the compaction row, withheld
+  rows) took part of that cap;
+* when the request lies before the tail, at most :data:`PROBE_ROWS` rows between the coverage and
+  it, only to name that gap exactly (prompt-state rows there are not history).
+
+The core (invariant 5): **ordinary reuse first**. The window is the newest units of the tail
+(a message, or a batch of calls with its results) that fit, opened at a usable boundary: a user
+message with text, or the first row after the coverage when everything after it fits. If the
+window holds the previous request it is the view as it stands, earlier rows included. Only
+otherwise is the request placed first and followed by the newest units after it that fit. Either
+way the estimate is checked by assembling the view exactly, then grown while more fits: whole
+exchanges for the window, units after a request placed first.
 
 The previous request is **partial** (``incomplete_request``) when its run wrote rows but no
 request row (``request_seq`` is null), or when the request row is not a user message carrying
@@ -28,7 +40,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.access import Admission
@@ -48,10 +60,19 @@ from tether.followup.view import (
     RequestMode,
     ViewMessage,
 )
-from tether.ledger.models import Row, RowKind, Run
+from tether.ledger.models import Note, Row, RowKind, Run, TailRead
 from tether.sizes import measure
 
-__all__ = ["ENDED_RUNS_READ", "PROBE_ROWS", "TAIL_MAX_ROWS", "build_view"]
+__all__ = [
+    "ENDED_RUNS_READ",
+    "PROBE_ROWS",
+    "TAIL_MAX_ROWS",
+    "TAIL_READS",
+    "Inputs",
+    "build_view",
+    "compose",
+    "read_inputs",
+]
 
 ENDED_RUNS_READ = 32
 """How many ended runs are looked through when the newest one recorded no request."""
@@ -59,8 +80,11 @@ PROBE_ROWS = 16
 """Rows read between the checkpoint's coverage and the request to name that gap exactly."""
 TAIL_MAX_ROWS = 20_000
 """Row cap of the tail read (the byte cap is the budget)."""
-EXACT_TRIES = 4
-"""Units tried beyond the estimate, each checked by assembling the view exactly."""
+TAIL_READS = 3
+"""Tail reads at most: a read is repeated, with a larger cap, when rows that cost the view
+nothing took part of the cap (a run's prompt snapshot can be tens of kilobytes)."""
+EXACT_TRIES = 16
+"""Exchanges (or units) tried beyond the estimate, each checked by assembling the view exactly."""
 
 # Non-history rows: prompt state and receipts. The new run has its own prompt; a receipt becomes
 # a notice; the newest compaction is quoted at the top.
@@ -99,13 +123,19 @@ def build_view(
     limit = config.budget_bytes if budget is None else budget
     if limit <= 0:
         raise ValueError(f"the budget must be a positive number of bytes, not {limit}")
-    builder = _Builder(reads, session, agent, Admission(grants, actor), limit, config)
+    admission = Admission(grants, actor)
     try:
-        return builder.build(request)
+        inputs = read_inputs(reads, session, agent, admission, limit, config)
     except NotFound:
         raise
     except LedgerError as exc:
         return Refusal(RefusalReason.SOURCE_UNAVAILABLE, f"reading the ledger failed: {exc}")
+    if isinstance(inputs, Refusal):
+        return inputs
+    return compose(inputs, request)
+
+
+# -- rows ----------------------------------------------------------------------------------------
 
 
 def _timestamp(body: dict[str, Any]) -> int:
@@ -135,7 +165,7 @@ def _is_result(row: Row) -> bool:
 
 
 def _request_problem(row: Row) -> str | None:
-    """Why a request row is partial, or None when it is a complete request."""
+    """Why a row is not a complete request (a user message with text), or None when it is."""
     if row.kind is not RowKind.MESSAGE:
         return f"row {row.seq} is a {row.kind.value} row, not a user message"
     role = row.body.get("role")
@@ -154,6 +184,30 @@ def _request_problem(row: Row) -> str | None:
     if not any(t.strip() for t in texts):
         return f"row {row.seq} is a user message without request text"
     return None
+
+
+def _idle_bytes(rows: Sequence[Row], admission: Admission) -> int:
+    """Stored bytes of rows the view never carries as messages: prompt state, receipts,
+    compactions, withheld rows and the results of withheld calls."""
+    withheld_calls: set[str] = set()
+    idle = 0
+    for row in rows:
+        if not admission.admits(row.sources):
+            withheld_calls.update(str(c["id"]) for c in _calls(row))
+            idle += row.bytes
+        elif not _is_content(row) or (
+            _is_result(row) and row.body.get("toolCallId") in withheld_calls
+        ):
+            idle += row.bytes
+    return idle
+
+
+def coverage(comp: Row | None) -> int:
+    """The last seq the compaction summarizes (0 without one), never past the row itself."""
+    if comp is None:
+        return 0
+    raw = comp.covers_to
+    return max(0, min(raw if raw is not None else 0, comp.seq - 1))
 
 
 def gaps_of(last: int, covers: int, covered: _Mark, marks: Mapping[int, _Mark]) -> list[Gap]:
@@ -183,503 +237,693 @@ def gaps_of(last: int, covers: int, covered: _Mark, marks: Mapping[int, _Mark]) 
     return gaps
 
 
-@dataclass
-class _Plan:
-    """One unit of the suffix (a message, or a batch of calls with its results), evaluated."""
-
-    first: int
-    items: list[ViewMessage]
-    marks: dict[int, _Mark]
-    sources: set[str]
-    cost: int
-    media_used: int
+# -- the shell: bounded reads --------------------------------------------------------------------
 
 
-@dataclass
-class _Context:
-    """What the builder knows once the bounded reads are done."""
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """Everything the bounded reads returned: :func:`compose` is a pure function of it."""
 
+    session: str
+    agent: str
+    admission: Admission
+    budget: int
+    config: FollowupConfig
+    run: Run | None
+    """The newest ended run of the agent with a request (None: no previous request)."""
+    request: Row | None
+    """Its exact request row."""
+    compaction: Row | None
+    notes: tuple[Note, ...]
+    tail: tuple[Row, ...]
+    """The newest contiguous rows after the compaction's coverage, oldest first."""
+    tail_whole: bool
+    """The tail reaches back to the coverage: no row after it was left unread."""
+    tail_stop: int | None
+    """The newest seq the tail left unread (None when whole)."""
+    probe: tuple[Row, ...]
+    """Rows between the coverage and a request that lies before the tail (at most PROBE_ROWS)."""
+
+
+def read_inputs(
+    reads: FollowupReads,
+    session: str,
+    agent: str,
+    admission: Admission,
+    budget: int,
+    config: FollowupConfig,
+) -> Inputs | Refusal:
+    """The bounded reads of a view, in order; a refusal as soon as one is certain."""
+    sess = reads.session(session)
+    if sess is None:
+        raise NotFound(f"no session {session!r}; `tether sessions` lists them")
+    if sess.refusing:
+        return Refusal(
+            RefusalReason.SESSION_REFUSING,
+            f"session {session} refuses new prompts: {sess.refusing}; after checking it, clear "
+            f"it with `tether session clear {session}`",
+        )
+    found = previous_request(reads, session, agent, admission)
+    if isinstance(found, Refusal):
+        return found
+    run, req = found if found is not None else (None, None)
+    comp = reads.latest_compaction(session)
+    notes = tuple(
+        reads.notes(
+            session, agent, max_count=config.notes_max_count, max_bytes=config.notes_max_bytes
+        )
+    )
+    covers = coverage(comp)
+    admitted_comp = comp if comp is not None and admission.admits(comp.sources) else None
+    top = protected(agent, admitted_comp, covers, notes, timestamp=0)
+    request_bytes = _row_message(req, _media_limits(config)).bytes if req is not None else 0
+    reserved = sum(m.bytes for m in top) + request_bytes
+    if reserved > budget:
+        return _protected_refusal(reserved, budget)
+    # The compaction row lies after its coverage, in the tail's way, but is quoted at the top.
+    cap = budget - sum(m.bytes for m in top) + (comp.bytes if comp is not None else 0)
+    tail = read_tail(reads, session, covers, cap, budget, admission)
+    probe: list[Row] = []
+    r = req.seq if req is not None else None
+    first = tail.rows[0].seq if tail.rows else (tail.stop_seq or covers) + 1
+    if r is not None and r < first and 0 < r - 1 - covers <= PROBE_ROWS:
+        probe = reads.rows_range(session, covers + 1, r - 1, limit=PROBE_ROWS)
+    return Inputs(
+        session=session,
+        agent=agent,
+        admission=admission,
+        budget=budget,
+        config=config,
+        run=run,
+        request=req,
+        compaction=comp,
+        notes=notes,
+        tail=tuple(tail.rows),
+        tail_whole=tail.stop_seq is None,
+        tail_stop=tail.stop_seq,
+        probe=tuple(probe),
+    )
+
+
+def read_tail(
+    reads: FollowupReads, session: str, after: int, cap: int, budget: int, admission: Admission
+) -> TailRead:
+    """The tail after ``after`` capped at ``cap`` stored bytes, read again with the cap raised by
+    what rows that cost the view nothing took (never past twice the budget)."""
+    tail = reads.tail(session, cap, after=after, max_rows=TAIL_MAX_ROWS)
+    current = cap
+    for _ in range(TAIL_READS - 1):
+        if tail.stop_seq is None or len(tail.rows) >= TAIL_MAX_ROWS:
+            break
+        idle = _idle_bytes(tail.rows, admission)
+        wanted = min(cap + idle, max(cap, 2 * budget))
+        if wanted <= current:
+            break
+        current = wanted
+        tail = reads.tail(session, current, after=after, max_rows=TAIL_MAX_ROWS)
+    return tail
+
+
+def previous_request(
+    reads: FollowupReads, session: str, agent: str, admission: Admission
+) -> Refusal | tuple[Run, Row] | None:
+    """The newest ended run of the agent that recorded a request, and that request's row."""
+    run = reads.last_ended_run(session, agent)
+    if run is None:
+        return None
+    if run.request_seq is None:
+        candidates = reads.ended_runs(session, agent, limit=ENDED_RUNS_READ)
+        chosen: Run | None = None
+        for cand in candidates:
+            if cand.request_seq is not None:
+                chosen = cand
+                break
+            if reads.run_first_seq(cand.id) is not None:
+                return Refusal(
+                    RefusalReason.INCOMPLETE_REQUEST,
+                    f"run {cand.id} of agent {agent} ended ({cand.status.value}) after writing "
+                    "rows, but recorded no request row; inspect it with "
+                    f"`tether log --session {session}`",
+                )
+        if chosen is None:
+            if len(candidates) >= ENDED_RUNS_READ:
+                return Refusal(
+                    RefusalReason.SOURCE_UNAVAILABLE,
+                    f"the newest {ENDED_RUNS_READ} ended runs of agent {agent} wrote nothing; "
+                    "the previous request lies beyond the bounded read",
+                )
+            return None
+        run = chosen
+    seq = run.request_seq
+    assert seq is not None  # chosen above for having one
+    row = reads.row(session, seq)
+    return _check_request(run, seq, row, admission)
+
+
+def _check_request(
+    run: Run, seq: int, row: Row | None, admission: Admission
+) -> Refusal | tuple[Run, Row]:
+    if row is None:
+        return Refusal(
+            RefusalReason.SOURCE_UNAVAILABLE,
+            f"the request of run {run.id} (row {seq}) cannot be read from the ledger",
+        )
+    if row.run != run.id:
+        return Refusal(
+            RefusalReason.SOURCE_UNAVAILABLE,
+            f"row {seq}, recorded as the request of run {run.id}, belongs to run {row.run}",
+        )
+    problem = _request_problem(row)
+    if problem is not None:
+        return Refusal(
+            RefusalReason.INCOMPLETE_REQUEST,
+            f"the request of run {run.id} is incomplete: {problem}",
+        )
+    if not admission.admits(row.sources):
+        who = admission.actor or "a requester without an actor"
+        return Refusal(
+            RefusalReason.ACCESS_DENIED,
+            f"{who} is not admitted to the previous request (row {seq} of run {run.id})",
+        )
+    return run, row
+
+
+# -- the core: messages --------------------------------------------------------------------------
+
+
+def _media_limits(config: FollowupConfig) -> msgs.MediaLimits:
+    return msgs.MediaLimits(
+        config.media_max_bytes, config.tool_media_max_bytes, config.media_max_total_bytes
+    )
+
+
+def _row_message(row: Row, media: msgs.MediaLimits) -> ViewMessage:
+    """A stored message as the view carries it: unchanged (its stored size reused), or with
+    media over a limit replaced (measured again)."""
+    if row.media_bytes:
+        message, modified = msgs.limit_media(row.body, media)
+    else:
+        message, modified = row.body, False
+    if modified:
+        m = measure(message)
+        size, media_bytes = m.text_bytes, m.media_bytes
+    else:
+        size, media_bytes = row.bytes, row.media_bytes
+    return ViewMessage(
+        role=str(message.get("role")),
+        actor=row.actor,
+        origin=row.seq,
+        copied=False,
+        synthetic=False,
+        message=message,
+        bytes=size,
+        modified=modified,
+        media_bytes=media_bytes,
+        sources=row.sources,
+    )
+
+
+def _synthetic(message: dict[str, Any]) -> ViewMessage:
+    return ViewMessage(
+        role=str(message["role"]),
+        actor=SYNTHETIC_ACTOR,
+        origin=None,
+        copied=False,
+        synthetic=True,
+        message=message,
+        bytes=measure(message).text_bytes,
+    )
+
+
+def protected(
+    agent: str, comp: Row | None, covers: int, notes: Sequence[Note], *, timestamp: int
+) -> list[ViewMessage]:
+    """The quoted summary (of an admitted compaction) and the notes: reserved first."""
+    top: list[ViewMessage] = []
+    if comp is not None:
+        summary = comp.body.get("summary")
+        top.append(
+            _synthetic(
+                msgs.checkpoint_message(
+                    summary if isinstance(summary, str) else "",
+                    seq=comp.seq,
+                    run=comp.run,
+                    covers_to=covers,
+                    continuation=bool(comp.body.get("continuation")),
+                    timestamp=timestamp,
+                )
+            )
+        )
+    if notes:
+        top.append(_synthetic(msgs.notes_message(agent, notes, timestamp=timestamp)))
+    return top
+
+
+def _protected_refusal(size: int, budget: int, what: str = "") -> Refusal:
+    return Refusal(
+        RefusalReason.PROTECTED_CONTEXT_OVER_BUDGET,
+        f"the previous request, notes and checkpoint summary{what} take {size} bytes, over the "
+        f"budget of {budget}; raise [followup] budget_bytes or trim the notes",
+    )
+
+
+# -- the core: units and plans -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """What the core knows once the reads are done, before choosing rows."""
+
+    budget: int
+    admission: Admission
     last: int
     covers: int
     covered: _Mark
     marks: dict[int, _Mark]
+    """Fixed marks: the compaction row."""
+    probe_marks: dict[int, _Mark]
+    """Rows between the coverage and the request (used only when the request is placed first)."""
     top: list[ViewMessage]
+    top_bytes: int
     request_vm: ViewMessage | None
     request_seq: int | None
+    media: msgs.MediaLimits
+    """Media state after the request's own (the request's media are counted first)."""
     notice_max: int
     timestamp: int
-    withheld_calls: set[str] = field(default_factory=set)
+    withheld_calls: frozenset[str]
+    whole: bool
+
+    @property
+    def floor(self) -> int:
+        """Rows after it may follow a request placed first."""
+        return max(self.covers, self.request_seq or 0)
 
 
-class _Builder:
-    def __init__(
-        self,
-        reads: FollowupReads,
-        session: str,
-        agent: str,
-        admission: Admission,
-        budget: int,
-        config: FollowupConfig,
-    ) -> None:
-        self.reads = reads
-        self.session = session
-        self.agent = agent
-        self.admission = admission
-        self.budget = budget
-        self.config = config
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One unit of the view (a message, or a batch of calls with its results), evaluated."""
 
-    # -- the previous request ------------------------------------------------------------------
+    first: int
+    items: list[ViewMessage]
+    marks: dict[int, _Mark]
+    sources: frozenset[str]
+    cost: int
+    media_used: int
+    opening: bool
+    """A usable boundary: it opens with an admitted user message carrying text."""
+    edges: tuple[_Mark, _Mark]
+    """The marks of its first and last rows: omitted runs that meet across units share a
+    notice."""
 
-    def _previous_request(self) -> Refusal | tuple[Run, Row] | None:
-        run = self.reads.last_ended_run(self.session, self.agent)
-        if run is None:
+
+def split_units(rows: Sequence[Row]) -> list[list[Row]]:
+    """Split the tail into units the view takes whole: a message with tool calls together with
+    the results (and prompt-state rows) that follow it, or any single other row."""
+    units: list[list[Row]] = []
+    i = 0
+    while i < len(rows):
+        unit = [rows[i]]
+        i += 1
+        if _calls(unit[0]):
+            while i < len(rows) and (_is_result(rows[i]) or not _is_content(rows[i])):
+                unit.append(rows[i])
+                i += 1
+            # Rows that are not history at the end belong to what follows, not the batch.
+            while len(unit) > 1 and not _is_content(unit[-1]):
+                i -= 1
+                unit.pop()
+        units.append(unit)
+    return units
+
+
+def plan_unit(f: _Frame, unit: Sequence[Row], media: msgs.MediaLimits) -> _Plan:
+    """What one unit adds to the view: its messages, the answers to calls it leaves without a
+    result, notices for its receipts, its marks and its cost (notices for omitted rows inside
+    it included, at their largest)."""
+    items: list[ViewMessage] = []
+    after: list[ViewMessage] = []  # notices held until the batch's results are complete
+    marks: dict[int, _Mark] = {}
+    sources: set[str] = set()
+    head = unit[0]
+    calls = _calls(head)
+    pending: dict[str, dict[str, Any]] = {}
+    answered: set[str] = set()
+    withheld_results: set[str] = set()
+    head_withheld = False
+
+    def carry(row: Row) -> None:
+        # The request's message was made first, so its media were counted before the rest.
+        vm = f.request_vm if row.seq == f.request_seq and f.request_vm else None
+        items.append(vm or _row_message(row, media))
+        marks[row.seq] = _Mark.SHOWN
+        sources.update(row.sources)
+
+    for row in unit:
+        admitted = f.admission.admits(row.sources)
+        if not _is_content(row):
+            marks[row.seq] = _Mark.SHOWN if admitted else _Mark.WITHHELD
+            if admitted and row.kind is RowKind.RECEIPT:
+                after.append(_synthetic(msgs.receipt_notice(row.body, timestamp=f.timestamp)))
+        elif row is head and calls:
+            if admitted:
+                carry(row)
+                pending = {str(c["id"]): c for c in calls}
+            else:
+                marks[row.seq] = _Mark.WITHHELD
+                head_withheld = True
+        elif _is_result(row):
+            cid = row.body.get("toolCallId")
+            if head_withheld:
+                marks[row.seq] = _Mark.WITHHELD
+            elif isinstance(cid, str) and cid in pending and cid not in answered:
+                if admitted:
+                    carry(row)
+                    answered.add(cid)
+                else:
+                    marks[row.seq] = _Mark.WITHHELD
+                    withheld_results.add(cid)
+            else:
+                # A result whose call the view does not carry.
+                withheld = isinstance(cid, str) and cid in f.withheld_calls
+                marks[row.seq] = _Mark.WITHHELD if withheld else _Mark.BUDGET
+        elif admitted:
+            carry(row)
+        else:
+            marks[row.seq] = _Mark.WITHHELD
+
+    for cid, call in pending.items():
+        if cid not in answered:
+            result = msgs.unknown_result(
+                call, withheld=cid in withheld_results, timestamp=f.timestamp
+            )
+            items.append(_synthetic(result))
+    items.extend(after)
+    # Each run of omitted rows inside the unit may need a notice of its own (upper bound:
+    # runs that meet a neighbouring gap merge with it).
+    runs = 0
+    previous: _Mark | None = None
+    for row in unit:
+        mark = marks[row.seq]
+        if mark is not _Mark.SHOWN and mark is not previous:
+            runs += 1
+        previous = mark
+    cost = sum(m.bytes for m in items) + runs * f.notice_max
+    edges = (marks[head.seq], marks[unit[-1].seq])
+    opening = (
+        len(unit) == 1
+        and _request_problem(head) is None
+        and marks[head.seq] is _Mark.SHOWN
+        and head.seq > f.covers
+    )
+    return _Plan(head.seq, items, marks, frozenset(sources), cost, media.used, opening, edges)
+
+
+def take_newest(
+    f: _Frame, units: Sequence[Sequence[Row]], running: int, media_used: int
+) -> list[_Plan]:
+    """The newest units, contiguous, while they fit the budget after ``running`` bytes."""
+    taken: list[_Plan] = []
+    for unit in reversed(units):
+        media = f.media.copy()
+        media.used = media_used
+        plan = plan_unit(f, unit, media)
+        cost = plan.cost
+        if taken and plan.edges[1] is not _Mark.SHOWN and plan.edges[1] is taken[-1].edges[0]:
+            cost -= f.notice_max  # its last omitted run joins the newer unit's first
+        if running + cost > f.budget:
+            break
+        running += cost
+        media_used = plan.media_used
+        taken.append(plan)
+    taken.reverse()
+    return taken
+
+
+def assemble(
+    f: _Frame, plans: Sequence[_Plan], request_first: bool
+) -> tuple[list[ViewMessage], list[Gap]]:
+    """The view's messages in the order the model sees them, and its gaps: protected context,
+    then history in seq order with a notice where each gap begins."""
+    marks = dict(f.marks)
+    if request_first and f.request_seq is not None:
+        marks.update(f.probe_marks)
+        marks[f.request_seq] = _Mark.SHOWN
+    for plan in plans:
+        marks.update(plan.marks)
+    gaps = gaps_of(f.last, f.covers, f.covered, marks)
+    entries: list[tuple[int, int, list[ViewMessage]]] = []
+    for gap in gaps:
+        notice = msgs.gap_notice(gap.first, gap.last, gap.why, timestamp=f.timestamp)
+        entries.append((gap.first, 0, [_synthetic(notice)]))
+    if request_first and f.request_vm is not None and f.request_seq is not None:
+        entries.append((f.request_seq, 1, [f.request_vm]))
+    for plan in plans:
+        entries.append((plan.first, 1, plan.items))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    history = [m for _, _, group in entries for m in group]
+    return [*f.top, *history], gaps
+
+
+def _size(messages: Sequence[ViewMessage]) -> int:
+    return sum(m.bytes for m in messages)
+
+
+# -- the core: choosing rows ---------------------------------------------------------------------
+
+
+def frame(inp: Inputs) -> _Frame | Refusal:
+    """Protected context at its final timestamp, the marks that do not depend on the rows chosen,
+    and the largest notice; a refusal when the protected context does not fit."""
+    comp, req, admission = inp.compaction, inp.request, inp.admission
+    covers = coverage(comp)
+    comp_ok = comp is not None and admission.admits(comp.sources)
+    # Synthetic messages carry the newest timestamp the reads saw: deterministic, and in order
+    # with the history they sit in.
+    stamps = [_timestamp(row.body) for row in inp.tail if row.kind is RowKind.MESSAGE]
+    if req is not None:
+        stamps.append(_timestamp(req.body))
+    timestamp = max(stamps, default=0)
+    top = protected(inp.agent, comp if comp_ok else None, covers, inp.notes, timestamp=timestamp)
+    media = _media_limits(inp.config)
+    request_vm = _row_message(req, media) if req is not None else None
+    top_bytes = _size(top)
+    reserved = top_bytes + (request_vm.bytes if request_vm else 0)
+    if reserved > inp.budget:
+        return _protected_refusal(reserved, inp.budget)
+    r = req.seq if req is not None else None
+    last = inp.tail[-1].seq if inp.tail else (inp.tail_stop or covers)
+    last = max(last, covers, r or 0, comp.seq if comp is not None else 0)
+    marks: dict[int, _Mark] = {}
+    if comp is not None:
+        marks[comp.seq] = _Mark.SHOWN if comp_ok else _Mark.WITHHELD
+    probe_marks: dict[int, _Mark] = {}
+    if r is not None and 0 < r - 1 - covers <= PROBE_ROWS:
+        between = inp.probe or tuple(row for row in inp.tail if covers < row.seq < r)
+        for row in between:
+            if not admission.admits(row.sources):
+                probe_marks[row.seq] = _Mark.WITHHELD
+            elif not _is_content(row):
+                probe_marks[row.seq] = _Mark.SHOWN
+    notice_max = max(msgs.gap_notice_bound(last, why, timestamp=timestamp) for why in GapWhy)
+    return _Frame(
+        budget=inp.budget,
+        admission=admission,
+        last=last,
+        covers=covers,
+        covered=_Mark.SHOWN if comp_ok else _Mark.WITHHELD,
+        marks=marks,
+        probe_marks=probe_marks,
+        top=top,
+        top_bytes=top_bytes,
+        request_vm=request_vm,
+        request_seq=r,
+        media=media,
+        notice_max=notice_max,
+        timestamp=timestamp,
+        withheld_calls=frozenset(
+            str(c["id"])
+            for row in inp.tail
+            if not admission.admits(row.sources)
+            for c in _calls(row)
+        ),
+        whole=inp.tail_whole,
+    )
+
+
+def _lead_notices(f: _Frame, floor: int, fixed_marks: Mapping[int, _Mark]) -> int:
+    """Notices reserved for the gaps at or below ``floor`` (exact) and the one between it and the
+    chosen rows: split in two by the compaction row when it lies there, in three when that row
+    is withheld."""
+    fixed = gaps_of(
+        floor, f.covers, f.covered, {s: m for s, m in fixed_marks.items() if s <= floor}
+    )
+    lead = 1
+    comp_marks = [s for s in f.marks if s > floor]
+    if comp_marks:
+        lead = 3 if f.marks[comp_marks[0]] is _Mark.WITHHELD else 2
+    return len(fixed) + lead
+
+
+def reuse_window(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan] | None:
+    """Ordinary reuse: the newest units that fit the budget the protected context leaves, opened
+    at a usable boundary (or at the coverage when all of it fits); None without an opening.
+    Checked exactly, then grown by whole exchanges while they fit."""
+    running = f.top_bytes + _lead_notices(f, f.covers, f.marks) * f.notice_max
+    plans = take_newest(f, units, running, f.media.used)
+    if not (f.whole and len(plans) == len(units)):
+        start = next((i for i, p in enumerate(plans) if p.opening), None)
+        if start is None:
             return None
-        if run.request_seq is None:
-            candidates = self.reads.ended_runs(self.session, self.agent, limit=ENDED_RUNS_READ)
-            chosen: Run | None = None
-            for cand in candidates:
-                if cand.request_seq is not None:
-                    chosen = cand
-                    break
-                if self.reads.run_first_seq(cand.id) is not None:
-                    return Refusal(
-                        RefusalReason.INCOMPLETE_REQUEST,
-                        f"run {cand.id} of agent {self.agent} ended ({cand.status.value}) after "
-                        "writing rows, but recorded no request row; inspect it with "
-                        f"`tether log --session {self.session}`",
-                    )
-            if chosen is None:
-                if len(candidates) >= ENDED_RUNS_READ:
-                    return Refusal(
-                        RefusalReason.SOURCE_UNAVAILABLE,
-                        f"the newest {ENDED_RUNS_READ} ended runs of agent {self.agent} wrote "
-                        "nothing; the previous request lies beyond the bounded read",
-                    )
-                return None
-            run = chosen
-        seq = run.request_seq
-        assert seq is not None  # chosen above for having one
-        row = self.reads.row(self.session, seq)
-        if row is None:
-            return Refusal(
-                RefusalReason.SOURCE_UNAVAILABLE,
-                f"the request of run {run.id} (row {seq}) cannot be read from the ledger",
-            )
-        if row.run != run.id:
-            return Refusal(
-                RefusalReason.SOURCE_UNAVAILABLE,
-                f"row {seq}, recorded as the request of run {run.id}, belongs to run {row.run}",
-            )
-        problem = _request_problem(row)
-        if problem is not None:
-            return Refusal(
-                RefusalReason.INCOMPLETE_REQUEST,
-                f"the request of run {run.id} is incomplete: {problem}",
-            )
-        if not self.admission.admits(row.sources):
-            who = self.admission.actor or "a requester without an actor"
-            return Refusal(
-                RefusalReason.ACCESS_DENIED,
-                f"{who} is not admitted to the previous request (row {seq} of run {run.id})",
-            )
-        return run, row
+        plans = plans[start:]
+    # The reserve is an upper bound: drop the oldest exchange while over...
+    while plans and _size(assemble(f, plans, False)[0]) > f.budget:
+        nxt = next((i for i, p in enumerate(plans) if i > 0 and p.opening), len(plans))
+        plans = plans[nxt:]
+    # ...and take older exchanges whole while they fit.
+    older = list(units[: len(units) - len(plans)])
+    for _ in range(EXACT_TRIES):
+        if not older or not plans:
+            break
+        media_used = plans[0].media_used
+        more: list[_Plan] = []
+        while older:
+            media = f.media.copy()
+            media.used = media_used
+            plan = plan_unit(f, older[-1], media)
+            media_used = plan.media_used
+            more.insert(0, plan)
+            older.pop()
+            if plan.opening:
+                break
+        if not more[0].opening and not (f.whole and not older):
+            break  # no opening before the window, and rows before these were never read
+        grown = [*more, *plans]
+        if _size(assemble(f, grown, False)[0]) > f.budget:
+            break
+        plans = grown
+    return plans
 
-    # -- messages ------------------------------------------------------------------------------
 
-    def _row_message(self, row: Row, media: msgs.MediaLimits) -> ViewMessage:
-        """A stored message as the view carries it: unchanged (its stored size reused), or with
-        media over a limit replaced (measured again)."""
-        if row.media_bytes:
-            message, modified = msgs.limit_media(row.body, media)
-        else:
-            message, modified = row.body, False
-        if modified:
-            m = measure(message)
-            size, media_bytes = m.text_bytes, m.media_bytes
-        else:
-            size, media_bytes = row.bytes, row.media_bytes
-        return ViewMessage(
-            role=str(message.get("role")),
-            actor=row.actor,
-            origin=row.seq,
+def request_first(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan]:
+    """The request placed first, followed by the newest units after it that fit: checked
+    exactly, dropping the oldest unit while over, then taking a few more while they fit."""
+    running = f.top_bytes + (f.request_vm.bytes if f.request_vm else 0)
+    fixed_marks = {**f.marks, **f.probe_marks}
+    running += _lead_notices(f, f.floor, fixed_marks) * f.notice_max
+    placed = f.request_seq is not None
+    plans = take_newest(f, units, running, f.media.used)
+    while plans and _size(assemble(f, plans, placed)[0]) > f.budget:
+        plans = plans[1:]
+    older = list(units[: len(units) - len(plans)])
+    media_used = plans[0].media_used if plans else f.media.used
+    for _ in range(EXACT_TRIES):
+        if not older:
+            break
+        media = f.media.copy()
+        media.used = media_used
+        plan = plan_unit(f, older[-1], media)
+        if _size(assemble(f, [plan, *plans], placed)[0]) > f.budget:
+            break
+        older.pop()
+        media_used = plan.media_used
+        plans = [plan, *plans]
+    return plans
+
+
+def choose(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool]:
+    """The rows of the view (invariant 5), and whether the request is placed first."""
+    window = reuse_window(f, units)
+    r = f.request_seq
+    if window is not None and (r is None or (window and window[0].first <= r)):
+        return window, False
+    after = [u for u in units if u[0].seq > f.floor]
+    return request_first(f, after), r is not None
+
+
+def compose(inp: Inputs, request_text: str | None = None) -> FollowupView | Refusal:
+    """The view, from what the bounded reads returned: pure."""
+    f = frame(inp)
+    if isinstance(f, Refusal):
+        return f
+    # The smallest honest view: protected context and the notices naming everything else.
+    minimal = _size(assemble(f, [], f.request_seq is not None)[0])
+    if minimal > f.budget:
+        return _protected_refusal(minimal, f.budget, " with the notices naming what they leave out")
+    plans, placed = choose(f, split_units(inp.tail))
+    messages, gaps = assemble(f, plans, placed)
+    return finish(inp, f, messages, gaps, plans, request_text)
+
+
+def finish(
+    inp: Inputs,
+    f: _Frame,
+    messages: list[ViewMessage],
+    gaps: list[Gap],
+    plans: Sequence[_Plan],
+    request_text: str | None,
+) -> FollowupView:
+    """The view record: reuse only when true (invariant 7), sources, the current request."""
+    previous: PreviousRequest | None = None
+    reused = False
+    run, req_row = inp.run, inp.request
+    if run is not None and req_row is not None:
+        r = req_row.seq
+        contiguous = f.covers < r and all(g.last < r for g in gaps)
+        changed = any(m.modified for m in messages)
+        reused = contiguous and not changed
+        previous = PreviousRequest(
+            seq=r,
+            run=run.id,
+            actor=req_row.actor,
+            mode=RequestMode.REUSED if reused else RequestMode.COPIED,
+        )
+    if not reused:
+        messages = [m if m.synthetic else replace(m, copied=True) for m in messages]
+    comp = inp.compaction if f.covered is _Mark.SHOWN else None
+    sources: set[str] = set()
+    if comp is not None:
+        sources.update(comp.sources)
+    if req_row is not None:
+        sources.update(req_row.sources)
+    for plan in plans:
+        sources.update(plan.sources)
+    checkpoint = None
+    if comp is not None:
+        checkpoint = Checkpoint(
+            seq=comp.seq,
+            bytes=f.top[0].bytes,
+            run=comp.run,
+            covers_to=f.covers,
+            continuation=bool(comp.body.get("continuation")),
+        )
+    current = None
+    if request_text is not None:
+        message = {
+            "role": "user",
+            "content": [{"type": "text", "text": request_text}],
+            "timestamp": f.timestamp,
+        }
+        current = ViewMessage(
+            role="user",
+            actor=inp.admission.actor or "user",
+            origin=None,
             copied=False,
             synthetic=False,
             message=message,
-            bytes=size,
-            modified=modified,
-            media_bytes=media_bytes,
-            sources=row.sources,
-        )
-
-    @staticmethod
-    def _synthetic(message: dict[str, Any]) -> ViewMessage:
-        return ViewMessage(
-            role=str(message["role"]),
-            actor=SYNTHETIC_ACTOR,
-            origin=None,
-            copied=False,
-            synthetic=True,
-            message=message,
             bytes=measure(message).text_bytes,
         )
-
-    # -- the suffix ----------------------------------------------------------------------------
-
-    def _units(self, rows: Sequence[Row]) -> list[list[Row]]:
-        """Split the tail into units the suffix takes whole: a message with tool calls together
-        with the results (and prompt-state rows) that follow it, or any single other row."""
-        units: list[list[Row]] = []
-        i = 0
-        while i < len(rows):
-            unit = [rows[i]]
-            i += 1
-            if _calls(unit[0]):
-                while i < len(rows) and (_is_result(rows[i]) or not _is_content(rows[i])):
-                    unit.append(rows[i])
-                    i += 1
-                # Rows that are not history at the end belong to what follows, not the batch.
-                while len(unit) > 1 and not _is_content(unit[-1]):
-                    i -= 1
-                    unit.pop()
-            units.append(unit)
-        return units
-
-    def _plan(self, unit: Sequence[Row], media: msgs.MediaLimits, ctx: _Context) -> _Plan:
-        items: list[ViewMessage] = []
-        after: list[ViewMessage] = []  # notices held until the batch's results are complete
-        marks: dict[int, _Mark] = {}
-        sources: set[str] = set()
-        head = unit[0]
-        calls = _calls(head)
-        pending: dict[str, dict[str, Any]] = {}
-        answered: set[str] = set()
-        withheld_results: set[str] = set()
-        head_withheld = False
-
-        for row in unit:
-            admitted = self.admission.admits(row.sources)
-            if not _is_content(row):
-                marks[row.seq] = _Mark.SHOWN if admitted else _Mark.WITHHELD
-                if admitted and row.kind is RowKind.RECEIPT:
-                    after.append(
-                        self._synthetic(msgs.receipt_notice(row.body, timestamp=ctx.timestamp))
-                    )
-            elif row is head and calls:
-                if admitted:
-                    items.append(self._row_message(row, media))
-                    marks[row.seq] = _Mark.SHOWN
-                    sources.update(row.sources)
-                    pending = {str(c["id"]): c for c in calls}
-                else:
-                    marks[row.seq] = _Mark.WITHHELD
-                    head_withheld = True
-            elif _is_result(row):
-                cid = row.body.get("toolCallId")
-                if head_withheld:
-                    marks[row.seq] = _Mark.WITHHELD
-                elif isinstance(cid, str) and cid in pending and cid not in answered:
-                    if admitted:
-                        items.append(self._row_message(row, media))
-                        marks[row.seq] = _Mark.SHOWN
-                        sources.update(row.sources)
-                        answered.add(cid)
-                    else:
-                        marks[row.seq] = _Mark.WITHHELD
-                        withheld_results.add(cid)
-                else:
-                    # A result whose call the view does not carry.
-                    withheld = isinstance(cid, str) and cid in ctx.withheld_calls
-                    marks[row.seq] = _Mark.WITHHELD if withheld else _Mark.BUDGET
-            elif admitted:
-                items.append(self._row_message(row, media))
-                marks[row.seq] = _Mark.SHOWN
-                sources.update(row.sources)
-            else:
-                marks[row.seq] = _Mark.WITHHELD
-
-        for cid, call in pending.items():
-            if cid not in answered:
-                result = msgs.unknown_result(
-                    call, withheld=cid in withheld_results, timestamp=ctx.timestamp
-                )
-                items.append(self._synthetic(result))
-        items.extend(after)
-        # Each run of omitted rows inside the unit may need a notice of its own (upper bound:
-        # runs that meet a neighbouring gap merge with it).
-        runs = 0
-        previous: _Mark | None = None
-        for row in unit:
-            mark = marks[row.seq]
-            if mark is not _Mark.SHOWN and mark is not previous:
-                runs += 1
-            previous = mark
-        cost = sum(m.bytes for m in items) + runs * ctx.notice_max
-        return _Plan(head.seq, items, marks, sources, cost, media.used)
-
-    def _assemble(
-        self, ctx: _Context, plans: Sequence[_Plan]
-    ) -> tuple[list[ViewMessage], list[Gap]]:
-        marks = dict(ctx.marks)
-        for plan in plans:
-            marks.update(plan.marks)
-        gaps = gaps_of(ctx.last, ctx.covers, ctx.covered, marks)
-        entries: list[tuple[int, int, list[ViewMessage]]] = []
-        for gap in gaps:
-            notice = msgs.gap_notice(gap.first, gap.last, gap.why, timestamp=ctx.timestamp)
-            entries.append((gap.first, 0, [self._synthetic(notice)]))
-        if ctx.request_vm is not None and ctx.request_seq is not None:
-            entries.append((ctx.request_seq, 1, [ctx.request_vm]))
-        for plan in plans:
-            entries.append((plan.first, 1, plan.items))
-        entries.sort(key=lambda e: (e[0], e[1]))
-        history = [m for _, _, group in entries for m in group]
-        return [*ctx.top, *history], gaps
-
-    # -- the view ------------------------------------------------------------------------------
-
-    def build(self, request_text: str | None) -> FollowupView | Refusal:
-        reads, config = self.reads, self.config
-        sess = reads.session(self.session)
-        if sess is None:
-            raise NotFound(f"no session {self.session!r}; `tether sessions` lists them")
-        if sess.refusing:
-            return Refusal(
-                RefusalReason.SESSION_REFUSING,
-                f"session {self.session} refuses new prompts: {sess.refusing}; after checking "
-                f"it, clear it with `tether session clear {self.session}`",
-            )
-        found = self._previous_request()
-        if isinstance(found, Refusal):
-            return found
-        run, req_row = found if found is not None else (None, None)
-        comp = reads.latest_compaction(self.session)
-        notes = reads.notes(
-            self.session,
-            self.agent,
-            max_count=config.notes_max_count,
-            max_bytes=config.notes_max_bytes,
-        )
-
-        comp_ok = comp is not None and self.admission.admits(comp.sources)
-        covers = 0
-        if comp is not None:
-            raw = comp.covers_to
-            covers = max(0, min(raw if raw is not None else 0, comp.seq - 1))
-        r = req_row.seq if req_row is not None else None
-        floor = max(covers, r or 0)
-
-        media = msgs.MediaLimits(
-            config.media_max_bytes, config.tool_media_max_bytes, config.media_max_total_bytes
-        )
-        request_vm = self._row_message(req_row, media) if req_row is not None else None
-
-        def protected(timestamp: int) -> list[ViewMessage]:
-            top: list[ViewMessage] = []
-            if comp is not None and comp_ok:
-                summary = comp.body.get("summary")
-                top.append(
-                    self._synthetic(
-                        msgs.checkpoint_message(
-                            summary if isinstance(summary, str) else "",
-                            seq=comp.seq,
-                            run=comp.run,
-                            covers_to=covers,
-                            continuation=bool(comp.body.get("continuation")),
-                            timestamp=timestamp,
-                        )
-                    )
-                )
-            if notes:
-                top.append(
-                    self._synthetic(msgs.notes_message(self.agent, notes, timestamp=timestamp))
-                )
-            return top
-
-        def protected_refusal(size: int, what: str = "") -> Refusal:
-            return Refusal(
-                RefusalReason.PROTECTED_CONTEXT_OVER_BUDGET,
-                f"the previous request, notes and checkpoint summary{what} take {size} bytes, "
-                f"over the budget of {self.budget}; raise [followup] budget_bytes or trim the "
-                "notes",
-            )
-
-        head = protected(0)
-        reserved = sum(m.bytes for m in head) + (request_vm.bytes if request_vm else 0)
-        if reserved > self.budget:
-            return protected_refusal(reserved)
-
-        extra = comp.bytes if comp is not None and comp.seq > floor else 0
-        tail = reads.tail(
-            self.session,
-            self.budget - reserved + extra,
-            after=floor,
-            max_rows=TAIL_MAX_ROWS,
-        )
-        rows = tail.rows
-        last = rows[-1].seq if rows else (tail.stop_seq or floor)
-        last = max(last, floor, comp.seq if comp is not None else 0)
-
-        # Synthetic messages carry the newest timestamp the reads saw: deterministic, and in
-        # order with the history they sit in.
-        stamps = [_timestamp(row.body) for row in rows if row.kind is RowKind.MESSAGE]
-        if req_row is not None:
-            stamps.append(_timestamp(req_row.body))
-        timestamp = max(stamps, default=0)
-        top = protected(timestamp)
-        reserved = sum(m.bytes for m in top) + (request_vm.bytes if request_vm else 0)
-        if reserved > self.budget:
-            return protected_refusal(reserved)
-
-        marks: dict[int, _Mark] = {}
-        if comp is not None:
-            marks[comp.seq] = _Mark.SHOWN if comp_ok else _Mark.WITHHELD
-        if r is not None:
-            marks[r] = _Mark.SHOWN
-            if 0 < r - 1 - covers <= PROBE_ROWS:
-                for row in reads.rows_range(self.session, covers + 1, r - 1, limit=PROBE_ROWS):
-                    if not self.admission.admits(row.sources):
-                        marks[row.seq] = _Mark.WITHHELD
-                    elif not _is_content(row):
-                        marks[row.seq] = _Mark.SHOWN
-        notice_max = max(
-            measure(msgs.gap_notice(last, last, why, timestamp=timestamp)).text_bytes
-            for why in GapWhy
-        )
-        ctx = _Context(
-            last=last,
-            covers=covers,
-            covered=(_Mark.SHOWN if comp_ok else _Mark.WITHHELD),
-            marks=marks,
-            top=top,
-            request_vm=request_vm,
-            request_seq=r,
-            notice_max=notice_max,
-            timestamp=timestamp,
-            withheld_calls={
-                str(c["id"])
-                for row in rows
-                if not self.admission.admits(row.sources)
-                for c in _calls(row)
-            },
-        )
-
-        # The smallest honest view: protected context and the notices naming everything else.
-        messages, gaps = self._assemble(ctx, [])
-        minimal = sum(m.bytes for m in messages)
-        if minimal > self.budget:
-            return protected_refusal(minimal, " with the notices naming what they leave out")
-
-        # The suffix, newest unit first, while it fits. Gaps at or below the floor are fixed;
-        # between the floor and the suffix lies one more, split in two by the compaction row
-        # when it lies there, in three when that row is withheld. Notices are reserved at their
-        # largest size (every seq in them as wide as the last).
-        fixed = gaps_of(floor, covers, ctx.covered, {s: m for s, m in marks.items() if s <= floor})
-        lead = 1
-        if comp is not None and comp.seq > floor:
-            lead = 2 if comp_ok else 3
-        running = reserved + (len(fixed) + lead) * notice_max
-        units = self._units(rows)
-        plans: list[_Plan] = []
-        while units:
-            plan = self._plan(units[-1], media.copy(), ctx)
-            if running + plan.cost > self.budget:
-                break
-            units.pop()
-            running += plan.cost
-            media.used = plan.media_used
-            plans.insert(0, plan)
-        messages, gaps = self._assemble(ctx, plans)
-        # The reserves are upper bounds: check exactly, dropping the oldest unit while over (this
-        # keeps invariant 1 whatever the estimate), or taking a few more while they fit.
-        while sum(m.bytes for m in messages) > self.budget and plans:
-            plans.pop(0)
-            messages, gaps = self._assemble(ctx, plans)
-        for _ in range(EXACT_TRIES):
-            if not units:
-                break
-            plan = self._plan(units[-1], media.copy(), ctx)
-            more, more_gaps = self._assemble(ctx, [plan, *plans])
-            if sum(m.bytes for m in more) > self.budget:
-                break
-            units.pop()
-            media.used = plan.media_used
-            plans.insert(0, plan)
-            messages, gaps = more, more_gaps
-
-        return self._view(
-            ctx, comp if comp_ok else None, run, req_row, messages, gaps, plans, request_text
-        )
-
-    def _view(
-        self,
-        ctx: _Context,
-        comp: Row | None,
-        run: Run | None,
-        req_row: Row | None,
-        messages: list[ViewMessage],
-        gaps: list[Gap],
-        plans: Sequence[_Plan],
-        request_text: str | None,
-    ) -> FollowupView:
-        previous: PreviousRequest | None = None
-        reused = False
-        if run is not None and req_row is not None:
-            r = req_row.seq
-            contiguous = ctx.covers <= r and all(g.last < r for g in gaps)
-            changed = any(m.modified for m in messages)
-            reused = contiguous and not changed
-            previous = PreviousRequest(
-                seq=r,
-                run=run.id,
-                actor=req_row.actor,
-                mode=RequestMode.REUSED if reused else RequestMode.COPIED,
-            )
-        if not reused:
-            messages = [m if m.synthetic else replace(m, copied=True) for m in messages]
-        sources: set[str] = set()
-        if comp is not None:
-            sources.update(comp.sources)
-        if req_row is not None:
-            sources.update(req_row.sources)
-        for plan in plans:
-            sources.update(plan.sources)
-        checkpoint = None
-        if comp is not None:
-            top = ctx.top[0]
-            checkpoint = Checkpoint(
-                seq=comp.seq,
-                bytes=top.bytes,
-                run=comp.run,
-                covers_to=ctx.covers,
-                continuation=bool(comp.body.get("continuation")),
-            )
-        current = None
-        if request_text is not None:
-            message = {
-                "role": "user",
-                "content": [{"type": "text", "text": request_text}],
-                "timestamp": ctx.timestamp,
-            }
-            current = ViewMessage(
-                role="user",
-                actor=self.admission.actor or "user",
-                origin=None,
-                copied=False,
-                synthetic=False,
-                message=message,
-                bytes=measure(message).text_bytes,
-            )
-        return FollowupView(
-            session=self.session,
-            agent=self.agent,
-            actor=self.admission.actor,
-            budget=self.budget,
-            bytes=sum(m.bytes for m in messages),
-            checkpoint=checkpoint,
-            previous_request=previous,
-            messages=tuple(messages),
-            gaps=tuple(gaps),
-            sources=tuple(sorted(sources)),
-            request=current,
-            media_bytes=sum(m.media_bytes for m in messages),
-        )
+    return FollowupView(
+        session=inp.session,
+        agent=inp.agent,
+        actor=inp.admission.actor,
+        budget=inp.budget,
+        bytes=_size(messages),
+        checkpoint=checkpoint,
+        previous_request=previous,
+        messages=tuple(messages),
+        gaps=tuple(gaps),
+        sources=tuple(sorted(sources)),
+        request=current,
+        media_bytes=sum(m.media_bytes for m in messages),
+    )
