@@ -436,7 +436,14 @@ def pi_like(
         given: set[str] = set()
         ts += 60_000
 
-        def put(who: str, body: dict[str, Any], src: tuple[str, ...] = ()) -> int:
+        def put(
+            who: str,
+            body: dict[str, Any],
+            src: tuple[str, ...] = (),
+            *,
+            rid: str = rid,
+            given: set[str] = given,
+        ) -> int:
             nonlocal since
             given.update(src)
             size = size_of(body)

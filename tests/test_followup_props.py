@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from followup_sessions import (
+    RandomChooser,
     Sketch,
     assistant,
     calls_message,
@@ -28,7 +29,7 @@ from followup_sessions import (
 )
 from tether.config import FollowupConfig
 from tether.followup import FollowupView, GapWhy, Refusal, RefusalReason, RequestMode, build_view
-from tether.ledger import Note, Row, RowKind, Run, RunStatus, Session, open_ledger
+from tether.ledger import Note, RowKind, Run, RunStatus, open_ledger
 
 AGENT = "rev"
 ACTOR = "user:req"
@@ -71,16 +72,6 @@ class Scenario(Sketch):
             f"Scenario(budget={self.budget}, grants={self.grants}, refusing={self.refusing},\n"
             f" runs=[{runs}], notes=[{notes}],\n  {rows})"
         )
-
-
-class Draws:
-    """hypothesis's ``draw`` as the generator's :class:`~followup_sessions.Chooser`."""
-
-    def __init__(self, draw: st.DrawFn) -> None:
-        self.draw = draw
-
-    def integer(self, lo: int, hi: int) -> int:
-        return self.draw(st.integers(lo, hi))
 
 
 def admitted(sources: Any, grants: list[str]) -> bool:
@@ -225,9 +216,12 @@ def pi_scenarios(draw: st.DrawFn) -> Scenario:
     sc.budget = draw(st.sampled_from([6000, 15_000, 60_000]))
     sc.grants = draw(st.sampled_from([["repo:*", "doc:*"], ["repo:*", "doc:*"], ["repo:a/*"], []]))
     sources = (("repo:a/x",), ("repo:a/x",), ("doc:hb",))
+    # The bulk of a session's choices come from a seeded generator (hundreds of draws each
+    # would make hypothesis spend its time generating); the seed, the budget, the grants and
+    # the number of runs shrink.
     pi_like(
         sc,
-        Draws(draw),
+        RandomChooser(draw(st.integers(0, 2**32))),
         budget=sc.budget,
         agents=[AGENT, "other"],
         runs=draw(st.integers(1, 6)),
@@ -511,7 +505,12 @@ def check(sc: Scenario, view: FollowupView | Refusal) -> None:
     if omitted:
         rows = next_piece(sc, floor, start, omitted[-1])
         free = sc.budget - view.bytes
-        assert free < cost_bound(sc, rows), (free, [r["seq"] for r in rows], view.gaps, sorted(origins), view.previous_request)
+        # The tail read stops at twice the budget in stored bytes (withheld rows and prompt
+        # snapshots cost the view nothing but take stored bytes).
+        if sum(size_of(r["body"]) for r in sc.rows[rows[0]["seq"] - 1 :]) > 2 * sc.budget:
+            event("budget used: limited by the bounded read")
+            return
+        assert free < cost_bound(sc, rows), (free, [r["seq"] for r in rows], view.gaps)
         event("budget used: " + ("exchange" if is_opening(sc, start) else "unit"))
 
 
@@ -603,12 +602,7 @@ def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
             config=MEDIA,
             grants={ACTOR: sc.grants},
         )
-    try:
-        check(sc, view)
-    except AssertionError:
-        import pickle
-        pickle.dump(sc, open("/tmp/failing_sc.pkl", "wb"))
-        raise
+    check(sc, view)
     # What the generated views exercised (shown with --hypothesis-show-statistics).
     if isinstance(view, Refusal):
         event(f"refused: {view.reason.value}")

@@ -328,15 +328,22 @@ def read_inputs(
 def read_tail(
     reads: FollowupReads, session: str, after: int, cap: int, budget: int, admission: Admission
 ) -> TailRead:
-    """The tail after ``after`` capped at ``cap`` stored bytes, read again with the cap raised by
-    what rows that cost the view nothing took (never past twice the budget)."""
+    """The tail after ``after`` capped at ``cap`` stored bytes; read again while rows that cost
+    the view nothing (prompt snapshots, withheld rows) took part of the cap: first with the cap
+    scaled so that the rest would fill it, last at the bound, twice the budget."""
+    bound = max(cap, 2 * budget)
     tail = reads.tail(session, cap, after=after, max_rows=TAIL_MAX_ROWS)
     current = cap
-    for _ in range(TAIL_READS - 1):
+    for attempt in range(1, TAIL_READS):
         if tail.stop_seq is None or len(tail.rows) >= TAIL_MAX_ROWS:
             break
         idle = _idle_bytes(tail.rows, admission)
-        wanted = min(cap + idle, max(cap, 2 * budget))
+        if idle <= 0:
+            break
+        used = tail.bytes - idle
+        wanted = bound
+        if attempt < TAIL_READS - 1 and used > 0:
+            wanted = min(bound, cap * tail.bytes // used + 1)
         if wanted <= current:
             break
         current = wanted
