@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -17,11 +17,13 @@ from tether.ledger import Fence, Ledger, NewRow, Note, Row, RowKind, Run, RunSta
 T = TypeVar("T")
 
 __all__ = [
+    "BudgetUse",
     "Chooser",
     "RandomChooser",
     "RunWriter",
     "Sketch",
     "assistant",
+    "budget_use",
     "calls_message",
     "pi_like",
     "pick",
@@ -521,3 +523,90 @@ def pi_like(
                 receipt = {"kind": "continuation_checkpoint_refused", "run": rid, "reason": reason}
                 sk.add(rid, actor, RowKind.RECEIPT, receipt)
         sk.runs.append(Run(rid, sk.session, agent, status, request_seq=request))
+
+
+# -- how well a view uses its budget ---------------------------------------------------------
+
+
+def _opens(row: dict[str, Any]) -> bool:
+    body = row["body"]
+    if row["kind"] is not RowKind.MESSAGE or body.get("role") != "user":
+        return False
+    content = body.get("content")
+    if isinstance(content, str):
+        return bool(content.strip())
+    return any(
+        isinstance(b, dict) and b.get("type") == "text" and str(b.get("text", "")).strip()
+        for b in content or []
+    )
+
+
+@dataclass(frozen=True)
+class BudgetUse:
+    fill: float
+    """bytes ÷ budget."""
+    limit: str
+    """What stopped the view: "nothing omitted", "next exchange" (the newest omitted complete
+    exchange does not fit the space left), or "next unit" (a long turn's next batch does not)."""
+    free: int
+    next_bytes: int
+    """Stored size of what the view would take next (0 when nothing is omitted)."""
+
+    @property
+    def ok(self) -> bool:
+        """The done criterion of issue 11: fill ≥ 95 %, or limited only by the next complete
+        exchange not fitting."""
+        return self.fill >= 0.95 or self.limit in ("nothing omitted", "next exchange")
+
+
+def budget_use(
+    view: dict[str, Any], fetch: Callable[[int, int], Sequence[Row]], last_seq: int
+) -> BudgetUse:
+    """How ``view`` (the ``tether context --json`` shape) uses its budget; ``fetch(first, last)``
+    reads stored rows (everything admitted), ``last_seq`` is the session's newest seq. Reads
+    only back from the view's first carried row to the opening of the exchange before it."""
+    budget, size = view["budget"], view["bytes"]
+    free = budget - size
+    origins = sorted(m["origin"] for m in view["messages"] if m["origin"] is not None)
+    cp = view.get("checkpoint")
+    covers = cp["covers_to"] if cp else 0
+    req = view.get("previous_request")
+    budget_gaps = [g for g in view["gaps"] if g["why"] == "budget" and g["to"] > covers]
+    if not budget_gaps:
+        return BudgetUse(size / budget, "nothing omitted", free, 0)
+    newest = budget_gaps[-1]["to"]
+    start = min((s for s in origins if s > newest), default=last_seq + 1)
+    # A request placed first (rows after it cut) bounds what the view may take from below.
+    floor = max(covers, req["seq"]) if req and req["seq"] < newest else covers
+
+    def as_dict(row: Row) -> dict[str, Any]:
+        return {"seq": row.seq, "kind": row.kind, "body": row.body}
+
+    opens = start <= last_seq and _opens(as_dict(fetch(start, start)[0]))
+    piece: list[dict[str, Any]] = []
+    hi = start - 1
+    while hi > floor:
+        lo = max(floor + 1, hi - 199)
+        page = [as_dict(r) for r in fetch(lo, hi)]
+        piece = page + piece
+        hi = lo - 1
+        if opens and any(_opens(r) for r in page):
+            break
+        if not opens and any(r["body"].get("role") != "toolResult" for r in page):
+            break
+    if opens:
+        first = next((i for i in range(len(piece) - 1, -1, -1) if _opens(piece[i])), 0)
+        piece, kind = piece[first:], "next exchange"
+    else:
+        last = piece[-1:]
+        if last and last[0]["body"].get("role") == "toolResult":
+            cid = last[0]["body"].get("toolCallId")
+            for i in range(len(piece) - 1, -1, -1):
+                content = piece[i]["body"].get("content")
+                if isinstance(content, list) and any(
+                    isinstance(b, dict) and b.get("id") == cid for b in content
+                ):
+                    last = piece[i:]
+                    break
+        piece, kind = last, "next unit"
+    return BudgetUse(size / budget, kind, free, sum(size_of(r["body"]) for r in piece))

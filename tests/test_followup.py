@@ -258,7 +258,8 @@ def test_complete_exchanges_without_a_checkpoint(ledger: Ledger) -> None:
     assert full.messages[i - 2].origin == trailing.seq
 
     # A budget that ends inside the first batch's results: the whole batch goes, including the
-    # result (p2) that would fit on its own, and the gap names it.
+    # result (p2) that would fit on its own, and the gap names it; the space it leaves (over a
+    # twentieth of the budget) is filled by the older message before it.
     after_batch = [r for r in run.rows if r.seq > p2.seq]
     budget = (
         full.bytes
@@ -271,8 +272,10 @@ def test_complete_exchanges_without_a_checkpoint(ledger: Ledger) -> None:
     kept = [m.origin for m in cut.messages if m.origin]
     assert batch.seq not in kept
     assert p2.seq not in kept
-    assert kept == [req.seq] + [r.seq for r in after_batch]
-    assert [(g.first, g.last, g.why) for g in cut.gaps] == [(req.seq + 1, p2.seq, GapWhy.BUDGET)]
+    assert kept == [req.seq, req.seq + 1] + [r.seq for r in after_batch]
+    assert [(g.first, g.last, g.why) for g in cut.gaps] == [(batch.seq, p2.seq, GapWhy.BUDGET)]
+    [notice] = [m for m in cut.messages if m.synthetic and "did not fit" in text(m)]
+    assert f'recall({{"from":{batch.seq},"to":{p2.seq}}})' in text(notice)
     assert cut.previous_request is not None
     assert cut.previous_request.mode is RequestMode.COPIED
     assert all(m.copied for m in cut.messages if not m.synthetic)

@@ -86,6 +86,9 @@ nothing took part of the cap (a run's prompt snapshot can be tens of kilobytes).
 EXACT_TRIES = 16
 """Exchanges (or units) tried beyond the estimate, each checked by assembling the view exactly."""
 
+MAX_SKIPS = 3
+"""Units too large for the space left that a request placed first may pass over."""
+
 # Non-history rows: prompt state and receipts. The new run has its own prompt; a receipt becomes
 # a notice; the newest compaction is quoted at the top.
 _PROMPT_ROLES = frozenset({"system"})
@@ -132,7 +135,15 @@ def build_view(
         return Refusal(RefusalReason.SOURCE_UNAVAILABLE, f"reading the ledger failed: {exc}")
     if isinstance(inputs, Refusal):
         return inputs
-    return compose(inputs, request)
+    view, more = _compose(inputs, request)
+    if more:
+        try:
+            again = read_more(reads, inputs)
+        except LedgerError as exc:
+            return Refusal(RefusalReason.SOURCE_UNAVAILABLE, f"reading the ledger failed: {exc}")
+        if again is not None:
+            view, _ = _compose(again, request)
+    return view
 
 
 # -- rows ----------------------------------------------------------------------------------------
@@ -261,6 +272,8 @@ class Inputs:
     """The tail reaches back to the coverage: no row after it was left unread."""
     tail_stop: int | None
     """The newest seq the tail left unread (None when whole)."""
+    tail_cap: int
+    """The stored-byte cap the tail was read with."""
     probe: tuple[Row, ...]
     """Rows between the coverage and a request that lies before the tail (at most PROBE_ROWS)."""
 
@@ -302,7 +315,7 @@ def read_inputs(
         return _protected_refusal(reserved, budget)
     # The compaction row lies after its coverage, in the tail's way, but is quoted at the top.
     cap = budget - sum(m.bytes for m in top) + (comp.bytes if comp is not None else 0)
-    tail = read_tail(reads, session, covers, cap, budget, admission)
+    tail, cap = read_tail(reads, session, covers, cap, budget, admission)
     probe: list[Row] = []
     r = req.seq if req is not None else None
     first = tail.rows[0].seq if tail.rows else (tail.stop_seq or covers) + 1
@@ -321,13 +334,14 @@ def read_inputs(
         tail=tuple(tail.rows),
         tail_whole=tail.stop_seq is None,
         tail_stop=tail.stop_seq,
+        tail_cap=cap,
         probe=tuple(probe),
     )
 
 
 def read_tail(
     reads: FollowupReads, session: str, after: int, cap: int, budget: int, admission: Admission
-) -> TailRead:
+) -> tuple[TailRead, int]:
     """The tail after ``after`` capped at ``cap`` stored bytes; read again while rows that cost
     the view nothing (prompt snapshots, withheld rows) took part of the cap: first with the cap
     scaled so that the rest would fill it, last at the bound, twice the budget."""
@@ -348,7 +362,24 @@ def read_tail(
             break
         current = wanted
         tail = reads.tail(session, current, after=after, max_rows=TAIL_MAX_ROWS)
-    return tail
+    return tail, current
+
+
+def read_more(reads: FollowupReads, inp: Inputs) -> Inputs | None:
+    """The tail read again at its bound (twice the budget), for a view whose newest rows after
+    the request stopped at a unit too large for the space left; None when it was read there."""
+    bound = max(inp.tail_cap, 2 * inp.budget)
+    if inp.tail_whole or len(inp.tail) >= TAIL_MAX_ROWS or inp.tail_cap >= bound:
+        return None
+    after = coverage(inp.compaction)
+    tail = reads.tail(inp.session, bound, after=after, max_rows=TAIL_MAX_ROWS)
+    return replace(
+        inp,
+        tail=tuple(tail.rows),
+        tail_whole=tail.stop_seq is None,
+        tail_stop=tail.stop_seq,
+        tail_cap=bound,
+    )
 
 
 def previous_request(
@@ -812,25 +843,26 @@ def reuse_window(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan] | Non
     return plans
 
 
-def request_first(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan]:
-    """The request placed first, followed by the newest units after it that fit: checked
-    exactly, dropping the oldest unit while over, then taking a few more while they fit."""
-    running = f.top_bytes + (f.request_vm.bytes if f.request_vm else 0)
-    fixed_marks = {**f.marks, **f.probe_marks}
-    running += _lead_notices(f, f.floor, fixed_marks) * f.notice_max
-    placed = f.request_seq is not None
-    plans = take_newest(f, units, running, f.media.used)
-    while plans and _size(assemble(f, plans, placed)[0]) > f.budget:
+def _fit(
+    f: _Frame, units: Sequence[Sequence[Row]], after: Sequence[_Plan], placed: bool, reserve: int
+) -> list[_Plan]:
+    """The newest of ``units`` (all older than ``after``) that fit with ``after``: estimated
+    with ``reserve`` bytes beyond the exact size of ``after``, checked exactly (dropping the
+    oldest while over), then grown unit by unit while they fit."""
+    running = _size(assemble(f, after, placed)[0]) + reserve
+    media_used = after[0].media_used if after else f.media.used
+    plans = take_newest(f, units, running, media_used)
+    while plans and _size(assemble(f, [*plans, *after], placed)[0]) > f.budget:
         plans = plans[1:]
     older = list(units[: len(units) - len(plans)])
-    media_used = plans[0].media_used if plans else f.media.used
+    media_used = plans[0].media_used if plans else media_used
     for _ in range(EXACT_TRIES):
         if not older:
             break
         media = f.media.copy()
         media.used = media_used
         plan = plan_unit(f, older[-1], media)
-        if _size(assemble(f, [plan, *plans], placed)[0]) > f.budget:
+        if _size(assemble(f, [plan, *plans, *after], placed)[0]) > f.budget:
             break
         older.pop()
         media_used = plan.media_used
@@ -838,28 +870,60 @@ def request_first(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan]:
     return plans
 
 
-def choose(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool]:
-    """The rows of the view (invariant 5), and whether the request is placed first."""
+def request_first(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan]:
+    """The request placed first, followed by the newest units after it that fit. A unit that
+    alone takes more than the space left, while that space is over a twentieth of the budget, is
+    left out (its own named gap; at most :data:`MAX_SKIPS` of them) and older units fill on."""
+    placed = f.request_seq is not None
+    fixed_marks = {**f.marks, **f.probe_marks}
+    reserve = _lead_notices(f, f.floor, fixed_marks) * f.notice_max
+    plans = _fit(f, units, [], placed, reserve)
+    older = list(units[: len(units) - len(plans)])
+    for _ in range(MAX_SKIPS):
+        if len(older) < 2 or f.budget - _size(assemble(f, plans, placed)[0]) < f.budget // 20:
+            break
+        older.pop()  # the unit that does not fit: named, not carried
+        more = _fit(f, older, plans, placed, f.notice_max)
+        plans = [*more, *plans]
+        older = older[: len(older) - len(more)]
+    return plans
+
+
+def choose(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool, bool]:
+    """The rows of the view (invariant 5); whether the request is placed first; whether they are
+    the ordinary-reuse window."""
     window = reuse_window(f, units)
     r = f.request_seq
     if window is not None and (r is None or (window and window[0].first <= r)):
-        return window, False
+        return window, False, True
     after = [u for u in units if u[0].seq > f.floor]
-    return request_first(f, after), r is not None
+    return request_first(f, after), r is not None, False
 
 
 def compose(inp: Inputs, request_text: str | None = None) -> FollowupView | Refusal:
     """The view, from what the bounded reads returned: pure."""
+    return _compose(inp, request_text)[0]
+
+
+def _compose(inp: Inputs, request_text: str | None) -> tuple[FollowupView | Refusal, bool]:
+    """The view, and whether more of the tail could fill it: its newest rows after a request
+    placed first (or without an opening) stopped at a unit too large for a space left over a
+    twentieth of the budget, with rows before it unread."""
     f = frame(inp)
     if isinstance(f, Refusal):
-        return f
+        return f, False
     # The smallest honest view: protected context and the notices naming everything else.
     minimal = _size(assemble(f, [], f.request_seq is not None)[0])
     if minimal > f.budget:
-        return _protected_refusal(minimal, f.budget, " with the notices naming what they leave out")
-    plans, placed = choose(f, split_units(inp.tail))
+        refusal = _protected_refusal(
+            minimal, f.budget, " with the notices naming what they leave out"
+        )
+        return refusal, False
+    plans, placed, window = choose(f, split_units(inp.tail))
     messages, gaps = assemble(f, plans, placed)
-    return finish(inp, f, messages, gaps, plans, request_text)
+    view = finish(inp, f, messages, gaps, plans, request_text)
+    more = not window and f.budget - view.bytes >= f.budget // 20 and not inp.tail_whole
+    return view, more
 
 
 def finish(
