@@ -574,10 +574,16 @@ def budget_use(
     budget_gaps = [g for g in view["gaps"] if g["why"] == "budget" and g["to"] > covers]
     if not budget_gaps:
         return BudgetUse(size / budget, "nothing omitted", free, 0)
-    newest = budget_gaps[-1]["to"]
-    start = min((s for s in origins if s > newest), default=last_seq + 1)
-    # A request placed first (rows after it cut) bounds what the view may take from below.
-    floor = max(covers, req["seq"]) if req and req["seq"] < newest else covers
+    # What the view would take next: before its oldest carried row when rows there were left
+    # out (the exchange ending there, when that row opens one; else the unit), otherwise the
+    # unit before the newest range left out among the carried rows.
+    floor = covers
+    start = min((s for s in origins if s > covers), default=last_seq + 1)
+    if not any(g["from"] < start for g in budget_gaps):
+        newest = budget_gaps[-1]["to"]
+        floor = max(s for s in [covers, *origins] if s < newest)
+        start = min((s for s in origins if s > newest), default=last_seq + 1)
+    del req
 
     def as_dict(row: Row) -> dict[str, Any]:
         return {"seq": row.seq, "kind": row.kind, "body": row.body}

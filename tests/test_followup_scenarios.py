@@ -57,11 +57,8 @@ def load_and_view(tmp: Path, sk: Sketch, *args: str) -> dict[str, Any]:
         write_jsonl(sk, jsonl)
         loaded = runner.invoke(app, ["ledger", "load", str(jsonl), "--config", str(config)])
         assert loaded.exit_code == 0, loaded.output
-    shown = runner.invoke(
-        app,
-        ["context", "-s", sk.session, "--actor", "user:ana", "--json", "--config", str(config)]
-        + list(args),
-    )
+    args = ("context", "-s", sk.session, "--actor", "user:ana", "--json", *args)
+    shown = runner.invoke(app, [*args, "--config", str(config)])
     assert shown.exit_code == 0, shown.output
     view: dict[str, Any] = json.loads(shown.stdout)
     return view

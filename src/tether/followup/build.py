@@ -678,22 +678,31 @@ def plan_unit(f: _Frame, unit: Sequence[Row], media: msgs.MediaLimits) -> _Plan:
 
 
 def take_newest(
-    f: _Frame, units: Sequence[Sequence[Row]], running: int, media_used: int
+    f: _Frame, units: Sequence[Sequence[Row]], running: int, media_used: int, skips: int = 0
 ) -> list[_Plan]:
-    """The newest units, contiguous, while they fit the budget after ``running`` bytes."""
+    """The newest units while they fit the budget after ``running`` bytes: contiguous, except
+    that up to ``skips`` units that alone take more than the space left, while that space is
+    over a twentieth of the budget, are passed over (each then needs a notice of its own)."""
     taken: list[_Plan] = []
+    adjacent = False
     for unit in reversed(units):
         media = f.media.copy()
         media.used = media_used
         plan = plan_unit(f, unit, media)
         cost = plan.cost
-        if taken and plan.edges[1] is not _Mark.SHOWN and plan.edges[1] is taken[-1].edges[0]:
+        if adjacent and plan.edges[1] is not _Mark.SHOWN and plan.edges[1] is taken[-1].edges[0]:
             cost -= f.notice_max  # its last omitted run joins the newer unit's first
         if running + cost > f.budget:
+            if skips > 0 and f.budget - running >= f.budget // 20:
+                skips -= 1
+                running += f.notice_max
+                adjacent = False
+                continue
             break
         running += cost
         media_used = plan.media_used
         taken.append(plan)
+        adjacent = True
     taken.reverse()
     return taken
 
@@ -803,12 +812,15 @@ def _lead_notices(f: _Frame, floor: int, fixed_marks: Mapping[int, _Mark]) -> in
     return len(fixed) + lead
 
 
-def reuse_window(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan] | None:
+def reuse_window(f: _Frame, units: Sequence[Sequence[Row]], skips: int = 0) -> list[_Plan] | None:
     """Ordinary reuse: the newest units that fit the budget the protected context leaves, opened
     at a usable boundary (or at the coverage when all of it fits); None without an opening.
-    Checked exactly, then grown by whole exchanges while they fit."""
+    Checked exactly, then grown by whole exchanges while they fit. With ``skips``, units too
+    large for the space left may be passed over (see :func:`take_newest`)."""
+    if not f.whole and not any(len(u) == 1 and _request_problem(u[0]) is None for u in units):
+        return None  # no user message with text anywhere in reach: no opening
     running = f.top_bytes + _lead_notices(f, f.covers, f.marks) * f.notice_max
-    plans = take_newest(f, units, running, f.media.used)
+    plans = take_newest(f, units, running, f.media.used, skips)
     if not (f.whole and len(plans) == len(units)):
         start = next((i for i, p in enumerate(plans) if p.opening), None)
         if start is None:
@@ -819,7 +831,7 @@ def reuse_window(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan] | Non
         nxt = next((i for i, p in enumerate(plans) if i > 0 and p.opening), len(plans))
         plans = plans[nxt:]
     # ...and take older exchanges whole while they fit.
-    older = list(units[: len(units) - len(plans)])
+    older = [u for u in units if plans and u[0].seq < plans[0].first]
     for _ in range(EXACT_TRIES):
         if not older or not plans:
             break
@@ -891,11 +903,23 @@ def request_first(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan]:
 
 def choose(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool, bool]:
     """The rows of the view (invariant 5); whether the request is placed first; whether they are
-    the ordinary-reuse window."""
-    window = reuse_window(f, units)
+    the contiguous ordinary-reuse window (nothing more to read could add to it)."""
     r = f.request_seq
-    if window is not None and (r is None or (window and window[0].first <= r)):
+
+    def holds(window: list[_Plan] | None) -> bool:
+        return window is not None and (r is None or any(p.first == r for p in window))
+
+    window = reuse_window(f, units)
+    if holds(window):
+        assert window is not None
         return window, False, True
+    if r is not None:
+        # The window, passing over units too large for the space left: the request stays in
+        # place among its neighbours (copied, since the view is no longer contiguous).
+        window = reuse_window(f, units, MAX_SKIPS)
+        if holds(window):
+            assert window is not None
+            return window, False, False
     after = [u for u in units if u[0].seq > f.floor]
     return request_first(f, after), r is not None, False
 
