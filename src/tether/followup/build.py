@@ -18,10 +18,14 @@ core of pure steps (:func:`compose`); nothing is written and no whole transcript
 The core (invariant 5): **ordinary reuse first**. The window is the newest units of the tail
 (a message, or a batch of calls with its results) that fit, opened at a usable boundary: a user
 message with text, or the first row after the coverage when everything after it fits. If the
-window holds the previous request it is the view as it stands, earlier rows included. Only
-otherwise is the request placed first and followed by the newest units after it that fit. Either
-way the estimate is checked by assembling the view exactly, then grown while more fits: whole
-exchanges for the window, units after a request placed first.
+window holds the previous request it is the view as it stands, earlier rows included
+(``reused``). When it cannot hold the request only because a unit alone takes more than the
+space left (over a twentieth of the budget), that unit is passed over and named (at most
+:data:`MAX_SKIPS` of them), so the request keeps its neighbours (``copied``: no longer
+contiguous). Only otherwise is the request placed first and followed by the newest units after
+it that fit, passing over such units the same way (reading the tail again at its bound when the
+rows before them were not read). Every estimate is checked by assembling the view exactly, then
+grown while more fits: whole exchanges for the window, units after a request placed first.
 
 The previous request is **partial** (``incomplete_request``) when its run wrote rows but no
 request row (``request_seq`` is null), or when the request row is not a user message carrying
@@ -352,9 +356,9 @@ def read_tail(
         if tail.stop_seq is None or len(tail.rows) >= TAIL_MAX_ROWS:
             break
         idle = _idle_bytes(tail.rows, admission)
-        if idle <= 0:
-            break
         used = tail.bytes - idle
+        if idle <= 0 or used >= cap - budget // 20:
+            break  # what the view can use of this read already fills the cap
         wanted = bound
         if attempt < TAIL_READS - 1 and used > 0:
             wanted = min(bound, cap * tail.bytes // used + 1)
@@ -882,10 +886,11 @@ def _fit(
     return plans
 
 
-def request_first(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan]:
+def request_first(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool]:
     """The request placed first, followed by the newest units after it that fit. A unit that
     alone takes more than the space left, while that space is over a twentieth of the budget, is
-    left out (its own named gap; at most :data:`MAX_SKIPS` of them) and older units fill on."""
+    left out (its own named gap; at most :data:`MAX_SKIPS` of them) and older units fill on.
+    Also whether the rows read ran out while such space was left."""
     placed = f.request_seq is not None
     fixed_marks = {**f.marks, **f.probe_marks}
     reserve = _lead_notices(f, f.floor, fixed_marks) * f.notice_max
@@ -898,12 +903,13 @@ def request_first(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan]:
         more = _fit(f, older, plans, placed, f.notice_max)
         plans = [*more, *plans]
         older = older[: len(older) - len(more)]
-    return plans
+    roomy = f.budget - _size(assemble(f, plans, placed)[0]) >= f.budget // 20
+    return plans, roomy and len(older) < 2
 
 
 def choose(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool, bool]:
-    """The rows of the view (invariant 5); whether the request is placed first; whether they are
-    the contiguous ordinary-reuse window (nothing more to read could add to it)."""
+    """The rows of the view (invariant 5); whether the request is placed first; whether rows
+    not read could still fill it (a unit too large for the space left was the last one read)."""
     r = f.request_seq
 
     def holds(window: list[_Plan] | None) -> bool:
@@ -912,7 +918,7 @@ def choose(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool
     window = reuse_window(f, units)
     if holds(window):
         assert window is not None
-        return window, False, True
+        return window, False, False
     if r is not None:
         # The window, passing over units too large for the space left: the request stays in
         # place among its neighbours (copied, since the view is no longer contiguous).
@@ -921,7 +927,8 @@ def choose(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool
             assert window is not None
             return window, False, False
     after = [u for u in units if u[0].seq > f.floor]
-    return request_first(f, after), r is not None, False
+    plans, starved = request_first(f, after)
+    return plans, r is not None, starved
 
 
 def compose(inp: Inputs, request_text: str | None = None) -> FollowupView | Refusal:
@@ -943,11 +950,10 @@ def _compose(inp: Inputs, request_text: str | None) -> tuple[FollowupView | Refu
             minimal, f.budget, " with the notices naming what they leave out"
         )
         return refusal, False
-    plans, placed, window = choose(f, split_units(inp.tail))
+    plans, placed, starved = choose(f, split_units(inp.tail))
     messages, gaps = assemble(f, plans, placed)
     view = finish(inp, f, messages, gaps, plans, request_text)
-    more = not window and f.budget - view.bytes >= f.budget // 20 and not inp.tail_whole
-    return view, more
+    return view, starved and not inp.tail_whole
 
 
 def finish(
