@@ -1,17 +1,24 @@
-"""Follow-up view benchmark: the time to build the next run's view as a session grows.
+"""Follow-up view benchmark: the time to build the next run's view as a session grows, and how
+much of its budget the view uses.
 
 For sessions of 10^3 … 10^6 rows on SQLite (a file ledger, WAL), it times ``build_view`` and
-prints largest : smallest (the target is ≤ 1.5: the view's cost must not grow with the session).
-In the same run it times a baseline that loads the whole transcript and then trims it to the
-budget (what pi's session loading and the OpenAI Agents SDK's SQLiteSession do), and prints
-baseline : tether at 10^5 rows.
+prints largest : smallest (the target is ≤ 1.5: the view's cost must not grow with the session),
+with the budget fill (bytes ÷ budget) of the view for the agent that did the work (``reviewer``)
+and for another agent (``auditor``, no runs of its own), and what limits it. Two shapes: the
+newest run far over the budget (its request is placed first, the newest rows after it follow),
+and a short newest run (ordinary reuse: the window reaches back over earlier runs). In the same
+run it times a baseline that loads the whole transcript and then trims it to the budget (what
+pi's session loading and the OpenAI Agents SDK's SQLiteSession do), and prints
+baseline : tether at 10^5 rows. Then sessions like pi's real ones (tests/followup_sessions.py:
+long tool-heavy turns, few user messages, pi's own compactions mid-run, prompt snapshots), one
+per seed, each with a history over the budget: fill and build time for both agents.
 
     .venv/bin/python bench/followup.py            # 10^3, 10^4, 10^5, 10^6 rows
     .venv/bin/python bench/followup.py --quick    # 10^3, 10^4, 10^5 rows
 
-Every session has the same recent shape: runs of ten rows (request, a call and its result, two
-parallel calls and their results, answers; a continuation checkpoint after every tenth run),
-then a long interrupted run whose rows after its request far exceed the budget.
+Every bulk session has the same recent shape: runs of ten rows (request, a call and its result,
+two parallel calls and their results, answers; a continuation checkpoint after every tenth run),
+then the newest, interrupted run (300 calls, or 12).
 """
 
 from __future__ import annotations
@@ -20,17 +27,33 @@ import argparse
 import functools
 import gc
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tether.followup import FollowupView, build_view
-from tether.ledger import Ledger, Note, Row, RowKind, Run, RunStatus, Session, open_ledger
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from followup_sessions import BudgetUse, RandomChooser, Sketch, budget_use, pi_like  # noqa: E402
+from tether.followup import FollowupView, build_view  # noqa: E402
+from tether.ledger import (  # noqa: E402
+    Ledger,
+    Note,
+    Row,
+    RowKind,
+    Run,
+    RunStatus,
+    Session,
+    open_ledger,
+)
 
 BUDGET = 240_000
 AGENT = "reviewer"
+OTHER = "auditor"
+SHAPES = {"long newest run": 300, "short newest run": 12}
 SOURCE = ("repo:acme/api",)
 USAGE = {"input": 1200, "output": 40, "totalTokens": 1240}
 
@@ -74,10 +97,11 @@ def _result(cid: str, size: int) -> dict[str, Any]:
     }
 
 
-def session_records(session: str, rows: int) -> tuple[list[Run], Iterator[Row]]:
+def session_records(
+    session: str, rows: int, final_calls: int = 300
+) -> tuple[list[Run], Iterator[Row]]:
     """The runs (a list) and the rows (streamed, so 10^6 of them never sit in memory)."""
     regular = rows // 10
-    final_calls = 300
     runs = [
         Run(f"{session}-r{i}", session, AGENT, RunStatus.FINISHED, request_seq=i * 10 + 1)
         for i in range(regular)
@@ -128,8 +152,8 @@ def session_records(session: str, rows: int) -> tuple[list[Run], Iterator[Row]]:
     return runs, stream()
 
 
-def build(ledger: Ledger, session: str, rows: int) -> None:
-    runs, stream = session_records(session, rows)
+def build(ledger: Ledger, session: str, rows: int, final_calls: int = 300) -> None:
+    runs, stream = session_records(session, rows, final_calls)
     notes = [
         Note(session, AGENT, f"note {k}: ana prefers diffs", "2026-11-29T10:00:00Z")
         for k in range(3)
@@ -137,11 +161,11 @@ def build(ledger: Ledger, session: str, rows: int) -> None:
     ledger.import_records([Session(session, "2026-11-29T10:00:00Z")], runs, stream, notes)
 
 
-def tether_view(ledger: Ledger, session: str) -> FollowupView:
+def tether_view(ledger: Ledger, session: str, agent: str = AGENT) -> FollowupView:
     view = build_view(
         ledger,
         session=session,
-        agent=AGENT,
+        agent=agent,
         actor="user:ana",
         budget=BUDGET,
         grants={"user:ana": ["repo:*"]},
@@ -181,59 +205,132 @@ def timed(fns: dict[int, Callable[[], object]], repeat: int) -> dict[int, float]
     return {key: statistics.median(values) for key, values in samples.items()}
 
 
+def use_of(ledger: Ledger, session: str, view: FollowupView) -> BudgetUse:
+    def fetch(first: int, last: int) -> list[Row]:
+        return ledger.rows_range(session, first, last, limit=last - first + 1)
+
+    return budget_use(view.to_json(), fetch, ledger.last_seq(session))
+
+
+def shown(use: BudgetUse) -> str:
+    return f"fill {use.fill:6.1%} ({use.limit}{'' if use.ok else ', NOT ok'})"
+
+
+def pi_sessions(tmp: Path, seeds: int, repeat: int) -> list[bool]:
+    """Sessions like pi's real ones, one per seed; those whose history exceeds the budget."""
+    oks: list[bool] = []
+    for seed in range(seeds):
+        sk = Sketch(f"pi{seed}")
+        pi_like(
+            sk,
+            RandomChooser(seed),
+            budget=BUDGET,
+            agents=[AGENT, "other"],
+            runs=12,
+            sources=(("repo:acme/api",),),
+        )
+        sk.seal()
+        url = f"sqlite://{tmp}/pi{seed}.db"
+        with open_ledger(url) as ledger:
+            ledger.import_records(*sk.records())
+            history = sum(r.bytes for r in ledger.iter_rows(sk.session))
+            if history <= BUDGET:
+                print(f"pi-like seed {seed:2}: history {history:,} bytes fits the budget; skipped")
+                continue
+            parts = []
+            for agent in (AGENT, OTHER):
+                view = tether_view(ledger, sk.session, agent)
+                use = use_of(ledger, sk.session, view)
+                took = timed({0: functools.partial(tether_view, ledger, sk.session, agent)}, repeat)
+                mode = view.previous_request.mode.value if view.previous_request else "none"
+                parts.append(f"{agent} {shown(use)}, request {mode}, {took[0] * 1000:5.2f} ms")
+                if agent == AGENT:
+                    oks.append(use.ok)
+            print(
+                f"pi-like seed {seed:2}: {len(sk.rows):5,} rows, history {history:>9,} bytes; "
+                + "; ".join(parts),
+                flush=True,
+            )
+    return oks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="stop at 10^5 rows")
     parser.add_argument("--repeat", type=int, default=30, help="timed rounds")
+    parser.add_argument("--seeds", type=int, default=12, help="pi-like sessions")
     args = parser.parse_args()
     sizes = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**4, 10**5, 10**6]
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-followup-") as tmp:
-        ledgers: dict[int, Ledger] = {}
+        ledgers: dict[tuple[str, int], Ledger] = {}
         try:
-            for n in sizes:
-                url = f"sqlite://{Path(tmp)}/s{n}.db"
-                start = time.perf_counter()
-                with open_ledger(url) as ledger:
-                    build(ledger, f"s{n}", n)
-                print(
-                    f"built {n:>9,} + 600 rows in {time.perf_counter() - start:5.1f} s", flush=True
+            for shape, final_calls in SHAPES.items():
+                for n in sizes:
+                    url = f"sqlite://{Path(tmp)}/s{final_calls}-{n}.db"
+                    start = time.perf_counter()
+                    with open_ledger(url) as ledger:
+                        build(ledger, f"s{n}", n, final_calls)
+                    print(
+                        f"built {n:>9,} + {final_calls * 2} rows ({shape}) in "
+                        f"{time.perf_counter() - start:5.1f} s",
+                        flush=True,
+                    )
+                    ledgers[shape, n] = open_ledger(url)
+            results = {}
+            for shape in SHAPES:
+                views = {n: tether_view(ledgers[shape, n], f"s{n}") for n in sizes}
+                others = {n: tether_view(ledgers[shape, n], f"s{n}", OTHER) for n in sizes}
+                tether = timed(
+                    {n: functools.partial(tether_view, ledgers[shape, n], f"s{n}") for n in sizes},
+                    args.repeat,
                 )
-                ledgers[n] = open_ledger(url)
-            views = {n: tether_view(ledgers[n], f"s{n}") for n in sizes}
-            tether = timed(
-                {n: functools.partial(tether_view, ledgers[n], f"s{n}") for n in sizes},
-                args.repeat,
-            )
+                uses = {n: use_of(ledgers[shape, n], f"s{n}", views[n]) for n in sizes}
+                other_uses = {n: use_of(ledgers[shape, n], f"s{n}", others[n]) for n in sizes}
+                results[shape] = (views, tether, uses, other_uses)
             # The baseline at 10^5 rows, interleaved with tether on the same session.
+            base = ledgers["long newest run", 10**5]
             pair = timed(
                 {
-                    0: functools.partial(baseline_view, ledgers[10**5], "s100000"),
-                    1: functools.partial(tether_view, ledgers[10**5], "s100000"),
+                    0: functools.partial(baseline_view, base, "s100000"),
+                    1: functools.partial(tether_view, base, "s100000"),
                 },
                 5,
             )
-            kept = baseline_view(ledgers[10**5], "s100000")
+            kept = baseline_view(base, "s100000")
         finally:
             for ledger in ledgers.values():
                 ledger.close()
 
-    for n in sizes:
-        view = views[n]
+        oks: list[bool] = []
+        for shape, (views, tether, uses, other_uses) in results.items():
+            print(f"-- {shape}")
+            for n in sizes:
+                view = views[n]
+                mode = view.previous_request.mode.value if view.previous_request else "none"
+                oks.append(uses[n].ok)
+                print(
+                    f"{n:>9,} rows: tether {tether[n] * 1000:6.2f} ms (median of {args.repeat}); "
+                    f"{AGENT}: {view.bytes:,} bytes, {shown(uses[n])}, request {mode}, "
+                    f"gaps {[(g.first, g.last) for g in view.gaps]}; "
+                    f"{OTHER}: {shown(other_uses[n])}"
+                )
+            largest, smallest = max(sizes), min(sizes)
+            growth = tether[largest] / tether[smallest]
+            print(
+                f"tether at {largest:,} : at {smallest:,} rows = {growth:.2f} "
+                f"(target ≤ 1.5: {'met' if growth <= 1.5 else 'NOT met'})"
+            )
         print(
-            f"{n + 600:>9,} rows: tether {tether[n] * 1000:6.2f} ms (median of {args.repeat}); "
-            f"view {view.bytes:,} bytes, {len(view.messages)} messages, "
-            f"gaps {[(g.first, g.last) for g in view.gaps]}"
+            f"at 100,000 rows: baseline (load all, trim to {len(kept)} rows) "
+            f"{pair[0] * 1000:.0f} ms, tether {pair[1] * 1000:.2f} ms; "
+            f"baseline : tether = {pair[0] / pair[1]:.0f}"
         )
-    largest, smallest = max(sizes), min(sizes)
-    growth = tether[largest] / tether[smallest]
+        print("-- sessions like pi's (history over the budget)")
+        oks += pi_sessions(Path(tmp), args.seeds, max(args.repeat // 3, 3))
     print(
-        f"tether at {largest:,} : at {smallest:,} rows = {growth:.2f} "
-        f"(target ≤ 1.5: {'met' if growth <= 1.5 else 'NOT met'})"
-    )
-    print(
-        f"at 100,000 rows: baseline (load all, trim to {len(kept)} rows) {pair[0] * 1000:.0f} ms, "
-        f"tether {pair[1] * 1000:.2f} ms; baseline : tether = {pair[0] / pair[1]:.0f}"
+        f"{AGENT} (the agent that did the work): fill ≥ 95 % or limited only by the next "
+        f"complete exchange on {sum(oks)} of {len(oks)} sessions"
     )
 
 

@@ -56,6 +56,11 @@ def text(m: ViewMessage) -> str:
     return "\n".join(b.get("text", "") for b in content or [] if b.get("type") == "text")
 
 
+def named(first: int, last: int) -> str:
+    """How a gap notice names its range: "row 9", or "rows 10–41"."""
+    return f"row {first} " if first == last else f"rows {first}–{last} "
+
+
 def check_well_formed(view: FollowupView) -> None:
     """Invariants 1 and 6, counted independently."""
     assert view.bytes == sum(size_of(m.message) for m in view.messages)
@@ -253,7 +258,8 @@ def test_complete_exchanges_without_a_checkpoint(ledger: Ledger) -> None:
     assert full.messages[i - 2].origin == trailing.seq
 
     # A budget that ends inside the first batch's results: the whole batch goes, including the
-    # result (p2) that would fit on its own, and the gap names it.
+    # result (p2) that would fit on its own, and the gap names it; the space it leaves (over a
+    # twentieth of the budget) is filled by the older message before it.
     after_batch = [r for r in run.rows if r.seq > p2.seq]
     budget = (
         full.bytes
@@ -266,8 +272,10 @@ def test_complete_exchanges_without_a_checkpoint(ledger: Ledger) -> None:
     kept = [m.origin for m in cut.messages if m.origin]
     assert batch.seq not in kept
     assert p2.seq not in kept
-    assert kept == [req.seq] + [r.seq for r in after_batch]
-    assert [(g.first, g.last, g.why) for g in cut.gaps] == [(req.seq + 1, p2.seq, GapWhy.BUDGET)]
+    assert kept == [req.seq, req.seq + 1] + [r.seq for r in after_batch]
+    assert [(g.first, g.last, g.why) for g in cut.gaps] == [(batch.seq, p2.seq, GapWhy.BUDGET)]
+    [notice] = [m for m in cut.messages if m.synthetic and "did not fit" in text(m)]
+    assert f'recall({{"from":{batch.seq},"to":{p2.seq}}})' in text(notice)
     assert cut.previous_request is not None
     assert cut.previous_request.mode is RequestMode.COPIED
     assert all(m.copied for m in cut.messages if not m.synthetic)
@@ -524,7 +532,7 @@ def test_withheld_rows_and_checkpoint_are_named_gaps_without_content(ledger: Led
         "repo:acme/api",
     )
     for gap in view.gaps:
-        assert any(m.synthetic and f"{gap.first}–{gap.last}" in text(m) for m in view.messages)
+        assert any(m.synthetic and named(gap.first, gap.last) in text(m) for m in view.messages)
     # ana is admitted to everything: no gaps, the checkpoint quoted.
     full = view_of(ledger, actor="user:ana", grants=grants)
     assert full.gaps == ()

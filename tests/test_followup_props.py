@@ -17,10 +17,19 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from followup_sessions import assistant, calls_message, size_of, tool_result, user
+from followup_sessions import (
+    RandomChooser,
+    Sketch,
+    assistant,
+    calls_message,
+    pi_like,
+    size_of,
+    tool_result,
+    user,
+)
 from tether.config import FollowupConfig
 from tether.followup import FollowupView, GapWhy, Refusal, RefusalReason, RequestMode, build_view
-from tether.ledger import Note, Row, RowKind, Run, RunStatus, Session, open_ledger
+from tether.ledger import Note, RowKind, Run, RunStatus, open_ledger
 
 AGENT = "rev"
 ACTOR = "user:req"
@@ -33,13 +42,11 @@ MEDIA = FollowupConfig(media_max_bytes=400, tool_media_max_bytes=250, media_max_
 OVERHEAD = 4000
 
 
-class Scenario:
+class Scenario(Sketch):
     """A generated session (not a dataclass, so failures print it compactly)."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []  # seq-ordered, seq = index + 1
-        self.runs: list[Run] = []
-        self.notes: list[Note] = []
+        super().__init__("s")
         self.grants: list[str] = []
         self.budget = 10_000
         self.refusing = False
@@ -66,36 +73,14 @@ class Scenario:
             f" runs=[{runs}], notes=[{notes}],\n  {rows})"
         )
 
-    def seq(self) -> int:
-        return len(self.rows) + 1
-
-    def add(
-        self,
-        run: str | None,
-        actor: str,
-        kind: RowKind,
-        body: dict[str, Any],
-        sources: tuple[str, ...] = (),
-    ) -> int:
-        self.rows.append(
-            {
-                "seq": self.seq(),
-                "run": run,
-                "actor": actor,
-                "kind": kind,
-                "body": body,
-                "sources": sources,
-            }
-        )
-        return len(self.rows)
-
 
 def admitted(sources: Any, grants: list[str]) -> bool:
     return all(any(fnmatchcase(s, p) for p in grants) for s in sources)
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> Scenario:
+def odd_scenarios(draw: st.DrawFn) -> Scenario:
+    """Sessions full of edge cases: every request defect, compactions anywhere, orphans."""
     sc = Scenario()
     sc.budget = draw(st.sampled_from([2500, 6000, 15_000, 60_000]))
     sc.grants = draw(st.lists(st.sampled_from(PATTERNS), max_size=3, unique=True))
@@ -219,14 +204,39 @@ def scenarios(draw: st.DrawFn) -> Scenario:
                 f"2026-11-29T10:0{i}:00Z",
             )
         )
-    # What the ledger does at write time: a compaction carries the sources of what it covers.
-    for row in sc.rows:
-        if row["kind"] is RowKind.COMPACTION:
-            union = set(row["sources"])
-            for below in sc.rows[: row["body"]["covers_to"]]:
-                union.update(below["sources"])
-            row["sources"] = tuple(sorted(union))
+    sc.seal()
     return sc
+
+
+@st.composite
+def pi_scenarios(draw: st.DrawFn) -> Scenario:
+    """Sessions like pi's real ones (long tool-heavy turns, few user messages, pi's own
+    compactions mid-run, prompt snapshots), written by the generator the benchmark uses."""
+    sc = Scenario()
+    sc.budget = draw(st.sampled_from([6000, 15_000, 60_000]))
+    sc.grants = draw(st.sampled_from([["repo:*", "doc:*"], ["repo:*", "doc:*"], ["repo:a/*"], []]))
+    sources = (("repo:a/x",), ("repo:a/x",), ("doc:hb",))
+    # The bulk of a session's choices come from a seeded generator (hundreds of draws each
+    # would make hypothesis spend its time generating); the seed, the budget, the grants and
+    # the number of runs shrink.
+    pi_like(
+        sc,
+        RandomChooser(draw(st.integers(0, 2**32))),
+        budget=sc.budget,
+        agents=[AGENT, "other"],
+        runs=draw(st.integers(1, 6)),
+        sources=sources,
+    )
+    for i in range(draw(st.integers(0, 2))):
+        sc.notes.append(
+            Note("s", AGENT, f"note {i} " + "n" * (sc.budget // 100), f"2026-11-29T10:0{i}:00Z")
+        )
+    sc.seal()
+    return sc
+
+
+def scenarios() -> st.SearchStrategy[Scenario]:
+    return st.one_of(odd_scenarios(), pi_scenarios())
 
 
 def expected_request(sc: Scenario) -> tuple[RefusalReason | None, int | None]:
@@ -344,8 +354,19 @@ def check(sc: Scenario, view: FollowupView | Refusal) -> None:
         )
     assert not any(m.role == "system" for m in view.messages)
 
-    # 5 and 18. Carried rows: after the floor (or the request itself), admitted, as stored.
-    floor = max(covers, request_seq or 0)
+    # 5 and 18. Carried rows: after the coverage, admitted, as stored. Ordinary reuse first: only
+    # a view whose rows after the request were cut for the budget (or whose request is covered)
+    # places the request first, and then carries nothing before it.
+    budget_seqs = {
+        s for g in view.gaps if g.why is GapWhy.BUDGET for s in range(g.first, g.last + 1)
+    }
+    placed_first = False
+    if request_seq is not None:
+        following = min((s for s in origins if s > request_seq), default=last + 1)
+        placed_first = request_seq <= covers or any(
+            s in budget_seqs for s in range(request_seq + 1, following)
+        )
+    floor = max(covers, request_seq or 0) if placed_first else covers
     for seq, m in origins.items():
         row = by_seq[seq]
         assert seq == request_seq or seq > floor
@@ -412,10 +433,12 @@ def check(sc: Scenario, view: FollowupView | Refusal) -> None:
         notice = [
             m
             for m in view.messages
-            if m.synthetic and f"rows {gap.first}–{gap.last} " in text_of(m.message)
+            if m.synthetic and named(gap.first, gap.last) in text_of(m.message)
         ]
         assert len(notice) == 1
-        assert "recall" in text_of(notice[0].message)
+        assert f'recall({{"from":{gap.first},"to":{gap.last}}})' in text_of(notice[0].message)
+        if gap.why is GapWhy.BUDGET:
+            assert "did not fit" in text_of(notice[0].message)
         for s in range(gap.first, gap.last + 1):
             in_gap[s] = gap.why
     for seq in range(1, last + 1):
@@ -453,22 +476,114 @@ def check(sc: Scenario, view: FollowupView | Refusal) -> None:
     assert total <= MEDIA.media_max_total_bytes
     assert total == view.media_bytes
 
-    # If everything after the floor fits with room to spare, nothing there is left out for the
-    # budget, except results whose call the view cannot carry.
-    rest = sum(size_of(r["body"]) for r in sc.rows if r["seq"] > floor)
+    # If everything after the coverage fits with room to spare, nothing there is left out for
+    # the budget, except results whose call the view cannot carry.
+    rest = sum(size_of(r["body"]) for r in sc.rows if r["seq"] > covers)
     if raw + rest + OVERHEAD + 3000 <= sc.budget:
         for seq, why in in_gap.items():
-            if why is GapWhy.BUDGET and seq > floor:
+            if why is GapWhy.BUDGET and seq > covers:
                 assert by_seq[seq]["body"].get("role") == "toolResult", seq
+
+    # 5. The budget is used: when rows after the floor are omitted for the budget, the space left
+    # is smaller than what the view would take next: the newest omitted complete exchange when
+    # the carried rows open at one (a user message with text), else the unit just before them.
+    carried_after = [s for s in origins if s > floor]
+    start = min(carried_after, default=last + 1)
+    # A result whose call lies at or before the floor (or nowhere) can never be carried.
+    omitted = [
+        s
+        for s in range(floor + 1, start)
+        if s in budget_seqs
+        and (
+            by_seq[s]["body"].get("role") != "toolResult"
+            or any(
+                by_seq[s]["body"].get("toolCallId") in call_ids(by_seq[c]["body"])
+                for c in range(floor + 1, s)
+            )
+        )
+    ]
+    if omitted:
+        rows = next_piece(sc, floor, start, omitted[-1])
+        free = sc.budget - view.bytes
+        # The tail read stops at twice the budget in stored bytes (withheld rows and prompt
+        # snapshots cost the view nothing but take stored bytes).
+        if sum(size_of(r["body"]) for r in sc.rows[rows[0]["seq"] - 1 :]) > 2 * sc.budget:
+            event("budget used: limited by the bounded read")
+            return
+        assert free < cost_bound(sc, rows), (free, [r["seq"] for r in rows], view.gaps)
+        event("budget used: " + ("exchange" if is_opening(sc, start) else "unit"))
+
+
+def is_opening(sc: Scenario, seq: int) -> bool:
+    """A user message with text, admitted: where a window may open."""
+    if seq > len(sc.rows):
+        return False
+    row = sc.rows[seq - 1]
+    body = row["body"]
+    return (
+        row["kind"] is RowKind.MESSAGE
+        and body.get("role") == "user"
+        and bool(text_of(body).strip())
+        and admitted(row["sources"], sc.grants)
+    )
+
+
+def next_piece(sc: Scenario, floor: int, start: int, newest: int) -> list[dict[str, Any]]:
+    """What the view would take next before ``start``: the exchange ending there (from the
+    nearest user message with text after ``floor``) when ``start`` opens one, else the unit
+    ending at ``newest``, the newest row omitted for the budget (a batch of calls and its
+    results, or one message)."""
+    if is_opening(sc, start):
+        before = sc.rows[floor : start - 1]
+        for i in range(len(before) - 1, -1, -1):
+            if is_opening(sc, before[i]["seq"]):
+                return before[i:]
+        return before
+    before = sc.rows[floor:newest]
+    j = len(before) - 1
+    if before[j]["body"].get("role") == "toolResult":
+        cid = before[j]["body"].get("toolCallId")
+        for i in range(j, -1, -1):
+            if cid in call_ids(before[i]["body"]):
+                return before[i:]
+    return before[j:]
+
+
+def call_ids(body: dict[str, Any]) -> list[Any]:
+    blocks = body.get("content")
+    if body.get("role") != "assistant" or not isinstance(blocks, list):
+        return []
+    return [b.get("id") for b in blocks if b.get("type") == "toolCall"]
+
+
+def cost_bound(sc: Scenario, rows: list[dict[str, Any]]) -> int:
+    """An upper bound of what ``rows`` take: their stored sizes (what the bounded tail read
+    counts, prompt snapshots and withheld rows included), and room for what tether writes around
+    them (unknown-effects results, receipt notices, notices for withheld rows inside, media
+    placeholders)."""
+    total = 50
+    for row in rows:
+        body = row["body"]
+        total += size_of(body)
+        if not admitted(row["sources"], sc.grants):
+            total += 450
+        elif row["kind"] is RowKind.RECEIPT:
+            total += 400
+        elif row["kind"] is RowKind.MESSAGE:
+            total += 700 * len(call_ids(body))
+            blocks = body.get("content") if isinstance(body.get("content"), list) else []
+            total += 200 * sum(1 for b in blocks if b.get("type") == "image")
+    return total
+
+
+def named(first: int, last: int) -> str:
+    """How a gap notice names its range: "row 9", or "rows 10–41"."""
+    return f"row {first} " if first == last else f"rows {first}–{last} "
 
 
 def load(sc: Scenario) -> Any:
     ledger = open_ledger("memory:")
-    rows = [
-        Row("s", r["seq"], r["run"], r["actor"], r["kind"], r["body"], r["sources"], 0)
-        for r in sc.rows
-    ]
-    ledger.import_records([Session("s", "t")], sc.runs, rows, sc.notes)
+    ledger.import_records(*sc.records())
     if sc.refusing:
         ledger.set_refusing("s", "pi idle unconfirmed")
     return ledger

@@ -14,14 +14,17 @@ from typing import Any
 
 from tether.followup.view import GapWhy
 from tether.ledger.models import Note
+from tether.sizes import measure
 
 __all__ = [
     "MediaLimits",
     "checkpoint_message",
     "gap_notice",
+    "gap_notice_bound",
     "limit_media",
     "notes_message",
     "quote",
+    "recall_call",
     "receipt_notice",
     "unknown_result",
 ]
@@ -77,18 +80,46 @@ def notes_message(agent: str, notes: Sequence[Note], *, timestamp: int) -> dict[
 
 
 _GAP_WHY = {
-    GapWhy.BUDGET: "they do not fit this context's budget",
-    GapWhy.WITHHELD: "the requester is not admitted to their sources, so they are withheld",
+    GapWhy.BUDGET: (
+        "it did not fit this context's budget",
+        "they did not fit this context's budget",
+    ),
+    GapWhy.WITHHELD: (
+        "the requester is not admitted to its sources, so it is withheld",
+        "the requester is not admitted to their sources, so they are withheld",
+    ),
 }
 
 
-def gap_notice(first: int, last: int, why: GapWhy, *, timestamp: int) -> dict[str, Any]:
-    text = (
-        f"[tether notice] Ledger rows {first}–{last} of this session are omitted here: "
-        f"{_GAP_WHY[why]}. Use the recall tool before relying on anything from that range, "
-        "and before repeating work that may be unresolved there."
+def recall_call(first: int, last: int) -> str:
+    """The recall tool call that fetches rows ``first..last`` (DESIGN §3.9)."""
+    return f'recall({{"from":{first},"to":{last}}})'
+
+
+def _gap_text(first: int, last: int, why: GapWhy, *, single: bool) -> str:
+    if single:
+        what, pronoun = f"Ledger row {first} of this session is", "it"
+    else:
+        what, pronoun = f"Ledger rows {first}–{last} of this session are", "them"
+    return (
+        f"[tether notice] {what} omitted here: {_GAP_WHY[why][0 if single else 1]}. Fetch "
+        f"{pronoun} with {recall_call(first, last)} before relying on anything from "
+        f"{'it' if single else 'that range'}, and before repeating work that may be unresolved "
+        "there."
     )
-    return _custom(GAP_TYPE, text, timestamp)
+
+
+def gap_notice(first: int, last: int, why: GapWhy, *, timestamp: int) -> dict[str, Any]:
+    """The notice naming an omitted range exactly (a single row as "row 9"), why it is omitted,
+    and the recall call that fetches it."""
+    return _custom(GAP_TYPE, _gap_text(first, last, why, single=first == last), timestamp)
+
+
+def gap_notice_bound(last: int, why: GapWhy, *, timestamp: int) -> int:
+    """An upper bound of the size of any notice of a gap within rows ``1..last``: both ends as
+    wide as ``last``, in the longer (range) form."""
+    text = _gap_text(last, last, why, single=False)
+    return measure(_custom(GAP_TYPE, text, timestamp)).text_bytes
 
 
 def receipt_notice(body: dict[str, Any], *, timestamp: int) -> dict[str, Any]:

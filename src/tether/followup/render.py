@@ -47,6 +47,10 @@ def _short(text: str, width: int = _WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _span(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}–{last}"
+
+
 def _flag(m: ViewMessage) -> Text:
     if m.synthetic:
         return Text("synthetic", style="cyan")
@@ -86,7 +90,8 @@ def render_view(view: FollowupView, console: Console) -> None:
     else:
         head.add_row("previous request", "none")
     gaps = ", ".join(
-        f"[{'magenta' if g.why is GapWhy.WITHHELD else 'red'}]{g.first}–{g.last} {g.why.value}[/]"
+        f"[{'magenta' if g.why is GapWhy.WITHHELD else 'red'}]{_span(g.first, g.last)} "
+        f"{g.why.value}[/]"
         for g in view.gaps
     )
     head.add_row("gaps", gaps or "none")

@@ -1,0 +1,776 @@
+"""The functional core of the follow-up view: pure steps over what the bounded reads returned
+(:class:`Inputs`, filled by :func:`tether.followup.build.read_inputs`).
+
+Invariant 5: **ordinary reuse first**. The window is the newest units of the tail
+(a message, or a batch of calls with its results) that fit, opened at a usable boundary: a user
+message with text, or the first row after the coverage when everything after it fits. If the
+window holds the previous request it is the view as it stands, earlier rows included
+(``reused``). When it cannot hold the request only because a unit alone takes more than the
+space left (over a twentieth of the budget), that unit is passed over and named (at most
+:data:`MAX_SKIPS` of them), so the request keeps its neighbours (``copied``: no longer
+contiguous). Only otherwise is the request placed first and followed by the newest units after
+it that fit, passing over such units the same way (reading the tail again at its bound when the
+rows before them were not read). Every estimate is checked by assembling the view exactly, then
+grown while more fits: whole exchanges for the window, units after a request placed first.
+
+Every seq of the session is accounted for: covered by the quoted checkpoint, the checkpoint row
+itself, the previous request, carried as a message, prompt state or a receipt (not history: the
+new run has its own prompt, and a receipt becomes a notice), or inside a named gap.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tether.access import Admission
+from tether.config import FollowupConfig
+from tether.followup import messages as msgs
+from tether.followup.view import (
+    SYNTHETIC_ACTOR,
+    Checkpoint,
+    FollowupView,
+    Gap,
+    GapWhy,
+    PreviousRequest,
+    Refusal,
+    RefusalReason,
+    RequestMode,
+    ViewMessage,
+)
+from tether.ledger.models import Note, Row, RowKind, Run
+from tether.sizes import measure
+
+__all__ = ["MAX_SKIPS", "PROBE_ROWS", "Inputs", "compose", "compose_view", "coverage"]
+
+PROBE_ROWS = 16
+"""Rows read between the checkpoint's coverage and the request to name that gap exactly."""
+EXACT_TRIES = 16
+"""Exchanges (or units) tried beyond the estimate, each checked by assembling the view exactly."""
+MAX_SKIPS = 3
+"""Units too large for the space left that the view may pass over (each a named gap)."""
+
+# Non-history rows: prompt state and receipts. The new run has its own prompt; a receipt becomes
+# a notice; the newest compaction is quoted at the top.
+_PROMPT_ROLES = frozenset({"system"})
+
+
+class _Mark(enum.Enum):
+    SHOWN = "shown"
+    """Represented: carried, summarized, quoted, or not history."""
+    BUDGET = "budget"
+    WITHHELD = "withheld"
+
+
+_WHY = {_Mark.BUDGET: GapWhy.BUDGET, _Mark.WITHHELD: GapWhy.WITHHELD}
+
+
+# -- rows ----------------------------------------------------------------------------------------
+
+
+def _timestamp(body: dict[str, Any]) -> int:
+    value = body.get("timestamp")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _is_content(row: Row) -> bool:
+    return row.kind is RowKind.MESSAGE and row.body.get("role") not in _PROMPT_ROLES
+
+
+def _calls(row: Row) -> list[dict[str, Any]]:
+    if row.kind is not RowKind.MESSAGE or row.body.get("role") != "assistant":
+        return []
+    content = row.body.get("content")
+    if not isinstance(content, list):
+        return []
+    return [
+        b
+        for b in content
+        if isinstance(b, dict) and b.get("type") == "toolCall" and isinstance(b.get("id"), str)
+    ]
+
+
+def _is_result(row: Row) -> bool:
+    return row.kind is RowKind.MESSAGE and row.body.get("role") == "toolResult"
+
+
+def request_problem(row: Row) -> str | None:
+    """Why a row is not a complete request (a user message with text), or None when it is."""
+    if row.kind is not RowKind.MESSAGE:
+        return f"row {row.seq} is a {row.kind.value} row, not a user message"
+    role = row.body.get("role")
+    if role != "user":
+        return f"row {row.seq} is a {role!r} message, not the user's request"
+    content = row.body.get("content")
+    texts: list[str] = []
+    if isinstance(content, str):
+        texts.append(content)
+    elif isinstance(content, list):
+        texts.extend(
+            b["text"]
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        )
+    if not any(t.strip() for t in texts):
+        return f"row {row.seq} is a user message without request text"
+    return None
+
+
+def idle_bytes(rows: Sequence[Row], admission: Admission) -> int:
+    """Stored bytes of rows the view never carries as messages: prompt state, receipts,
+    compactions, withheld rows and the results of withheld calls."""
+    withheld_calls: set[str] = set()
+    idle = 0
+    for row in rows:
+        if not admission.admits(row.sources):
+            withheld_calls.update(str(c["id"]) for c in _calls(row))
+            idle += row.bytes
+        elif not _is_content(row) or (
+            _is_result(row) and row.body.get("toolCallId") in withheld_calls
+        ):
+            idle += row.bytes
+    return idle
+
+
+def coverage(comp: Row | None) -> int:
+    """The last seq the compaction summarizes (0 without one), never past the row itself."""
+    if comp is None:
+        return 0
+    raw = comp.covers_to
+    return max(0, min(raw if raw is not None else 0, comp.seq - 1))
+
+
+def gaps_of(last: int, covers: int, covered: _Mark, marks: Mapping[int, _Mark]) -> list[Gap]:
+    """The omitted ranges of seqs ``1..last``: seqs up to ``covers`` default to ``covered``, the
+    rest to BUDGET, and ``marks`` override single seqs. Neighbours with the same reason merge."""
+    gaps: list[Gap] = []
+
+    def add(lo: int, hi: int, mark: _Mark) -> None:
+        if lo > hi or mark is _Mark.SHOWN:
+            return
+        why = _WHY[mark]
+        if gaps and gaps[-1].why is why and gaps[-1].last == lo - 1:
+            gaps[-1] = Gap(gaps[-1].first, hi, why)
+        else:
+            gaps.append(Gap(lo, hi, why))
+
+    def fill(lo: int, hi: int) -> None:
+        add(lo, min(hi, covers), covered)
+        add(max(lo, covers + 1), hi, _Mark.BUDGET)
+
+    cursor = 1
+    for seq in sorted(s for s in marks if s <= last):
+        fill(cursor, seq - 1)
+        add(seq, seq, marks[seq])
+        cursor = seq + 1
+    fill(cursor, last)
+    return gaps
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """Everything the bounded reads returned: :func:`compose` is a pure function of it."""
+
+    session: str
+    agent: str
+    admission: Admission
+    budget: int
+    config: FollowupConfig
+    run: Run | None
+    """The newest ended run of the agent with a request (None: no previous request)."""
+    request: Row | None
+    """Its exact request row."""
+    compaction: Row | None
+    notes: tuple[Note, ...]
+    tail: tuple[Row, ...]
+    """The newest contiguous rows after the compaction's coverage, oldest first."""
+    tail_whole: bool
+    """The tail reaches back to the coverage: no row after it was left unread."""
+    tail_stop: int | None
+    """The newest seq the tail left unread (None when whole)."""
+    tail_cap: int
+    """The stored-byte cap the tail was read with."""
+    probe: tuple[Row, ...]
+    """Rows between the coverage and a request that lies before the tail (at most PROBE_ROWS)."""
+
+
+# -- the core: messages --------------------------------------------------------------------------
+
+
+def media_limits(config: FollowupConfig) -> msgs.MediaLimits:
+    return msgs.MediaLimits(
+        config.media_max_bytes, config.tool_media_max_bytes, config.media_max_total_bytes
+    )
+
+
+def row_message(row: Row, media: msgs.MediaLimits) -> ViewMessage:
+    """A stored message as the view carries it: unchanged (its stored size reused), or with
+    media over a limit replaced (measured again)."""
+    if row.media_bytes:
+        message, modified = msgs.limit_media(row.body, media)
+    else:
+        message, modified = row.body, False
+    if modified:
+        m = measure(message)
+        size, media_bytes = m.text_bytes, m.media_bytes
+    else:
+        size, media_bytes = row.bytes, row.media_bytes
+    return ViewMessage(
+        role=str(message.get("role")),
+        actor=row.actor,
+        origin=row.seq,
+        copied=False,
+        synthetic=False,
+        message=message,
+        bytes=size,
+        modified=modified,
+        media_bytes=media_bytes,
+        sources=row.sources,
+    )
+
+
+def _synthetic(message: dict[str, Any]) -> ViewMessage:
+    return ViewMessage(
+        role=str(message["role"]),
+        actor=SYNTHETIC_ACTOR,
+        origin=None,
+        copied=False,
+        synthetic=True,
+        message=message,
+        bytes=measure(message).text_bytes,
+    )
+
+
+def protected(
+    agent: str, comp: Row | None, covers: int, notes: Sequence[Note], *, timestamp: int
+) -> list[ViewMessage]:
+    """The quoted summary (of an admitted compaction) and the notes: reserved first."""
+    top: list[ViewMessage] = []
+    if comp is not None:
+        summary = comp.body.get("summary")
+        top.append(
+            _synthetic(
+                msgs.checkpoint_message(
+                    summary if isinstance(summary, str) else "",
+                    seq=comp.seq,
+                    run=comp.run,
+                    covers_to=covers,
+                    continuation=bool(comp.body.get("continuation")),
+                    timestamp=timestamp,
+                )
+            )
+        )
+    if notes:
+        top.append(_synthetic(msgs.notes_message(agent, notes, timestamp=timestamp)))
+    return top
+
+
+def protected_refusal(size: int, budget: int, what: str = "") -> Refusal:
+    return Refusal(
+        RefusalReason.PROTECTED_CONTEXT_OVER_BUDGET,
+        f"the previous request, notes and checkpoint summary{what} take {size} bytes, over the "
+        f"budget of {budget}; raise [followup] budget_bytes or trim the notes",
+    )
+
+
+# -- the core: units and plans -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """What the core knows once the reads are done, before choosing rows."""
+
+    budget: int
+    admission: Admission
+    last: int
+    covers: int
+    covered: _Mark
+    marks: dict[int, _Mark]
+    """Fixed marks: the compaction row."""
+    probe_marks: dict[int, _Mark]
+    """Rows between the coverage and the request (used only when the request is placed first)."""
+    top: list[ViewMessage]
+    top_bytes: int
+    request_vm: ViewMessage | None
+    request_seq: int | None
+    media: msgs.MediaLimits
+    """Media state after the request's own (the request's media are counted first)."""
+    notice_max: int
+    timestamp: int
+    withheld_calls: frozenset[str]
+    whole: bool
+
+    @property
+    def floor(self) -> int:
+        """Rows after it may follow a request placed first."""
+        return max(self.covers, self.request_seq or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One unit of the view (a message, or a batch of calls with its results), evaluated."""
+
+    first: int
+    items: list[ViewMessage]
+    marks: dict[int, _Mark]
+    sources: frozenset[str]
+    cost: int
+    media_used: int
+    opening: bool
+    """A usable boundary: it opens with an admitted user message carrying text."""
+    edges: tuple[_Mark, _Mark]
+    """The marks of its first and last rows: omitted runs that meet across units share a
+    notice."""
+
+
+def split_units(rows: Sequence[Row]) -> list[list[Row]]:
+    """Split the tail into units the view takes whole: a message with tool calls together with
+    the results (and prompt-state rows) that follow it, or any single other row."""
+    units: list[list[Row]] = []
+    i = 0
+    while i < len(rows):
+        unit = [rows[i]]
+        i += 1
+        if _calls(unit[0]):
+            while i < len(rows) and (_is_result(rows[i]) or not _is_content(rows[i])):
+                unit.append(rows[i])
+                i += 1
+            # Rows that are not history at the end belong to what follows, not the batch.
+            while len(unit) > 1 and not _is_content(unit[-1]):
+                i -= 1
+                unit.pop()
+        units.append(unit)
+    return units
+
+
+def plan_unit(f: _Frame, unit: Sequence[Row], media: msgs.MediaLimits) -> _Plan:
+    """What one unit adds to the view: its messages, the answers to calls it leaves without a
+    result, notices for its receipts, its marks and its cost (notices for omitted rows inside
+    it included, at their largest)."""
+    items: list[ViewMessage] = []
+    after: list[ViewMessage] = []  # notices held until the batch's results are complete
+    marks: dict[int, _Mark] = {}
+    sources: set[str] = set()
+    head = unit[0]
+    calls = _calls(head)
+    pending: dict[str, dict[str, Any]] = {}
+    answered: set[str] = set()
+    withheld_results: set[str] = set()
+    head_withheld = False
+
+    def carry(row: Row) -> None:
+        # The request's message was made first, so its media were counted before the rest.
+        vm = f.request_vm if row.seq == f.request_seq and f.request_vm else None
+        items.append(vm or row_message(row, media))
+        marks[row.seq] = _Mark.SHOWN
+        sources.update(row.sources)
+
+    for row in unit:
+        admitted = f.admission.admits(row.sources)
+        if not _is_content(row):
+            marks[row.seq] = _Mark.SHOWN if admitted else _Mark.WITHHELD
+            if admitted and row.kind is RowKind.RECEIPT:
+                after.append(_synthetic(msgs.receipt_notice(row.body, timestamp=f.timestamp)))
+        elif row is head and calls:
+            if admitted:
+                carry(row)
+                pending = {str(c["id"]): c for c in calls}
+            else:
+                marks[row.seq] = _Mark.WITHHELD
+                head_withheld = True
+        elif _is_result(row):
+            cid = row.body.get("toolCallId")
+            if head_withheld:
+                marks[row.seq] = _Mark.WITHHELD
+            elif isinstance(cid, str) and cid in pending and cid not in answered:
+                if admitted:
+                    carry(row)
+                    answered.add(cid)
+                else:
+                    marks[row.seq] = _Mark.WITHHELD
+                    withheld_results.add(cid)
+            else:
+                # A result whose call the view does not carry.
+                withheld = isinstance(cid, str) and cid in f.withheld_calls
+                marks[row.seq] = _Mark.WITHHELD if withheld else _Mark.BUDGET
+        elif admitted:
+            carry(row)
+        else:
+            marks[row.seq] = _Mark.WITHHELD
+
+    for cid, call in pending.items():
+        if cid not in answered:
+            result = msgs.unknown_result(
+                call, withheld=cid in withheld_results, timestamp=f.timestamp
+            )
+            items.append(_synthetic(result))
+    items.extend(after)
+    # Each run of omitted rows inside the unit may need a notice of its own (upper bound:
+    # runs that meet a neighbouring gap merge with it).
+    runs = 0
+    previous: _Mark | None = None
+    for row in unit:
+        mark = marks[row.seq]
+        if mark is not _Mark.SHOWN and mark is not previous:
+            runs += 1
+        previous = mark
+    cost = sum(m.bytes for m in items) + runs * f.notice_max
+    edges = (marks[head.seq], marks[unit[-1].seq])
+    opening = (
+        len(unit) == 1
+        and request_problem(head) is None
+        and marks[head.seq] is _Mark.SHOWN
+        and head.seq > f.covers
+    )
+    return _Plan(head.seq, items, marks, frozenset(sources), cost, media.used, opening, edges)
+
+
+def take_newest(
+    f: _Frame, units: Sequence[Sequence[Row]], running: int, media_used: int, skips: int = 0
+) -> list[_Plan]:
+    """The newest units while they fit the budget after ``running`` bytes: contiguous, except
+    that up to ``skips`` units that alone take more than the space left, while that space is
+    over a twentieth of the budget, are passed over (each then needs a notice of its own)."""
+    taken: list[_Plan] = []
+    adjacent = False
+    for unit in reversed(units):
+        media = f.media.copy()
+        media.used = media_used
+        plan = plan_unit(f, unit, media)
+        cost = plan.cost
+        if adjacent and plan.edges[1] is not _Mark.SHOWN and plan.edges[1] is taken[-1].edges[0]:
+            cost -= f.notice_max  # its last omitted run joins the newer unit's first
+        if running + cost > f.budget:
+            if skips > 0 and f.budget - running >= f.budget // 20:
+                skips -= 1
+                running += f.notice_max
+                adjacent = False
+                continue
+            break
+        running += cost
+        media_used = plan.media_used
+        taken.append(plan)
+        adjacent = True
+    taken.reverse()
+    return taken
+
+
+def assemble(
+    f: _Frame, plans: Sequence[_Plan], request_first: bool
+) -> tuple[list[ViewMessage], list[Gap]]:
+    """The view's messages in the order the model sees them, and its gaps: protected context,
+    then history in seq order with a notice where each gap begins."""
+    marks = dict(f.marks)
+    if request_first and f.request_seq is not None:
+        marks.update(f.probe_marks)
+        marks[f.request_seq] = _Mark.SHOWN
+    for plan in plans:
+        marks.update(plan.marks)
+    gaps = gaps_of(f.last, f.covers, f.covered, marks)
+    entries: list[tuple[int, int, list[ViewMessage]]] = []
+    for gap in gaps:
+        notice = msgs.gap_notice(gap.first, gap.last, gap.why, timestamp=f.timestamp)
+        entries.append((gap.first, 0, [_synthetic(notice)]))
+    if request_first and f.request_vm is not None and f.request_seq is not None:
+        entries.append((f.request_seq, 1, [f.request_vm]))
+    for plan in plans:
+        entries.append((plan.first, 1, plan.items))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    history = [m for _, _, group in entries for m in group]
+    return [*f.top, *history], gaps
+
+
+def _size(messages: Sequence[ViewMessage]) -> int:
+    return sum(m.bytes for m in messages)
+
+
+# -- the core: choosing rows ---------------------------------------------------------------------
+
+
+def frame(inp: Inputs) -> _Frame | Refusal:
+    """Protected context at its final timestamp, the marks that do not depend on the rows chosen,
+    and the largest notice; a refusal when the protected context does not fit."""
+    comp, req, admission = inp.compaction, inp.request, inp.admission
+    covers = coverage(comp)
+    comp_ok = comp is not None and admission.admits(comp.sources)
+    # Synthetic messages carry the newest timestamp the reads saw: deterministic, and in order
+    # with the history they sit in.
+    stamps = [_timestamp(row.body) for row in inp.tail if row.kind is RowKind.MESSAGE]
+    if req is not None:
+        stamps.append(_timestamp(req.body))
+    timestamp = max(stamps, default=0)
+    top = protected(inp.agent, comp if comp_ok else None, covers, inp.notes, timestamp=timestamp)
+    media = media_limits(inp.config)
+    request_vm = row_message(req, media) if req is not None else None
+    top_bytes = _size(top)
+    reserved = top_bytes + (request_vm.bytes if request_vm else 0)
+    if reserved > inp.budget:
+        return protected_refusal(reserved, inp.budget)
+    r = req.seq if req is not None else None
+    last = inp.tail[-1].seq if inp.tail else (inp.tail_stop or covers)
+    last = max(last, covers, r or 0, comp.seq if comp is not None else 0)
+    marks: dict[int, _Mark] = {}
+    if comp is not None:
+        marks[comp.seq] = _Mark.SHOWN if comp_ok else _Mark.WITHHELD
+    probe_marks: dict[int, _Mark] = {}
+    if r is not None and 0 < r - 1 - covers <= PROBE_ROWS:
+        between = inp.probe or tuple(row for row in inp.tail if covers < row.seq < r)
+        for row in between:
+            if not admission.admits(row.sources):
+                probe_marks[row.seq] = _Mark.WITHHELD
+            elif not _is_content(row):
+                probe_marks[row.seq] = _Mark.SHOWN
+    notice_max = max(msgs.gap_notice_bound(last, why, timestamp=timestamp) for why in GapWhy)
+    return _Frame(
+        budget=inp.budget,
+        admission=admission,
+        last=last,
+        covers=covers,
+        covered=_Mark.SHOWN if comp_ok else _Mark.WITHHELD,
+        marks=marks,
+        probe_marks=probe_marks,
+        top=top,
+        top_bytes=top_bytes,
+        request_vm=request_vm,
+        request_seq=r,
+        media=media,
+        notice_max=notice_max,
+        timestamp=timestamp,
+        withheld_calls=frozenset(
+            str(c["id"])
+            for row in inp.tail
+            if not admission.admits(row.sources)
+            for c in _calls(row)
+        ),
+        whole=inp.tail_whole,
+    )
+
+
+def _lead_notices(f: _Frame, floor: int, fixed_marks: Mapping[int, _Mark]) -> int:
+    """Notices reserved for the gaps at or below ``floor`` (exact) and the one between it and the
+    chosen rows: split in two by the compaction row when it lies there, in three when that row
+    is withheld."""
+    fixed = gaps_of(
+        floor, f.covers, f.covered, {s: m for s, m in fixed_marks.items() if s <= floor}
+    )
+    lead = 1
+    comp_marks = [s for s in f.marks if s > floor]
+    if comp_marks:
+        lead = 3 if f.marks[comp_marks[0]] is _Mark.WITHHELD else 2
+    return len(fixed) + lead
+
+
+def reuse_window(f: _Frame, units: Sequence[Sequence[Row]], skips: int = 0) -> list[_Plan] | None:
+    """Ordinary reuse: the newest units that fit the budget the protected context leaves, opened
+    at a usable boundary (or at the coverage when all of it fits); None without an opening.
+    Checked exactly, then grown by whole exchanges while they fit. With ``skips``, units too
+    large for the space left may be passed over (see :func:`take_newest`)."""
+    if not f.whole and not any(len(u) == 1 and request_problem(u[0]) is None for u in units):
+        return None  # no user message with text anywhere in reach: no opening
+    running = f.top_bytes + _lead_notices(f, f.covers, f.marks) * f.notice_max
+    plans = take_newest(f, units, running, f.media.used, skips)
+    if not (f.whole and len(plans) == len(units)):
+        start = next((i for i, p in enumerate(plans) if p.opening), None)
+        if start is None:
+            return None
+        plans = plans[start:]
+    # The reserve is an upper bound: drop the oldest exchange while over...
+    while plans and _size(assemble(f, plans, False)[0]) > f.budget:
+        nxt = next((i for i, p in enumerate(plans) if i > 0 and p.opening), len(plans))
+        plans = plans[nxt:]
+    # ...and take older exchanges whole while they fit.
+    older = [u for u in units if plans and u[0].seq < plans[0].first]
+    for _ in range(EXACT_TRIES):
+        if not older or not plans:
+            break
+        media_used = plans[0].media_used
+        more: list[_Plan] = []
+        while older:
+            media = f.media.copy()
+            media.used = media_used
+            plan = plan_unit(f, older[-1], media)
+            media_used = plan.media_used
+            more.insert(0, plan)
+            older.pop()
+            if plan.opening:
+                break
+        if not more[0].opening and not (f.whole and not older):
+            break  # no opening before the window, and rows before these were never read
+        grown = [*more, *plans]
+        if _size(assemble(f, grown, False)[0]) > f.budget:
+            break
+        plans = grown
+    return plans
+
+
+def _fit(
+    f: _Frame, units: Sequence[Sequence[Row]], after: Sequence[_Plan], placed: bool, reserve: int
+) -> list[_Plan]:
+    """The newest of ``units`` (all older than ``after``) that fit with ``after``: estimated
+    with ``reserve`` bytes beyond the exact size of ``after``, checked exactly (dropping the
+    oldest while over), then grown unit by unit while they fit."""
+    running = _size(assemble(f, after, placed)[0]) + reserve
+    media_used = after[0].media_used if after else f.media.used
+    plans = take_newest(f, units, running, media_used)
+    while plans and _size(assemble(f, [*plans, *after], placed)[0]) > f.budget:
+        plans = plans[1:]
+    older = list(units[: len(units) - len(plans)])
+    media_used = plans[0].media_used if plans else media_used
+    for _ in range(EXACT_TRIES):
+        if not older:
+            break
+        media = f.media.copy()
+        media.used = media_used
+        plan = plan_unit(f, older[-1], media)
+        if _size(assemble(f, [plan, *plans, *after], placed)[0]) > f.budget:
+            break
+        older.pop()
+        media_used = plan.media_used
+        plans = [plan, *plans]
+    return plans
+
+
+def request_first(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool]:
+    """The request placed first, followed by the newest units after it that fit. A unit that
+    alone takes more than the space left, while that space is over a twentieth of the budget, is
+    left out (its own named gap; at most :data:`MAX_SKIPS` of them) and older units fill on.
+    Also whether the rows read ran out while such space was left."""
+    placed = f.request_seq is not None
+    fixed_marks = {**f.marks, **f.probe_marks}
+    reserve = _lead_notices(f, f.floor, fixed_marks) * f.notice_max
+    plans = _fit(f, units, [], placed, reserve)
+    older = list(units[: len(units) - len(plans)])
+    for _ in range(MAX_SKIPS):
+        if len(older) < 2 or f.budget - _size(assemble(f, plans, placed)[0]) < f.budget // 20:
+            break
+        older.pop()  # the unit that does not fit: named, not carried
+        more = _fit(f, older, plans, placed, f.notice_max)
+        plans = [*more, *plans]
+        older = older[: len(older) - len(more)]
+    roomy = f.budget - _size(assemble(f, plans, placed)[0]) >= f.budget // 20
+    return plans, roomy and len(older) < 2
+
+
+def choose(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool, bool]:
+    """The rows of the view (invariant 5); whether the request is placed first; whether rows
+    not read could still fill it (a unit too large for the space left was the last one read)."""
+    r = f.request_seq
+
+    def holds(window: list[_Plan] | None) -> bool:
+        return window is not None and (r is None or any(p.first == r for p in window))
+
+    window = reuse_window(f, units)
+    if holds(window):
+        assert window is not None
+        return window, False, False
+    if r is not None:
+        # The window, passing over units too large for the space left: the request stays in
+        # place among its neighbours (copied, since the view is no longer contiguous).
+        window = reuse_window(f, units, MAX_SKIPS)
+        if holds(window):
+            assert window is not None
+            return window, False, False
+    after = [u for u in units if u[0].seq > f.floor]
+    plans, starved = request_first(f, after)
+    return plans, r is not None, starved
+
+
+def compose(inp: Inputs, request_text: str | None = None) -> FollowupView | Refusal:
+    """The view, from what the bounded reads returned: pure."""
+    return compose_view(inp, request_text)[0]
+
+
+def compose_view(inp: Inputs, request_text: str | None) -> tuple[FollowupView | Refusal, bool]:
+    """The view, and whether more of the tail could fill it: its newest rows after a request
+    placed first (or without an opening) stopped at a unit too large for a space left over a
+    twentieth of the budget, with rows before it unread."""
+    f = frame(inp)
+    if isinstance(f, Refusal):
+        return f, False
+    # The smallest honest view: protected context and the notices naming everything else.
+    minimal = _size(assemble(f, [], f.request_seq is not None)[0])
+    if minimal > f.budget:
+        refusal = protected_refusal(
+            minimal, f.budget, " with the notices naming what they leave out"
+        )
+        return refusal, False
+    plans, placed, starved = choose(f, split_units(inp.tail))
+    messages, gaps = assemble(f, plans, placed)
+    view = finish(inp, f, messages, gaps, plans, request_text)
+    return view, starved and not inp.tail_whole
+
+
+def finish(
+    inp: Inputs,
+    f: _Frame,
+    messages: list[ViewMessage],
+    gaps: list[Gap],
+    plans: Sequence[_Plan],
+    request_text: str | None,
+) -> FollowupView:
+    """The view record: reuse only when true (invariant 7), sources, the current request."""
+    previous: PreviousRequest | None = None
+    reused = False
+    run, req_row = inp.run, inp.request
+    if run is not None and req_row is not None:
+        r = req_row.seq
+        contiguous = f.covers < r and all(g.last < r for g in gaps)
+        changed = any(m.modified for m in messages)
+        reused = contiguous and not changed
+        previous = PreviousRequest(
+            seq=r,
+            run=run.id,
+            actor=req_row.actor,
+            mode=RequestMode.REUSED if reused else RequestMode.COPIED,
+        )
+    if not reused:
+        messages = [m if m.synthetic else replace(m, copied=True) for m in messages]
+    comp = inp.compaction if f.covered is _Mark.SHOWN else None
+    sources: set[str] = set()
+    if comp is not None:
+        sources.update(comp.sources)
+    if req_row is not None:
+        sources.update(req_row.sources)
+    for plan in plans:
+        sources.update(plan.sources)
+    checkpoint = None
+    if comp is not None:
+        checkpoint = Checkpoint(
+            seq=comp.seq,
+            bytes=f.top[0].bytes,
+            run=comp.run,
+            covers_to=f.covers,
+            continuation=bool(comp.body.get("continuation")),
+        )
+    current = None
+    if request_text is not None:
+        message = {
+            "role": "user",
+            "content": [{"type": "text", "text": request_text}],
+            "timestamp": f.timestamp,
+        }
+        current = ViewMessage(
+            role="user",
+            actor=inp.admission.actor or "user",
+            origin=None,
+            copied=False,
+            synthetic=False,
+            message=message,
+            bytes=measure(message).text_bytes,
+        )
+    return FollowupView(
+        session=inp.session,
+        agent=inp.agent,
+        actor=inp.admission.actor,
+        budget=inp.budget,
+        bytes=_size(messages),
+        checkpoint=checkpoint,
+        previous_request=previous,
+        messages=tuple(messages),
+        gaps=tuple(gaps),
+        sources=tuple(sorted(sources)),
+        request=current,
+        media_bytes=sum(m.media_bytes for m in messages),
+    )
