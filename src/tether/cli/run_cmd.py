@@ -35,6 +35,7 @@ from tether.harness.events import (
     ToolStarted,
     TurnStarted,
 )
+from tether.harness.pi import PiInstall, find_pi
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
 from tether.ledger import Ledger, RunStatus
@@ -117,7 +118,7 @@ class Progress:
         self.refresh()
 
 
-async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutcome:
+async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool, pi: PiInstall) -> RunOutcome:
     stop = StopControl()
     subscribers = []
     progress = Progress(err_console) if show else None
@@ -144,6 +145,7 @@ async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutco
                 stop=stop,
                 subscribers=subscribers,
                 checkpoint=continuation_checkpoint,
+                pi=pi,
             )
         with progress:
             return await execute_run(
@@ -153,6 +155,7 @@ async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutco
                 stop=stop,
                 subscribers=subscribers,
                 checkpoint=continuation_checkpoint,
+                pi=pi,
             )
 
     result: list[RunOutcome] = []
@@ -199,6 +202,11 @@ def run(
     if not text.strip():
         err_console.print("[bold red]usage error:[/] the request is empty")
         raise typer.Exit(Exit.USAGE)
+    try:
+        pi = find_pi()  # before the ledger is opened: nothing is created when pi is missing
+    except PiNotInstalled as exc:
+        err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
+        raise typer.Exit(Exit.USAGE) from None
     cfg, store = open_configured_ledger(config, ledger)
     req = RunRequest(
         session=session,
@@ -211,7 +219,7 @@ def run(
     show = not as_json and err_console.is_terminal
     try:
         with store:
-            outcome = anyio.run(_run, store, cfg, req, show)
+            outcome = anyio.run(_run, store, cfg, req, show, pi)
     except Refused as exc:
         if as_json:
             out_console.out(
