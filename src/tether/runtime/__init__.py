@@ -176,8 +176,13 @@ def setup(
     done = subprocess.run(
         [npm, "ci", "--omit=dev", "--no-audit", "--no-fund", "--loglevel=error"],
         cwd=prefix,
+        stdout=subprocess.PIPE,  # its summary is passed on below: stdout may be a JSON answer
+        text=True,
         check=False,
     )
+    for line in done.stdout.splitlines():
+        if line.strip():
+            say(f"      npm: {line.strip()}")
     if done.returncode != 0:
         raise SetupError(
             f"npm ci failed in {prefix} (exit {done.returncode}, its output is above); check "
