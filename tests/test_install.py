@@ -139,8 +139,12 @@ deadline_s = 120
     again = _run([tether, "setup", "--json"], cwd=work, env=env)
     took = time.monotonic() - t
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["state"] == "already_installed"
-    assert took < 1.0, f"a second tether setup took {took:.2f}s"
+    second = json.loads(again.stdout)
+    assert second["state"] == "already_installed"
+    # The check itself (stamp, package files, `node --version`) and the whole process, with a
+    # margin for a loaded machine: a reinstall takes tens of seconds.
+    assert second["seconds"] < 0.5, second
+    assert took < 2.0, f"a second tether setup took {took:.2f}s"
 
     doctor = _run([tether, "doctor", "--json"], cwd=work, env=env)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr

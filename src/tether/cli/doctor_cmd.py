@@ -19,8 +19,10 @@ def doctor(
     config: ConfigOpt = None,
     ledger: LedgerOpt = None,
 ) -> None:
-    """Check what a run needs: Python, tether, Node and pi, the extension, the ledger, each
-    provider, the state directory. Exits 0 only when nothing is missing.
+    """Check what a run needs and whether it is there; exits 0 only when nothing is missing.
+
+    One line each: Python, tether, Node and pi, the extension, the ledger (reachable, its
+    schema), each configured provider (answering on its base URL), the state directory's mode.
 
     Example: tether doctor
     """
