@@ -8,6 +8,7 @@ harness. ``tests/test_cli_help.py`` checks that the one-line help here is each c
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import typer
@@ -58,23 +59,49 @@ def load_command(name: str) -> Any:
     return typer.main.get_command(single)
 
 
+class _LazyCommands(MutableMapping[str, Any]):
+    """The group's commands: every name of :data:`COMMANDS`, each imported on first access."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._loaded:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self._loaded[name] = load_command(name)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(COMMANDS), **self._loaded})
+
+    def __len__(self) -> int:
+        return len({**dict.fromkeys(COMMANDS), **self._loaded})
+
+
 class _LazyGroup(TyperGroup):
     """Lists commands from :data:`COMMANDS`; imports one only to run it or show its own help."""
 
     _listing = False
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = _LazyCommands()
+
     def list_commands(self, ctx: Any) -> list[str]:
-        return list(COMMANDS)
+        return list(self.commands)  # the names only: nothing imported
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        if cmd_name not in COMMANDS:
-            return None
-        if self._listing or ctx.resilient_parsing:
+        if cmd_name in COMMANDS and (self._listing or ctx.resilient_parsing):
             short = COMMANDS[cmd_name][2]
             return TyperCommand(name=cmd_name, help=short, short_help=short, callback=None)
-        if cmd_name not in self.commands:
-            self.commands[cmd_name] = load_command(cmd_name)
-        return self.commands[cmd_name]
+        return self.commands.get(cmd_name)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         self._listing = True

@@ -6,16 +6,40 @@ import enum
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from tether.errors import ConfigError, InterchangeError, SessionRefusing, TetherError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 __all__ = ["Exit", "err_console", "translate_errors"]
 
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class _LazyConsole:
+    """rich's stderr console, made on first use: a command that prints no message (``tether
+    context --json``) does not load rich at all."""
+
+    _console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False, soft_wrap=True)
+        return getattr(self._console, name)
+
+
+err_console = cast("Console", _LazyConsole())
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 class Exit(enum.IntEnum):
