@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 __all__ = ["Exit", "err_console", "translate_errors"]
 
 
-
 class _LazyConsole:
     """rich's stderr console, made on first use: a command that prints no message (``tether
     context --json``) does not load rich at all."""
