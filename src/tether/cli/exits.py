@@ -15,24 +15,27 @@ from tether.errors import ConfigError, InterchangeError, SessionRefusing, Tether
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["Exit", "err_console", "translate_errors"]
+__all__ = ["Exit", "err_console", "escape", "out_console", "translate_errors"]
 
 
 class _LazyConsole:
-    """rich's stderr console, made on first use: a command that prints no message (``tether
-    context --json``) does not load rich at all."""
+    """A rich console made on first use: a command that prints nothing for people (``tether
+    context --json``, ``tether run --json``) does not load rich at all."""
 
-    _console: Console | None = None
+    def __init__(self, *, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
 
     def __getattr__(self, name: str) -> Any:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(stderr=True, highlight=False, soft_wrap=True)
+            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True)
         return getattr(self._console, name)
 
 
-err_console = cast("Console", _LazyConsole())
+err_console = cast("Console", _LazyConsole(stderr=True))
+out_console = cast("Console", _LazyConsole(stderr=False))
 
 
 def escape(text: str) -> str:

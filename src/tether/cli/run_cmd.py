@@ -7,17 +7,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.markup import escape as esc
-from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
-from tether.cli.exits import Exit, command, err_console
+from tether.cli.exits import Exit, command, err_console, out_console
+from tether.cli.exits import escape as esc
 from tether.errors import SessionRefusing
 from tether.followup import Refused
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
@@ -40,9 +37,12 @@ from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
 from tether.ledger import Ledger, RunStatus
 
-__all__ = ["run"]
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
 
-out_console = Console(highlight=False, soft_wrap=True)
+__all__ = ["run"]
 
 
 class Progress:
@@ -58,6 +58,8 @@ class Progress:
         self.live: Live | None = None
 
     def __enter__(self) -> Progress:
+        from rich.live import Live
+
         # A renderable function, so the elapsed time moves between events too.
         self.live = Live(
             get_renderable=self._render, console=self.console, refresh_per_second=8, transient=True
@@ -70,6 +72,8 @@ class Progress:
             self.live.__exit__(None, None, None)
 
     def _render(self) -> Text:
+        from rich.text import Text
+
         elapsed = time.monotonic() - self.started
         running = ", ".join(self.running.values())
         line = f"⏳ {self.status} · turn {self.turn} · {self.tools} tool calls · {elapsed:.1f}s"
