@@ -8,6 +8,11 @@ median wall time's ratio to the baseline's. With ``--against SRC`` the same comm
 from another source tree (e.g. main's ``src``), interleaved, so before and after come from one
 run. The target (issue 10) is at most 150 ms for ``tether --help`` and ``tether context``.
 
+Timed as installed: an installed package (pip compiles it) or a checkout imports cached bytecode.
+This workplace sets PYTHONDONTWRITEBYTECODE, which would compile every module of tether at every
+start; the timed processes run without it, with their bytecode in a scratch PYTHONPYCACHEPREFIX
+(so no other tree is written to), filled by one warm-up run of each command.
+
     PYTHONPATH=$PWD/src .venv/bin/python bench/cli_start.py [--reps 20] [--against ../main/src]
 """
 
@@ -45,7 +50,12 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="tether-start-"))
     here = os.environ.get("PYTHONPATH", str(ROOT / "src"))
-    env = {**os.environ, "TETHER_CONFIG": str(work / "tether.toml"), "PYTHONPATH": here}
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+        "PYTHONPYCACHEPREFIX": str(work / "pycache"),
+        "TETHER_CONFIG": str(work / "tether.toml"),
+        "PYTHONPATH": here,
+    }
     (work / "tether.toml").write_text(f'[ledger]\nurl = "sqlite://{work}/ledger.db"\n')
     tether = [sys.executable, "-m", "tether"]
     subprocess.run(
