@@ -160,7 +160,7 @@ def one_run(variant: str, args: argparse.Namespace, rep: int) -> dict[str, float
         if outcome.answer != answer:
             raise SystemExit(f"{variant}: the answer changed: {outcome.answer!r}")
         expected = "written" if variant == "checkpoint" else "not_needed"
-        if outcome.checkpoint != expected:
+        if outcome.checkpoint.label != expected:
             raise SystemExit(f"{variant}: checkpoint {outcome.checkpoint}, expected {expected}")
         summaries = [t for is_summary, t in tp.served if is_summary]
         return {

@@ -80,11 +80,11 @@ def main() -> None:
 
     from provider import Reply, ScriptedProvider, ToolCall  # tests/provider.py
     from tether.config import Config
-    from tether.harness.agentdir import write_agent_dir
-    from tether.harness.events import RowsMirrored, RunEvent
-    from tether.harness.pi import find_pi, pi_argv
-    from tether.harness.run import RunRequest, _pi_env, execute_run
+    from tether.events import RowsMirrored, RunEvent
+    from tether.harness.run import RunRequest, execute_run
     from tether.ledger import RunStatus, open_ledger
+    from tether.pi.agentdir import write_agent_dir
+    from tether.pi.install import find_pi, pi_argv, pi_env
 
     work = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     (work / "notes.txt").write_text("some notes\n" * 20)
@@ -141,7 +141,7 @@ runs_dir = "runs"
             )
             spec = {
                 "argv": argv,
-                "env": _pi_env(agent_dir.env, pi),
+                "env": pi_env(agent_dir.env, pi),
                 "cwd": str(work),
                 "prompt": prompt,
             }

@@ -7,12 +7,15 @@ Run as ``python fake_pi.py <pi's arguments>``; it reads commands from stdin like
 - ``deaf``: accepts the prompt and never settles; ``abort`` gets no answer.
 - ``dialog``: asks a blocking ``select`` dialog, then settles with the dialog's answer as text.
 - ``crash``: writes a diagnostic to stderr and exits 1 before reading anything.
+- ``stubborn``: settles the prompt at once, then ignores the end of stdin and SIGTERM (only
+  SIGKILL ends it), so closing it takes every grace period the harness allows.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -79,6 +82,20 @@ def main() -> int:
                 "data": {"disposition": "started"},
             }
         )
+        if mode == "stubborn":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            settle("all done")
+            for other in commands():
+                out(
+                    {
+                        "id": other.get("id"),
+                        "type": "response",
+                        "command": other.get("type"),
+                        "success": True,
+                    }
+                )
+            time.sleep(120)
+            return 0
         if mode == "flood":
             while True:
                 out("garbage " * 8)

@@ -9,9 +9,9 @@ import pytest
 
 from tether.config import Config
 from tether.errors import ConfigError
-from tether.harness.agentdir import write_agent_dir
-from tether.harness.errors import PiNotInstalled
-from tether.harness.pi import find_pi, pi_argv
+from tether.pi.agentdir import NO_KEY, provider_keys, write_agent_dir
+from tether.pi.errors import PiNotInstalled
+from tether.pi.install import find_pi, pi_argv
 
 
 def config(**harness: object) -> Config:
@@ -70,13 +70,14 @@ def test_overrides_and_keys_stay_off_disk(tmp_path: Path, monkeypatch: pytest.Mo
         write_agent_dir(tmp_path / "a", cfg, "thinker")
     monkeypatch.setenv("TETHER_TEST_KEY", "sk-secret")
     made = write_agent_dir(tmp_path / "b", cfg, "thinker")
-    assert made.env["TETHER_TEST_KEY"] == "sk-secret"
+    assert "sk-secret" not in json.dumps(made.env), "keys travel over the key channel only"
+    assert provider_keys(cfg, "thinker") == {"hosted": "sk-secret"}
     text = (tmp_path / "b" / "models.json").read_text() + (
         tmp_path / "b" / "settings.json"
     ).read_text()
     assert "sk-secret" not in text
     models = json.loads((tmp_path / "b" / "models.json").read_text())
-    assert models["providers"]["hosted"]["apiKey"] == "$TETHER_TEST_KEY"
+    assert models["providers"]["hosted"]["apiKey"] == NO_KEY
     settings = json.loads((tmp_path / "b" / "settings.json").read_text())
     assert settings["compaction"]["keepRecentTokens"] == 100
     assert settings["compaction"]["reserveTokens"] == 200

@@ -30,9 +30,9 @@ from tether.harness.checkpoint import (
     retry_policy,
     view_bytes,
 )
-from tether.harness.protocol import Command
-from tether.harness.run import CheckpointResult, SettledTurn
+from tether.harness.turn import CheckpointResult, CheckpointStatus, SettledTurn
 from tether.ledger import Ledger, ReceiptReason, RowKind, RunStatus, open_ledger
+from tether.pi.protocol import Command
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_one_summary_request_no_extra_task_request_and_a_mirrored_checkpoint(
     cfg = config(tmp_path, provider)
     outcome = run(store, cfg, tmp_path)
 
-    assert (outcome.status, outcome.checkpoint, outcome.answer) == (
+    assert (outcome.status, outcome.checkpoint.label, outcome.answer) == (
         RunStatus.FINISHED,
         "written",
         ANSWER,
@@ -128,7 +128,7 @@ def test_the_next_run_reads_the_checkpoint_even_when_the_tail_does_not_reach_it(
     )
     cfg = config(tmp_path, provider)
     first = run(store, cfg, tmp_path)
-    assert first.checkpoint == "written"
+    assert first.checkpoint.label == "written"
     [checkpoint] = rows_of(store, "s1", RowKind.COMPACTION)
 
     # Later work on the session that alone is larger than the budget: the tail stops there.
@@ -165,7 +165,7 @@ def test_a_second_checkpoint_summarises_the_follow_up_view_including_the_first(
     cfg = config(tmp_path, provider)
     first = run(store, cfg, tmp_path)
     second = run(store, cfg, tmp_path, text="Count to 2000 once more.")
-    assert (first.checkpoint, second.checkpoint) == ("written", "written")
+    assert (first.checkpoint.label, second.checkpoint.label) == ("written", "written")
     assert second.answer == "second answer"
     assert len(provider.summary_requests) == 2
     # The second summary covers its whole working view: the first checkpoint, as tether quoted
@@ -190,7 +190,7 @@ def test_a_view_under_the_budget_needs_no_checkpoint(
     provider = scripted_provider(route(task=long_task(), summary=[Reply(SUMMARY)]))
     cfg = config(tmp_path, provider, budget=200_000)
     outcome = run(store, cfg, tmp_path)
-    assert (outcome.checkpoint, outcome.answer) == ("not_needed", ANSWER)
+    assert (outcome.checkpoint.label, outcome.answer) == ("not_needed", ANSWER)
     assert provider.summary_requests == []
     assert rows_of(store, "s1", RowKind.COMPACTION) == []
     assert rows_of(store, "s1", RowKind.RECEIPT) == []
@@ -219,7 +219,7 @@ def test_a_refused_summary_leaves_a_receipt_and_the_answer(
 
     assert outcome.status is RunStatus.FINISHED
     assert outcome.answer == ANSWER
-    assert outcome.checkpoint == f"refused:{reason}"
+    assert outcome.checkpoint.label == f"refused:{reason}"
     assert len(provider.summary_requests) == attempts
     assert len(provider.task_requests) == 2
     assert provider.exhausted == 0
@@ -256,7 +256,9 @@ def custom_step(instructions: str | None) -> Any:
         fields = {} if instructions is None else {"customInstructions": instructions}
         response = await turn.client.request(Command.COMPACT, **fields)
         await turn.mirror.sync()
-        return CheckpointResult("written" if response.success else f"failed:{response.error}")
+        if response.success:
+            return CheckpointResult(CheckpointStatus.WRITTEN)
+        return CheckpointResult.refused(ReceiptReason.CANCELLED)
 
     return step
 
@@ -267,7 +269,7 @@ def test_other_compactions_are_left_to_pi(
     provider = scripted_provider(route(task=long_task(), summary=[Reply("pi's own summary")]))
     cfg = config(tmp_path, provider)
     outcome = run(store, cfg, tmp_path, checkpoint=custom_step("Focus on the numbers"))
-    assert outcome.checkpoint == "written"
+    assert outcome.checkpoint.label == "written"
     [row] = rows_of(store, "s1", RowKind.COMPACTION)
     # pi's default compaction: its split-turn format, keeping its recent entries.
     assert "continuation" not in row.body
@@ -285,7 +287,7 @@ def test_a_marker_of_another_version_is_refused_not_handed_to_pi(
     cfg = config(tmp_path, provider)
     bad = json.dumps({"tether": "continuation", "version": 99, "run": "r-x", "max_bytes": 10})
     outcome = run(store, cfg, tmp_path, checkpoint=custom_step(bad))
-    assert outcome.checkpoint.startswith("failed:")
+    assert outcome.checkpoint.label == "refused:cancelled"
     assert provider.summary_requests == []
     assert rows_of(store, "s1", RowKind.COMPACTION) == []
 
@@ -296,7 +298,7 @@ def test_without_the_extension_the_harness_sends_no_marker(
     provider = scripted_provider(route(task=long_task(), summary=[Reply(SUMMARY)]))
     cfg = config(tmp_path, provider)
     outcome = run(store, cfg, tmp_path, extensions=())
-    assert outcome.checkpoint == "refused:cancelled"
+    assert outcome.checkpoint.label == "refused:cancelled"
     assert provider.summary_requests == []
     assert rows_of(store, "s1", RowKind.COMPACTION) == []
     record = store.get_run(outcome.run)
@@ -311,7 +313,7 @@ def test_too_little_time_left_means_no_checkpoint(
     # for 99 of 100 s flaked when the turn took under a second).
     cfg = config(tmp_path, provider, deadline_s=100, min_time_s=150)
     outcome = run(store, cfg, tmp_path)
-    assert (outcome.checkpoint, outcome.answer) == ("refused:cancelled", ANSWER)
+    assert (outcome.checkpoint.label, outcome.answer) == ("refused:cancelled", ANSWER)
     assert provider.summary_requests == []
     [receipt] = rows_of(store, "s1", RowKind.RECEIPT)
     assert receipt.body["reason"] == "cancelled"
@@ -381,6 +383,6 @@ def test_the_summary_bound_is_capped_by_the_follow_up_budget(
     provider = scripted_provider(route(task=long_task(), summary=[huge(1500)]))
     cfg = config(tmp_path, provider, budget=4000, summary_max_bytes=60_000)
     outcome = run(store, cfg, tmp_path)
-    assert (outcome.checkpoint, outcome.answer) == ("refused:over_bound", ANSWER)
+    assert (outcome.checkpoint.label, outcome.answer) == ("refused:over_bound", ANSWER)
     assert rows_of(store, "s1", RowKind.COMPACTION) == []
     assert len(provider.summary_requests) == 1

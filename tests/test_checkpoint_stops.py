@@ -74,7 +74,7 @@ async def with_summary_running(
 def assert_refused_cleanly(ledger: Ledger, outcome: RunOutcome, provider: ScriptedProvider) -> None:
     """No checkpoint, one receipt, the answer kept, nothing asked of the provider again."""
     assert outcome.answer == ANSWER
-    assert outcome.checkpoint == "refused:cancelled"
+    assert outcome.checkpoint.label == "refused:cancelled"
     assert rows_of(ledger, "s1", RowKind.COMPACTION) == []
     [receipt] = rows_of(ledger, "s1", RowKind.RECEIPT)
     assert receipt.body == {
@@ -142,7 +142,7 @@ def test_idle_not_confirmed_by_the_deadline_keeps_the_answer_and_refuses_the_ses
 
     outcome = anyio.run(main)
     assert outcome.answer == ANSWER
-    assert outcome.checkpoint == "refused:cancelled"
+    assert outcome.checkpoint.label == "refused:cancelled"
     assert rows_of(store, "s1", RowKind.COMPACTION) == []
     assert len(provider.summary_requests) == 1
     refusing = store.get_session("s1").refusing
@@ -185,6 +185,7 @@ def test_a_hard_stop_kills_pi_and_writes_no_checkpoint(
 
 
 def write_toml(tmp: Path, provider: ScriptedProvider, *, budget: int, name: str = "t") -> Path:
+    (tmp / "work").mkdir(exist_ok=True)
     path = tmp / f"{name}-{budget}.toml"
     path.write_text(
         f"""
@@ -205,6 +206,7 @@ model = "{provider.model}"
 tools = ["bash"]
 deadline_s = 120
 checkpoint_min_time_s = 0
+workdir = "{tmp}/work"
 
 [harness]
 runs_dir = "{tmp}/runs"

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tether.harness.client import Closed, Record, RpcClient, Stray
-from tether.harness.errors import TransportClosed
-from tether.harness.jsonl import LineSplitter, decode, encode
-from tether.harness.transport import SubprocessTransport
+from tether.pi.client import Closed, Record, RpcClient, Stray
+from tether.pi.errors import TransportClosed
+from tether.pi.jsonl import LineSplitter, decode, encode
+from tether.pi.transport import SubprocessTransport
 
 # -- framing ---------------------------------------------------------------------------------------
 

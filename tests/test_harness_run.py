@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,12 @@ from provider import (
 )
 from tether.clock import ManualClock
 from tether.config import Config
-from tether.harness.events import PiStarted, RunEvent, RunStarted, ToolStarted
-from tether.harness.pi import PiInstall
+from tether.errors import ConfigError
+from tether.events import PiStarted, RunEvent, RunStarted, Settled, ToolStarted
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
 from tether.ledger import Ledger, Row, RowKind, RunStatus, open_ledger
+from tether.pi.install import PiInstall
 
 FAKE_PI = Path(__file__).with_name("fake_pi.py")
 
@@ -47,6 +49,13 @@ def make_config(tmp: Path, url: str, *, window: int = 8192, **agent: Any) -> Con
             },
         }
     )
+
+
+def workdir_in(tmp: Path) -> Path:
+    """The agent's workdir: beside the ledger and the run directories, never around them."""
+    work = tmp / "work"
+    work.mkdir(exist_ok=True)
+    return work
 
 
 @pytest.fixture
@@ -69,7 +78,7 @@ def run_sync(
         agent="rev",
         text=text,
         actor=kw.pop("actor", "user:ana"),
-        workdir=tmp,
+        workdir=workdir_in(tmp),
         extensions=kw.pop("extensions", ()),
     )
 
@@ -82,7 +91,7 @@ def run_sync(
 def test_multi_turn_run_records_tool_calls_in_order(
     tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
-    (tmp_path / "notes.txt").write_text("the notes file\n")
+    (workdir_in(tmp_path) / "notes.txt").write_text("the notes file\n")
     p = scripted_provider(
         [
             Reply(
@@ -289,7 +298,9 @@ def test_deadline_aborts_and_keeps_the_answer(
             result: list[RunOutcome] = []
 
             async def run() -> None:
-                request = RunRequest(session="s1", agent="rev", text="work", workdir=tmp_path)
+                request = RunRequest(
+                    session="s1", agent="rev", text="work", workdir=workdir_in(tmp_path)
+                )
                 result.append(await execute_run(store, config, request, clock=clock))
 
             tg.start_soon(run)
@@ -329,7 +340,9 @@ def _run_until(
         async with anyio.create_task_group() as tg:
 
             async def run() -> None:
-                request = RunRequest(session="s1", agent="rev", text="work", workdir=tmp)
+                request = RunRequest(
+                    session="s1", agent="rev", text="work", workdir=workdir_in(tmp)
+                )
                 result.append(
                     await execute_run(
                         store, config, request, stop=stop, subscribers=[events.append], **kw
@@ -443,9 +456,12 @@ def fake_pi() -> PiInstall:
 def test_fake_pi_printing_malformed_lines(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "garbage")
     outcome, events = run_sync(
-        store, make_config(tmp_path, "http://127.0.0.1:9/v1"), "hello", tmp_path, pi=fake_pi()
+        store,
+        make_config(tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "garbage"}),
+        "hello",
+        tmp_path,
+        pi=fake_pi(),
     )
     assert outcome.status is RunStatus.FAILED
     assert outcome.stop_reason is StopReason.TRANSPORT_LOST
@@ -460,9 +476,12 @@ def test_fake_pi_printing_malformed_lines(
 def test_fake_pi_flooding_stdout_is_a_protocol_error(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "flood")
     outcome, _ = run_sync(
-        store, make_config(tmp_path, "http://127.0.0.1:9/v1"), "hello", tmp_path, pi=fake_pi()
+        store,
+        make_config(tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "flood"}),
+        "hello",
+        tmp_path,
+        pi=fake_pi(),
     )
     assert outcome.status is RunStatus.FAILED
     assert outcome.stop_reason is StopReason.PROTOCOL_ERROR
@@ -473,9 +492,12 @@ def test_fake_pi_flooding_stdout_is_a_protocol_error(
 def test_fake_pi_crashing_at_startup(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "crash")
     outcome, _ = run_sync(
-        store, make_config(tmp_path, "http://127.0.0.1:9/v1"), "hello", tmp_path, pi=fake_pi()
+        store,
+        make_config(tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "crash"}),
+        "hello",
+        tmp_path,
+        pi=fake_pi(),
     )
     assert outcome.status is RunStatus.FAILED
     assert outcome.stop_reason is StopReason.STARTUP_FAILED
@@ -486,9 +508,10 @@ def test_fake_pi_crashing_at_startup(
 def test_soft_stop_that_pi_ignores_escalates_and_refuses_the_session(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "deaf")
     clock = ManualClock()
-    config = make_config(tmp_path, "http://127.0.0.1:9/v1", deadline_s=100)
+    config = make_config(
+        tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "deaf"}, deadline_s=100
+    )
 
     async def go() -> RunOutcome:
         result: list[RunOutcome] = []
@@ -496,7 +519,9 @@ def test_soft_stop_that_pi_ignores_escalates_and_refuses_the_session(
         async with anyio.create_task_group() as tg:
 
             async def run() -> None:
-                request = RunRequest(session="s1", agent="rev", text="work", workdir=tmp_path)
+                request = RunRequest(
+                    session="s1", agent="rev", text="work", workdir=workdir_in(tmp_path)
+                )
                 result.append(
                     await execute_run(
                         store,
@@ -530,9 +555,12 @@ def test_soft_stop_that_pi_ignores_escalates_and_refuses_the_session(
 def test_blocking_dialogs_are_cancelled_and_notify_is_forwarded(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_PI_MODE", "dialog")
     outcome, events = run_sync(
-        store, make_config(tmp_path, "http://127.0.0.1:9/v1"), "hello", tmp_path, pi=fake_pi()
+        store,
+        make_config(tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "dialog"}),
+        "hello",
+        tmp_path,
+        pi=fake_pi(),
     )
     assert outcome.status is RunStatus.FINISHED
     assert outcome.answer is not None
@@ -612,3 +640,81 @@ def test_truncated_and_empty_answers_are_recorded_as_they_are(
     last = [r for r in rows(store) if r.role == "assistant"][-1]
     assert last.run == blank.run
     assert last.body["content"] == []
+
+
+def test_a_second_stop_during_close_kills_at_once_and_a_late_stop_keeps_the_run_finished(
+    tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pi settled, then ignores the end of stdin and SIGTERM: an orderly close would take two
+    grace periods (2 x 5 s). A soft stop then a hard one (Ctrl-C twice) during that close kill it
+    at once, and since the task turn had settled, the run stays finished."""
+    config = make_config(tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "stubborn"})
+    stopped_at: list[float] = []
+
+    def twice(stop: StopControl, _: list[RunEvent]) -> None:
+        stopped_at.append(time.monotonic())
+        stop.soft()
+        stop.stop_hard()
+
+    outcome, events = _run_until(
+        store,
+        config,
+        tmp_path,
+        ready=lambda evs: any(isinstance(e, Settled) for e in evs),
+        act=twice,
+        pi=fake_pi(),
+    )
+    took = time.monotonic() - stopped_at[0]
+    assert took < 2.5, f"the hard stop waited {took:.1f}s for the orderly close"
+    assert (outcome.status, outcome.stop_reason, outcome.answer) == (
+        RunStatus.FINISHED,
+        StopReason.SETTLED,
+        "all done",
+    )
+    pi_pid = next(e.pid for e in events if isinstance(e, PiStarted))
+    assert not _alive(pi_pid)
+    assert store.get_run(outcome.run).status is RunStatus.FINISHED
+
+
+def test_a_soft_stop_after_pi_settled_does_not_interrupt_the_run(
+    tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_config(
+        tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "stubborn"}, deadline_s=600
+    )
+    config = config.model_copy(
+        update={"harness": config.harness.model_copy(update={"stop_grace_s": 0.5})}
+    )
+    outcome, _ = _run_until(
+        store,
+        config,
+        tmp_path,
+        ready=lambda evs: any(isinstance(e, Settled) for e in evs),
+        act=lambda stop, _: stop.soft(),
+        pi=fake_pi(),
+    )
+    assert (outcome.status, outcome.stop_reason) == (RunStatus.FINISHED, StopReason.SETTLED)
+    assert store.get_run(outcome.run).status is RunStatus.FINISHED
+    assert store.get_session("s1").refusing is None
+
+
+def test_a_missing_api_key_is_refused_before_anything_is_written(
+    tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TETHER_TEST_UNSET_KEY", raising=False)
+    config = Config.model_validate(
+        {
+            "providers": {
+                "hosted": {
+                    "base_url": "http://127.0.0.1:9/v1",
+                    "api_key_env": "TETHER_TEST_UNSET_KEY",
+                }
+            },
+            "agents": {"rev": {"provider": "hosted", "model": "m"}},
+            "harness": {"runs_dir": str(tmp_path / "runs")},
+        }
+    )
+    with pytest.raises(ConfigError, match=r"\$TETHER_TEST_UNSET_KEY"):
+        run_sync(store, config, "hello", tmp_path, pi=fake_pi())
+    assert store.sessions() == []
+    assert not (tmp_path / "runs").exists()

@@ -8,7 +8,7 @@ from typing import Any
 
 import anyio
 
-from tether.harness.events import EventBus, RowsMirrored, RunEvent
+from tether.events import EventBus, RowsMirrored, RunEvent
 from tether.ledger import Fence, Ledger, NewRow, RowKind
 from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror

@@ -14,6 +14,7 @@ import pytest
 from tether.config import load_config
 from tether.model.localconfig import LOCAL_COMPAT, write_local_config
 from tether.model.process import (
+    ModelServer,
     ServerState,
     ServerStatus,
     StopOutcome,
@@ -122,6 +123,39 @@ def test_a_reused_pid_is_never_signalled(
     assert outcome is StopOutcome.STALE
     assert proc.poll() is None
     assert read_state(tmp_path) is None
+
+
+def test_a_server_stop_kills_descendants_and_reaps_the_child(tmp_path: Path) -> None:
+    # The leader dies on SIGTERM; its child ignores it, so only the SIGKILL after the grace
+    # period ends it, and by then it has been reparented: psutil listed it before signalling.
+    script = "sh -c 'trap \"\" TERM; echo $$; exec sleep 60' & wait"
+    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    server = ModelServer(proc, state_for(proc.pid, tmp_path))
+    try:
+        began = time.monotonic()
+        server.stop(grace=0.5)
+        assert time.monotonic() - began >= 0.5
+        assert proc.returncode is not None  # reaped: no zombie left behind
+        assert not server.alive()
+        assert gone(child)
+    finally:
+        for pid in (proc.pid, child):
+            if _proc_start(pid) is not None:
+                subprocess.run(["kill", "-9", str(pid)], check=False)
+        proc.wait()
+
+
+def test_a_server_that_exited_already_is_reaped_on_stop(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["sh", "-c", "sleep 0.2; exit 3"], start_new_session=True)
+    server = ModelServer(proc, state_for(proc.pid, tmp_path))
+    time.sleep(0.5)
+    began = time.monotonic()
+    server.stop(grace=5.0)
+    assert time.monotonic() - began < 1.0
+    assert proc.returncode == 3
+    assert _proc_start(proc.pid) is None
 
 
 def test_alive_but_silent_is_not_answering(

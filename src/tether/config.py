@@ -102,6 +102,11 @@ class AgentConfig(_Section, frozen=True):
     summary_max_bytes: Positive = 60_000
     """A continuation summary over this many bytes is refused (``over_bound``); the bound is
     capped at a quarter of the follow-up budget, so the next view can always hold it."""
+    workdir: Path | None = None
+    """Where the agent's tools run (relative to the config file; default: the current
+    directory). It must not contain the ledger file, the config or the run directories."""
+    env: dict[str, str] = {}
+    """Variables the agent's tools get, besides PATH, HOME, LANG, TERM and a private TMPDIR."""
 
 
 class HarnessConfig(_Section, frozen=True):
@@ -145,6 +150,14 @@ class Config(_Section, frozen=True):
                 f"unknown agent {name!r} (configured: {known}); add [agents.{name}] to "
                 f"{self.path or 'tether.toml'}"
             ) from None
+
+    def workdir(self, name: str) -> Path:
+        """The agent's working directory, resolved (relative to the config file)."""
+        chosen = self.agent(name).workdir
+        if chosen is None:
+            return Path.cwd().resolve()
+        base = self.path.parent if self.path else Path.cwd()
+        return (chosen if chosen.is_absolute() else base / chosen).resolve()
 
     def provider(self, name: str) -> ProviderConfig:
         try:

@@ -75,8 +75,8 @@ def _tether() -> Check:
 def _pi() -> list[Check]:
     import subprocess
 
-    from tether.harness.errors import PiNotInstalled
-    from tether.harness.pi import find_pi
+    from tether.pi.errors import PiNotInstalled
+    from tether.pi.install import find_pi
 
     try:
         pi = find_pi()

@@ -6,5 +6,6 @@ Summary text never grants anything: admission looks only at the ``sources`` a ro
 from __future__ import annotations
 
 from tether.access.grants import Admission, matches
+from tether.access.obligations import Obligations
 
-__all__ = ["Admission", "matches"]
+__all__ = ["Admission", "Obligations", "matches"]

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "sessions": ("ledger_cmd", "sessions", "List the sessions in the ledger."),
     "session": ("ledger_cmd", "session_app", "Operate on one session."),
     "ledger": ("ledger_cmd", "ledger_app", "Move sessions in and out of the ledger as JSON Lines."),
+    "runs": ("runs_cmd", "runs_app", "Run directories: pi's files of each run."),
     "model": (
         "model_cmd",
         "model_app",

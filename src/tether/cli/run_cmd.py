@@ -16,10 +16,7 @@ from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import Exit, command, err_console, out_console
 from tether.cli.exits import escape as esc
 from tether.errors import SessionRefusing
-from tether.followup import Refused
-from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
-from tether.harness.errors import PiNotInstalled
-from tether.harness.events import (
+from tether.events import (
     Compacted,
     Compacting,
     Notice,
@@ -32,10 +29,14 @@ from tether.harness.events import (
     ToolStarted,
     TurnStarted,
 )
-from tether.harness.pi import PiInstall, find_pi
+from tether.followup import Refused
+from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
+from tether.harness.turn import CheckpointStatus
 from tether.ledger import Ledger, RunStatus
+from tether.pi.errors import PiNotInstalled
+from tether.pi.install import PiInstall, find_pi
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -252,6 +253,8 @@ def run(
             + f"; pi's log: {esc(str(outcome.run_dir / 'pi.log'))}"
         )
         raise typer.Exit(Exit.RUN_FAILED)
-    if outcome.checkpoint.startswith("refused"):
-        err_console.print(f"[yellow]the continuation checkpoint was {esc(outcome.checkpoint)}[/]")
+    if outcome.checkpoint.status is CheckpointStatus.REFUSED:
+        err_console.print(
+            f"[yellow]the continuation checkpoint was {esc(outcome.checkpoint.label)}[/]"
+        )
         raise typer.Exit(Exit.REFUSED)

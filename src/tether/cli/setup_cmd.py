@@ -32,7 +32,7 @@ def setup(
     """
     from rich.markup import escape
 
-    from tether.harness.pi import data_dir
+    from tether.pi.install import data_dir
     from tether.runtime import SetupState
     from tether.runtime import setup as install
 

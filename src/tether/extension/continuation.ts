@@ -26,8 +26,20 @@
  * Loaded with `pi -e PATH`; pi compiles it on load (jiti), so there is no build step.
  */
 
-import type { AgentMessage } from "@earendil-works/pi-agent-core";
-import type { ExtensionAPI, ExtensionContext } from "@earendil-works/pi-coding-agent";
+import type { AgentMessage, StreamFn } from "@earendil-works/pi-agent-core";
+import type {
+	Api,
+	AssistantMessageEventStream,
+	Model,
+	RetryCallbacks,
+	RetryPolicy,
+	SimpleStreamOptions,
+	StopReason,
+	SystemMessage,
+	TranscriptContext,
+	Usage,
+} from "@earendil-works/pi-ai";
+import type { ExtensionAPI, ExtensionContext, SessionManager } from "@earendil-works/pi-coding-agent";
 import { generateSummaryWithUsage } from "@earendil-works/pi-coding-agent";
 
 export const MARKER_TAG = "continuation";
@@ -43,7 +55,7 @@ export type RefusalReason = "cancelled" | "truncated" | "empty" | "over_bound" |
 interface Marker {
 	run: string;
 	maxBytes: number;
-	retry?: { enabled: true; maxRetries: number; baseDelayMs: number; maxAgentDelayMs?: number };
+	retry?: RetryPolicy;
 }
 
 /** What `parseMarker` makes of a compaction's custom instructions. */
@@ -92,20 +104,11 @@ export function parseMarker(instructions: string | undefined): Parsed {
 // The summary input
 // ---------------------------------------------------------------------------------------------
 
-interface SystemLike {
-	role: "system";
-	content?: unknown;
-	sections?: Record<string, string | null>;
-	toolsAdded?: { name?: unknown }[];
-	toolsRemoved?: { name?: unknown }[];
-}
-
-function textOf(content: unknown): string {
+function textOf(content: SystemMessage["content"]): string {
 	if (typeof content === "string") return content;
-	if (!Array.isArray(content)) return "";
 	return content
-		.filter((b): b is { type: "text"; text: string } => isRecord(b) && b.type === "text" && typeof b.text === "string")
-		.map((b) => b.text)
+		.filter((block) => block.type === "text")
+		.map((block) => block.text)
 		.join("\n");
 }
 
@@ -117,9 +120,8 @@ function textOf(content: unknown): string {
  */
 export function quoteSystemContext(messages: readonly AgentMessage[]): string {
 	const snapshots: string[] = [];
-	for (const message of messages) {
-		if ((message as { role: string }).role !== "system") continue;
-		const sys = message as unknown as SystemLike;
+	for (const sys of messages) {
+		if (sys.role !== "system") continue;
 		const parts: string[] = [];
 		const base = textOf(sys.content).trim();
 		if (base) parts.push(base);
@@ -127,8 +129,7 @@ export function quoteSystemContext(messages: readonly AgentMessage[]): string {
 			if (value === null) parts.push(`[section ${JSON.stringify(name)} removed]`);
 			else if (value.trim()) parts.push(`[section ${JSON.stringify(name)}]\n${value}`);
 		}
-		const names = (list: { name?: unknown }[] | undefined) =>
-			(list ?? []).map((t) => (typeof t.name === "string" ? t.name : "?")).join(", ");
+		const names = (list: readonly { name: string }[] | undefined) => (list ?? []).map((t) => t.name).join(", ");
 		if (sys.toolsAdded?.length) parts.push(`[tools added: ${names(sys.toolsAdded)}]`);
 		if (sys.toolsRemoved?.length) parts.push(`[tools removed: ${names(sys.toolsRemoved)}]`);
 		if (parts.length === 0) continue;
@@ -155,25 +156,98 @@ export function splitWorkingView(messages: readonly AgentMessage[]): {
 	let previousSummary: string | undefined;
 	const conversation: AgentMessage[] = [];
 	for (const message of messages) {
-		const role = (message as { role: string }).role;
-		if (role === "compactionSummary") {
-			previousSummary = (message as unknown as { summary: string }).summary;
-		} else if (role !== "system") {
-			conversation.push(message);
-		}
+		if (message.role === "compactionSummary") previousSummary = message.summary;
+		else if (message.role !== "system") conversation.push(message);
 	}
 	return { previousSummary, conversation };
 }
 
+/** A copy of the summary request with the quoted evidence ahead of the conversation: prepended to
+ * the first text block of the last user message (pi's prompt, which opens `<conversation>`). */
+function withEvidence(context: TranscriptContext, evidence: string): TranscriptContext {
+	const messages = [...context.messages];
+	for (let i = messages.length - 1; i >= 0; i--) {
+		const message = messages[i];
+		if (message?.role !== "user" || typeof message.content === "string") continue;
+		const content = message.content.map((block, j) =>
+			j === 0 && block.type === "text" ? { ...block, text: evidence + block.text } : block,
+		);
+		messages[i] = { ...message, content };
+		break;
+	}
+	return { ...context, messages };
+}
+
+// ---------------------------------------------------------------------------------------------
+// pi's summary generator, behind one adapter
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * `generateSummaryWithUsage`'s positional parameters as pi 1.6.0 declares them. The check below
+ * fails `tsc` (make lint) when a pi upgrade adds, drops, moves or retypes one, instead of a run
+ * passing the previous summary or the abort signal in the wrong place. Two parameters of the same
+ * type trading places cannot be seen by any type check; the labels here are the ones to compare.
+ */
+type SummaryParameters = [
+	currentMessages: AgentMessage[],
+	model: Model<Api>,
+	_reserveTokens: number | undefined,
+	apiKey: string | undefined,
+	headers?: Record<string, string>,
+	signal?: AbortSignal,
+	customInstructions?: string,
+	previousSummary?: string,
+	thinkingLevel?: ExtensionContext["thinkingLevel"],
+	streamFn?: StreamFn,
+	env?: Record<string, string>,
+	retry?: RetryPolicy,
+	callbacks?: RetryCallbacks,
+	sessionId?: string,
+];
+type Declared = Parameters<typeof generateSummaryWithUsage>;
+type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
+const summaryParametersMatchPi: Same<SummaryParameters, Declared> = true;
+void summaryParametersMatchPi;
+
+interface SummaryRequest {
+	conversation: AgentMessage[];
+	model: Model<Api>;
+	signal: AbortSignal;
+	previousSummary: string | undefined;
+	thinkingLevel: ExtensionContext["thinkingLevel"];
+	streamFn: StreamFn;
+	retry: RetryPolicy | undefined;
+}
+
+/** The one call into pi's summary generator, with every parameter named. */
+function summarize(request: SummaryRequest): Promise<{ text: string; usage: Usage }> {
+	const args: SummaryParameters = [
+		request.conversation,
+		request.model,
+		undefined, // _reserveTokens: unused by pi
+		undefined, // apiKey: the registry resolves auth per request
+		undefined, // headers
+		request.signal,
+		undefined, // customInstructions: the marker is not a focus instruction for the summarizer
+		request.previousSummary,
+		request.thinkingLevel,
+		request.streamFn,
+		undefined, // env
+		request.retry,
+	];
+	return generateSummaryWithUsage(...args);
+}
+
+/** pi's session manager stores a null `firstKeptEntryId` as the compaction entry's own id (a
+ * compaction that keeps nothing before it); the extension result type says `string`, so the null
+ * is passed through this one cast, which the check below ties to the session manager's signature. */
+const RETAIN_NONE = null as unknown as string;
+const sessionManagerTakesNull: null extends Parameters<SessionManager["appendCompaction"]>[1] ? true : false = true;
+void sessionManagerTakesNull;
+
 // ---------------------------------------------------------------------------------------------
 // The handler
 // ---------------------------------------------------------------------------------------------
-
-type StopReason = "stop" | "length" | "toolUse" | "error" | "aborted";
-
-interface Outcome {
-	stopReason: StopReason | undefined;
-}
 
 function refuse(ctx: ExtensionContext, run: string, reason: RefusalReason): { cancel: true } {
 	ctx.ui.notify(JSON.stringify({ kind: RECEIPT_KIND, run, reason }), "error");
@@ -184,7 +258,28 @@ function utf8Length(text: string): number {
 	return Buffer.byteLength(text, "utf8");
 }
 
-export default function continuation(pi: ExtensionAPI) {
+/** The registry's provider-neutral path (request-time auth, provider registrations of
+ * extensions), wrapped to record the final stop reason and to place the quoted evidence ahead of
+ * the `<conversation>` block of pi's prompt. */
+function observedStream(
+	ctx: ExtensionContext,
+	evidence: string,
+	outcome: { stopReason: StopReason | undefined },
+): StreamFn {
+	return (model: Model<Api>, context: TranscriptContext, options?: SimpleStreamOptions) => {
+		const input = evidence ? withEvidence(context, evidence) : context;
+		const stream: AssistantMessageEventStream = ctx.modelRegistry.streamSimple(model, input, options);
+		const result = stream.result.bind(stream);
+		stream.result = async () => {
+			const message = await result();
+			outcome.stopReason = message.stopReason;
+			return message;
+		};
+		return stream;
+	};
+}
+
+export default function continuation(pi: ExtensionAPI): void {
 	// The run whose compaction this extension handed to pi and pi has not yet written. pi checks
 	// the abort signal once more before writing, so an abort can still cancel it after the hook
 	// returned; the refusal receipt is then sent from `session_compact_failed`.
@@ -210,43 +305,19 @@ export default function continuation(pi: ExtensionAPI) {
 
 			const view = ctx.sessionManager.buildSessionProjection().messages;
 			const { previousSummary, conversation } = splitWorkingView(view);
-			const evidence = quoteSystemContext(view);
+			const outcome: { stopReason: StopReason | undefined } = { stopReason: undefined };
 
-			const outcome: Outcome = { stopReason: undefined };
-			// The registry's provider-neutral path (request-time auth, provider registrations of
-			// extensions), wrapped to see the final stop reason and to place the quoted evidence
-			// ahead of the `<conversation>` block of pi's prompt.
-			const streamFn = (m: Parameters<typeof ctx.modelRegistry.streamSimple>[0], context: any, options: any) => {
-				const input = evidence ? withEvidence(context, evidence) : context;
-				const stream = ctx.modelRegistry.streamSimple(m, input, options);
-				const result = stream.result.bind(stream);
-				stream.result = async () => {
-					const message = await result();
-					outcome.stopReason = message.stopReason as StopReason;
-					return message;
-				};
-				return stream;
-			};
-
-			let text: string;
-			let usage: unknown;
+			let summary: { text: string; usage: Usage };
 			try {
-				const summary = await generateSummaryWithUsage(
+				summary = await summarize({
 					conversation,
 					model,
-					undefined,
-					undefined, // apiKey: the registry resolves auth per request
-					undefined,
 					signal,
-					undefined, // the marker is not a focus instruction for the summarizer
 					previousSummary,
-					ctx.thinkingLevel,
-					streamFn as any,
-					undefined,
-					marker.retry,
-				);
-				text = summary.text;
-				usage = summary.usage;
+					thinkingLevel: ctx.thinkingLevel,
+					streamFn: observedStream(ctx, quoteSystemContext(view), outcome),
+					retry: marker.retry,
+				});
 			} catch {
 				// The generator throws on an error or length stop and on a tool call; the recorded
 				// stop reason says which. The exception text never leaves pi.
@@ -255,17 +326,16 @@ export default function continuation(pi: ExtensionAPI) {
 				return refuse(ctx, marker.run, "provider_failure");
 			}
 			if (signal.aborted || outcome.stopReason === "aborted") return refuse(ctx, marker.run, "cancelled");
-			if (!text.trim()) return refuse(ctx, marker.run, "empty");
-			if (utf8Length(text) > marker.maxBytes) return refuse(ctx, marker.run, "over_bound");
+			if (!summary.text.trim()) return refuse(ctx, marker.run, "empty");
+			if (utf8Length(summary.text) > marker.maxBytes) return refuse(ctx, marker.run, "over_bound");
 
 			handedOver = marker.run;
 			return {
 				compaction: {
-					summary: text,
-					// Self-retaining: pi stores the entry's own id, so nothing before it is kept.
-					firstKeptEntryId: null as unknown as string,
+					summary: summary.text,
+					firstKeptEntryId: RETAIN_NONE,
 					tokensBefore: event.preparation.tokensBefore,
-					usage: usage as any,
+					usage: summary.usage,
 					details: { continuation: { version: MARKER_VERSION, run: marker.run } },
 				},
 			};
@@ -285,19 +355,4 @@ export default function continuation(pi: ExtensionAPI) {
 		handedOver = undefined;
 		ctx.ui.notify(JSON.stringify({ kind: RECEIPT_KIND, run, reason: "cancelled" }), "error");
 	});
-}
-
-/** A copy of the summary request with the quoted evidence ahead of the conversation. */
-function withEvidence(context: { messages: any[] }, evidence: string): { messages: any[] } {
-	const messages = [...context.messages];
-	for (let i = messages.length - 1; i >= 0; i--) {
-		const message = messages[i];
-		if (message?.role !== "user" || !Array.isArray(message.content)) continue;
-		const content = message.content.map((block: any, j: number) =>
-			j === 0 && block?.type === "text" ? { ...block, text: evidence + block.text } : block,
-		);
-		messages[i] = { ...message, content };
-		break;
-	}
-	return { ...context, messages };
 }

@@ -40,13 +40,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from tether.config import AgentConfig, Config
 from tether.errors import LedgerError
-from tether.harness.agentdir import pi_settings
-from tether.harness.client import Record, is_notify
-from tether.harness.errors import TransportClosed
-from tether.harness.protocol import Command, Response
-from tether.harness.run import NOT_NEEDED, CheckpointResult, SettledTurn, in_thread
+from tether.harness.run import in_thread
 from tether.harness.stops import race_clock
+from tether.harness.turn import NOT_NEEDED, CheckpointResult, CheckpointStatus, SettledTurn
 from tether.ledger import ReceiptReason, Row, RowKind
+from tether.pi.agentdir import pi_settings
+from tether.pi.client import Record, is_notify
+from tether.pi.errors import TransportClosed
+from tether.pi.protocol import Command, Response
 from tether.sizes import measure
 
 __all__ = [
@@ -173,10 +174,6 @@ async def _compact(turn: SettledTurn, instructions: str) -> Response | Transport
         return exc
 
 
-def _refused(reason: ReceiptReason, refuse_session: str | None = None) -> CheckpointResult:
-    return CheckpointResult(f"refused:{reason.value}", refuse_session=refuse_session)
-
-
 def _is_ours(row: Row | None, run: str) -> bool:
     if row is None or row.kind is not RowKind.COMPACTION:
         return False
@@ -210,7 +207,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
         commands = await client.call(Command.GET_COMMANDS)
     except TransportClosed as exc:
         await _refuse(turn, ReceiptReason.CANCELLED, f"pi went away before the checkpoint: {exc}")
-        return _refused(ReceiptReason.CANCELLED)
+        return CheckpointResult.refused(ReceiptReason.CANCELLED)
     await in_thread(turn.ledger.update_run_extra, turn.fence, {"working_view_bytes": size})
 
     names = {c.get("name") for c in (commands.get("commands") or []) if isinstance(c, dict)}
@@ -234,7 +231,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
             f"the working view ({size} bytes) is over "
             f"the budget ({budget}) but no checkpoint was attempted: {why_not}",
         )
-        return _refused(ReceiptReason.CANCELLED)
+        return CheckpointResult.refused(ReceiptReason.CANCELLED)
 
     text = marker(
         turn.run_id,
@@ -244,7 +241,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
     bound = turn.deadline + turn.config.harness.stop_grace_s
     records = client.subscribe()
     # From here on a cut-off step counts as a refused checkpoint (run.py reads this).
-    turn.attempt = _refused(ReceiptReason.CANCELLED)
+    turn.attempt = CheckpointResult.refused(ReceiptReason.CANCELLED)
     try:
         with records:
             try:
@@ -257,7 +254,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
                 with anyio.CancelScope(shield=True), contextlib.suppress(LedgerError):
                     reason = _drain(records, turn.run_id) or ReceiptReason.CANCELLED
                     await _refuse(turn, reason, "the run was stopped during the checkpoint")
-                    turn.attempt = _refused(reason)
+                    turn.attempt = CheckpointResult.refused(reason)
                 raise
             receipt = _drain(records, turn.run_id)
     finally:
@@ -267,9 +264,9 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
         reason = receipt or ReceiptReason.CANCELLED
         if turn.stop.hard:
             await _refuse(turn, reason, "the run was stopped during the checkpoint")
-            return _refused(reason)
+            return CheckpointResult.refused(reason)
         await _refuse(turn, reason, f"pi went away during the checkpoint: {response}")
-        return _refused(
+        return CheckpointResult.refused(
             reason,
             f"pi went away while run {turn.run_id}'s continuation checkpoint was in flight; "
             "its delivery is unknown",
@@ -278,7 +275,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
     if not finished or response is None:
         reason = receipt or ReceiptReason.CANCELLED
         await _refuse(turn, reason, "pi did not answer the checkpoint by the deadline")
-        return _refused(
+        return CheckpointResult.refused(
             reason,
             f"pi's idle was not confirmed by the deadline of run {turn.run_id} during its "
             "continuation checkpoint",
@@ -287,7 +284,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
         reason = receipt or ReceiptReason.CANCELLED
         detail = None if receipt else f"pi refused the compaction: {response.error}"
         await _refuse(turn, reason, detail)
-        return _refused(reason)
+        return CheckpointResult.refused(reason)
 
     row = await _await_row(turn, turn.clock.now() + turn.config.harness.stop_grace_s)
     if row is None:
@@ -298,7 +295,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
             turn.fence,
             {"needs_recall": True, "checkpoint_detail": "the checkpoint row was not mirrored"},
         )
-        return _refused(
+        return CheckpointResult.refused(
             ReceiptReason.CANCELLED,
             f"run {turn.run_id}'s continuation checkpoint was written by pi but not mirrored",
         )
@@ -307,4 +304,4 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
         turn.fence,
         {"checkpoint_seq": row.seq, "needs_recall": False},
     )
-    return CheckpointResult("written")
+    return CheckpointResult(CheckpointStatus.WRITTEN)

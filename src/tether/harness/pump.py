@@ -9,8 +9,7 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from tether.harness.client import Closed, Record, Stray
-from tether.harness.events import (
+from tether.events import (
     AnswerDelta,
     Compacted,
     Compacting,
@@ -23,10 +22,11 @@ from tether.harness.events import (
     ToolStarted,
     TurnStarted,
 )
-from tether.harness.protocol import Event, UiMethod
 from tether.harness.stops import StopControl, StopReason
 from tether.mirror.entries import message_text
 from tether.mirror.mirror import Mirror
+from tether.pi.client import Closed, Record, Stray
+from tether.pi.protocol import Event, UiMethod
 
 __all__ = ["MAX_STRAYS", "RunState", "follow", "on_record"]
 
@@ -37,9 +37,9 @@ STRAY_SAMPLES = 5
 
 @dataclass
 class RunState:
-    """What the run has seen of pi so far."""
+    """What the run has seen of pi so far (observations only: what the run comes to is a
+    value the driver returns, not a flag here)."""
 
-    prompted: bool = False
     turns: int = 0
     tool_calls: int = 0
     retries: int = 0
@@ -51,17 +51,8 @@ class RunState:
     strays: int = 0
     stray_samples: list[str] = field(default_factory=list)
     extension_errors: list[str] = field(default_factory=list)
-    failure: tuple[StopReason, str] | None = None
-    fatal: BaseException | None = None
-    idle_unconfirmed: bool = False
-    checkpointing: bool = False
-    """The task turn settled successfully and the checkpoint step has started."""
     done: anyio.Event = field(default_factory=anyio.Event)
     """Set when pi settled or its transport closed."""
-
-    def fail(self, reason: StopReason, message: str) -> None:
-        if self.failure is None:
-            self.failure = (reason, message)
 
 
 async def follow(
@@ -95,12 +86,11 @@ def on_record(
             state.stray_samples.append(text[:200])
         bus.emit(StrayOutput(line=text, problem=item.problem))
         if state.strays > MAX_STRAYS:
-            state.fail(
+            stop.stop_hard(
                 StopReason.PROTOCOL_ERROR,
                 f"pi wrote {state.strays} lines to stdout that are not RPC records "
                 f"(first: {state.stray_samples[0]!r})",
             )
-            stop.stop_hard(StopReason.PROTOCOL_ERROR)
         return
     kind = item.get("type")
     if kind == Event.MESSAGE_UPDATE:

@@ -5,30 +5,34 @@
 
 The lifecycle:
 
-1. Check the configuration and find pi (nothing is written when either is wrong).
+1. Check the configuration (the agent, its provider, the provider's key) and find pi: nothing is
+   written when any of them is wrong.
 2. Build the follow-up view when the session has history (a refusal writes nothing).
 3. Create and claim the run; write the view's copied rows and the request row (fenced).
 4. Give the run its own directory: pi agent dir (``models.json``, ``settings.json``), the
    session file written from the view, pi's stderr log.
-5. Start pi, send one ``prompt``, follow events until ``agent_settled`` (``agent_end`` is not the
-   end: retries, overflow recovery and queued work follow it), mirroring entries as they land.
+5. The task turn: start pi, send one ``prompt``, follow events until ``agent_settled``
+   (``agent_end`` is not the end: retries, overflow recovery and queued work follow it),
+   mirroring entries as they land. It ends with a value (:data:`TaskEnd`): pi settled, pi
+   failed, or a stop.
 6. After a settled, successful task turn, the checkpoint step (one awaited call; see
    :class:`SettledTurn`) may run while events are still read and stops still apply.
-7. Close pi (orderly, escalating), mirror what is left, end the run with its status, stop
-   reason and answer.
+7. Close pi (orderly, escalating), mirror what is left, and end the run with the verdict drawn
+   from those values (:func:`tether.harness.turn.verdict`).
 
-Stops: the deadline (``deadline_s`` of the agent, on the injected ``Clock``) and a soft stop send
-``abort`` and wait for pi to settle within ``harness.stop_grace_s``; if it does not, pi is
-killed (``escalated``) and the session refuses prompts until an operator clears it, because
-pi's idle was never confirmed (invariant 15). A hard stop kills pi's process group at once and
-cancels the run's work scope. Whatever answer exists is kept in every outcome (invariant 14).
+Stops are scopes (:mod:`tether.harness.stops`): the deadline (``deadline_s`` of the agent, on the
+injected ``Clock``) and a soft stop cancel the turn's soft scope, after which ``abort`` is sent
+and pi has ``harness.stop_grace_s`` to settle; if it does not, the stop escalates to the hard
+scope, pi is killed and the session refuses prompts until an operator clears it, because pi's
+idle was never confirmed (invariant 15). A hard stop kills pi's process group at once, also
+while pi is being closed. Whatever answer exists is kept in every outcome (invariant 14).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -37,40 +41,41 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
+from tether.access import Obligations
 from tether.clock import Clock, SystemClock
-from tether.config import AgentConfig, Config
+from tether.config import Config
 from tether.errors import FencedOut, LedgerError, RunNotActive, SessionRefusing
+from tether.events import EventBus, PiStarted, RunEnded, RunStarted, StopRequested, Subscriber
+from tether.files import private_file
 from tether.followup import FollowupView, Refusal, build_view
-from tether.harness.agentdir import write_agent_dir
-from tether.harness.client import RpcClient
-from tether.harness.errors import PiStartupFailed, TransportClosed
-from tether.harness.events import (
-    EventBus,
-    PiStarted,
-    RunEnded,
-    RunStarted,
-    StopRequested,
-    Subscriber,
-)
-from tether.harness.pi import PiInstall, find_pi, pi_argv
-from tether.harness.protocol import Command, Disposition
 from tether.harness.pump import RunState, follow
-from tether.harness.sessionfile import PreEntry, write_session_file
-from tether.harness.stops import StopControl, StopReason, race_clock
-from tether.harness.transport import SubprocessTransport
+from tether.harness.rundir import check_workdir, make_run_dir, runs_dir
+from tether.harness.stops import StopControl, Stopped, StopReason, race_clock
 from tether.harness.turn import (
     NOT_NEEDED,
     CheckpointResult,
     CheckpointStatus,
     CheckpointStep,
+    PiFailed,
+    PiSettled,
     RunOutcome,
     RunRequest,
     SettledTurn,
+    TaskEnd,
+    verdict,
 )
-from tether.ledger import Fence, Ledger, NewRow, RowKind, RunStatus
+from tether.ledger import Fence, Ledger, NewRow, ReceiptReason, RowKind, RunStatus
 from tether.ledger.models import now_iso
 from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror
+from tether.pi.agentdir import provider_keys, write_agent_dir
+from tether.pi.client import RpcClient
+from tether.pi.errors import PiStartupFailed, TransportClosed
+from tether.pi.install import PiInstall, find_pi, pi_argv, pi_env
+from tether.pi.keys import key_channel
+from tether.pi.protocol import Command, Disposition
+from tether.pi.sessionfile import PreEntry, write_session_file
+from tether.pi.transport import SubprocessTransport
 
 __all__ = [
     "NOT_NEEDED",
@@ -81,19 +86,11 @@ __all__ = [
     "RunRequest",
     "SettledTurn",
     "execute_run",
+    "in_thread",
     "runs_dir",
 ]
 
 T = TypeVar("T")
-
-
-def runs_dir(config: Config) -> Path:
-    """Where runs keep their directories (``harness.runs_dir``; relative to the config file)."""
-    base = config.path.parent if config.path else Path.cwd()
-    chosen = config.harness.runs_dir
-    if chosen is None:
-        return base / ".tether" / "runs"
-    return chosen if chosen.is_absolute() else base / chosen
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -108,17 +105,6 @@ def _request_message(text: str) -> dict[str, Any]:
         "content": [{"type": "text", "text": text}],
         "timestamp": int(time.time() * 1000),
     }
-
-
-def _pi_env(extra: dict[str, str], pi: PiInstall) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PI_")}
-    env.update(extra)
-    env["PI_OFFLINE"] = "1"
-    loopback = "127.0.0.1,localhost"
-    for key in ("NO_PROXY", "no_proxy"):
-        env[key] = f"{loopback},{env[key]}" if env.get(key) else loopback
-    env["PATH"] = f"{pi.node_bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    return env
 
 
 async def execute_run(
@@ -136,12 +122,17 @@ async def execute_run(
     ``Refused`` before anything is written; every later failure ends the run (failed or
     interrupted, with its reason) and is reported in the outcome."""
     agent = config.agent(request.agent)
-    config.provider(agent.provider)
+    keys = provider_keys(config, request.agent)  # a missing key refuses before any write
+    workdir = check_workdir(
+        request.workdir or config.workdir(request.agent),
+        agent=request.agent,
+        config=config,
+        ledger=ledger,
+    )
     pi = pi or find_pi()
     clock = clock or SystemClock()
     stop = stop or StopControl()
     bus = EventBus(list(subscribers))
-    deadline = clock.now() + agent.deadline_s
 
     session = await in_thread(ledger.ensure_session, request.session)
     if session.refusing:
@@ -153,7 +144,6 @@ async def execute_run(
 
     run = await in_thread(ledger.create_run, request.session, request.agent, run_id=request.run_id)
     fence = await in_thread(ledger.claim_run, run.id)
-    run_dir = runs_dir(config) / run.id
     bus.emit(
         RunStarted(run=run.id, session=request.session, agent=request.agent, follow_up=bool(view))
     )
@@ -161,15 +151,16 @@ async def execute_run(
         ledger=ledger,
         config=config,
         request=request,
-        agent=agent,
         pi=pi,
         clock=clock,
         stop=stop,
         bus=bus,
         fence=fence,
-        run_dir=run_dir,
-        deadline=deadline,
+        run_dir=runs_dir(config) / run.id,
+        deadline=clock.now() + agent.deadline_s,
         checkpoint=checkpoint,
+        keys=keys,
+        workdir=workdir,
     )
     try:
         outcome = await driver.drive(view)
@@ -237,13 +228,15 @@ def _view_record(view: FollowupView, copied: int) -> dict[str, Any]:
 
 
 class _Driver:
+    """Drives one claimed run. ``drive`` returns the outcome; what pi was seen doing is in
+    ``state`` (observations), what the run came to is in the values the phases return."""
+
     def __init__(
         self,
         *,
         ledger: Ledger,
         config: Config,
         request: RunRequest,
-        agent: AgentConfig,
         pi: PiInstall,
         clock: Clock,
         stop: StopControl,
@@ -252,11 +245,13 @@ class _Driver:
         run_dir: Path,
         deadline: float,
         checkpoint: CheckpointStep | None,
+        keys: dict[str, str],
+        workdir: Path,
     ) -> None:
         self.ledger = ledger
         self.config = config
         self.request = request
-        self.agent = agent
+        self.agent = config.agent(request.agent)
         self.pi = pi
         self.clock = clock
         self.stop = stop
@@ -265,12 +260,15 @@ class _Driver:
         self.run_dir = run_dir
         self.deadline = deadline
         self.checkpoint_step = checkpoint
-        self.state = RunState()
-        self.checkpoint = NOT_NEEDED
+        self.keys = keys
+        self.workdir = workdir
         self.grace = config.harness.stop_grace_s
-        self.exit_status: int | None = None
-        self.diagnostics = ""
-        self.view_record: dict[str, Any] | None = None
+        self.state = RunState()
+        self.prompted = False
+        self.obligations = Obligations()
+        """The sources of everything the run was given; every row it writes carries them."""
+        self.failure: Stopped | None = None
+        """The harness's own failure (a helper task, the final mirror pass): it wins."""
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -289,24 +287,11 @@ class _Driver:
         )
         return rows[0].seq
 
-    async def _write_view(self, view: FollowupView | None) -> list[PreEntry]:
-        """Write the view's copied messages as new rows of this run (original actors and
-        sources, ``extra.origin``); reused ones stay where they are. Returns the session file's
-        messages, each with the ledger seq it stands for."""
-        if view is None:
-            return []
+    async def _write_view(self, view: FollowupView) -> list[PreEntry]:
+        """Write the view's copied messages as new rows of this run (original actors, the
+        sources the view carries, ``extra.origin``); reused ones stay where they are. Returns
+        the session file's messages, each with the ledger seq it stands for."""
         copies = [vm for vm in view.messages if vm.copied]
-        origins = [vm.origin for vm in copies if vm.origin is not None]
-
-        def sources() -> dict[int, tuple[str, ...]]:
-            found = {}
-            for seq in origins:
-                row = self.ledger.row(self.fence.session, seq)
-                if row is not None:
-                    found[seq] = row.sources
-            return found
-
-        by_origin = await in_thread(sources) if origins else {}
         written = iter(
             await in_thread(
                 self.ledger.append,
@@ -316,7 +301,7 @@ class _Driver:
                         actor=vm.actor,
                         kind=RowKind.MESSAGE,
                         body=vm.message,
-                        sources=by_origin.get(vm.origin, ()) if vm.origin is not None else (),
+                        sources=vm.sources,
                         extra={"origin": vm.origin},
                     )
                     for vm in copies
@@ -327,16 +312,18 @@ class _Driver:
         for vm in view.messages:
             seq = next(written).seq if vm.copied else (None if vm.synthetic else vm.origin)
             entries.append(PreEntry(message=vm.message, seq=seq))
-        self.view_record = _view_record(view, len(copies))
         return entries
 
     async def drive(self, view: FollowupView | None) -> RunOutcome:
-        entries = await self._write_view(view)
+        entries = await self._write_view(view) if view is not None else []
+        if view is not None:
+            self.obligations.add(view.sources)
+        view_record = _view_record(view, sum(vm.copied for vm in view.messages)) if view else None
         request_seq = await self._record_request()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(self.config, self.fence.run)
         agent_dir = write_agent_dir(self.run_dir / "agent", self.config, self.request.agent)
-        session_file = self.run_dir / "session.jsonl"
-        workdir = (self.request.workdir or Path.cwd()).resolve()
+        session_file = private_file(self.run_dir / "session.jsonl")
+        workdir = self.workdir
         offset, known = write_session_file(
             session_file, session_id=self.fence.run, cwd=workdir, messages=entries
         )
@@ -349,96 +336,177 @@ class _Driver:
             known=known,
             request=(self.request.text, request_seq),
             bus=self.bus,
-        )
-        argv = pi_argv(
-            self.pi,
-            session_file=session_file,
-            provider=self.agent.provider,
-            model=self.agent.model,
-            effort=self.agent.effort,
-            tools=self.agent.tools,
-            system_prompt=self.agent.system_prompt,
-            extensions=self.request.extensions,
+            obligations=self.obligations,
         )
         log_path = self.run_dir / "pi.log"
+        task: TaskEnd = PiFailed(StopReason.STARTUP_FAILED, "pi was not started")
+        checkpoint, late = NOT_NEEDED, None
+        exit_status: int | None = None
+        diagnostics = ""
         try:
-            await self._with_pi(argv, _pi_env(agent_dir.env, self.pi), workdir, log_path, mirror)
+            with key_channel(self.keys) as channel:
+                argv = pi_argv(
+                    self.pi,
+                    session_file=session_file,
+                    provider=self.agent.provider,
+                    model=self.agent.model,
+                    effort=self.agent.effort,
+                    tools=self.agent.tools,
+                    system_prompt=self.agent.system_prompt,
+                    extensions=(*channel.extensions, *self.request.extensions),
+                )
+                env = pi_env(
+                    {**agent_dir.env, **channel.env},
+                    self.pi,
+                    tmpdir=self.run_dir / "tmp",
+                    agent_env=self.agent.env,
+                )
+                async with (
+                    SubprocessTransport.open(
+                        argv,
+                        env=env,
+                        cwd=workdir,
+                        stderr_log=log_path,
+                        grace_s=self.grace,
+                        pass_fds=channel.pass_fds,
+                    ) as transport,
+                    anyio.create_task_group() as keeper,
+                ):
+                    # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
+                    keeper.start_soon(self._kill_on_hard_stop, transport)
+                    try:
+                        task, checkpoint, late = await self._with_pi(transport, mirror)
+                    finally:
+                        diagnostics = transport.diagnostics()
+                        await transport.aclose()
+                        keeper.cancel_scope.cancel()
+                exit_status = transport.exit_status
         except PiStartupFailed as exc:
-            self.state.fail(StopReason.STARTUP_FAILED, str(exc))
+            task = PiFailed(StopReason.STARTUP_FAILED, str(exc))
         finally:
             with anyio.CancelScope(shield=True):
                 try:
                     await mirror.sync(final=True)
                 except (FencedOut, RunNotActive) as exc:
-                    self.state.fatal = self.state.fatal or exc
-        return await self._conclude(mirror, log_path)
+                    self.failure = self.failure or Stopped.fenced(exc)
+        return await self._conclude(
+            mirror,
+            log_path,
+            task=task,
+            checkpoint=checkpoint,
+            late=late,
+            exit_status=exit_status,
+            diagnostics=diagnostics,
+            view_record=view_record,
+        )
 
     # -- pi --------------------------------------------------------------------------------------
 
+    async def _kill_on_hard_stop(self, transport: SubprocessTransport) -> None:
+        await self.stop.hard_requested.wait()
+        await transport.kill()
+
     async def _with_pi(
-        self, argv: list[str], env: dict[str, str], workdir: Path, log_path: Path, mirror: Mirror
-    ) -> None:
-        async with SubprocessTransport.open(
-            argv, env=env, cwd=workdir, stderr_log=log_path, grace_s=self.grace
-        ) as transport:
-            self.bus.emit(PiStarted(pid=transport.pid, version=self.pi.version))
-            try:
-                async with RpcClient.connect(transport) as client:
-                    records = client.subscribe()
-                    async with anyio.create_task_group() as tg:
-                        work = anyio.CancelScope()
-                        tg.start_soon(
-                            self._guard,
-                            follow(
-                                records, self.state, bus=self.bus, stop=self.stop, mirror=mirror
-                            ),
-                        )
-                        tg.start_soon(self._guard, mirror.run())
-                        tg.start_soon(self._guard, self._watch_deadline())
-                        tg.start_soon(self._guard, self._watch_stop(client, transport, work))
-                        with work:
-                            await self._main(client, mirror)
-                        tg.cancel_scope.cancel()
-            finally:
-                self.diagnostics = transport.diagnostics()
-        self.exit_status = transport.exit_status
+        self, transport: SubprocessTransport, mirror: Mirror
+    ) -> tuple[TaskEnd, CheckpointResult, Stopped | None]:
+        """The task turn, then (after a successful one) the checkpoint; both as values."""
+        self.bus.emit(PiStarted(pid=transport.pid, version=self.pi.version))
+        async with RpcClient.connect(transport) as client:
+            records = client.subscribe()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    self._guard,
+                    follow(records, self.state, bus=self.bus, stop=self.stop, mirror=mirror),
+                )
+                tg.start_soon(self._guard, mirror.run())
+                tg.start_soon(self._watch_deadline)
+                tg.start_soon(self._announce_stop)
+                task = await self._task_turn(client, transport)
+                checkpoint, late = NOT_NEEDED, None
+                if (
+                    isinstance(task, PiSettled)
+                    and task.succeeded
+                    and self.checkpoint_step is not None
+                    and not self.stop.requested
+                ):
+                    checkpoint, late = await self._checkpoint(client, transport, mirror)
+                tg.cancel_scope.cancel()
+        return task, checkpoint, late
 
     async def _guard(self, coro: Awaitable[None]) -> None:
         """Run a helper task; a failure in it stops pi and is reported, never lost."""
         try:
             await coro
         except Exception as exc:
-            self.state.fatal = self.state.fatal or exc
-            self.stop.stop_hard(
-                StopReason.FENCED_OUT
-                if isinstance(exc, FencedOut | RunNotActive)
-                else StopReason.PROTOCOL_ERROR
-            )
+            if isinstance(exc, FencedOut | RunNotActive):
+                failure = Stopped.fenced(exc)
+            else:
+                failure = Stopped(
+                    StopReason.PROTOCOL_ERROR, True, detail=f"the harness failed: {exc}"
+                )
+            self.failure = self.failure or failure
+            self.stop.stop_hard(failure.reason, failure.detail)
 
-    async def _main(self, client: RpcClient, mirror: Mirror) -> None:
+    async def _task_turn(self, client: RpcClient, transport: SubprocessTransport) -> TaskEnd:
+        """Prompt and wait for pi to settle, inside the stop scopes; a stop is a value."""
+        with self.stop.scope(hard=True):
+            with self.stop.scope(hard=False):
+                return await self._prompt_and_settle(client)
+            # The soft scope caught a soft stop or the deadline: abort, let pi settle.
+            return await self._abort(client)
+        await transport.kill()
+        return self.stop.value()
+
+    async def _prompt_and_settle(self, client: RpcClient) -> TaskEnd:
         state = self.state
-        if self.stop.requested:
-            return
         try:
             response = await client.request(Command.PROMPT, message=self.request.text)
         except TransportClosed as exc:
-            state.fail(StopReason.STARTUP_FAILED, f"pi stopped before it took the prompt: {exc}")
-            return
+            return PiFailed(
+                StopReason.STARTUP_FAILED, f"pi stopped before it took the prompt: {exc}"
+            )
         if not response.success:
-            state.fail(StopReason.STARTUP_FAILED, f"pi rejected the prompt: {response.error}")
-            return
+            return PiFailed(StopReason.STARTUP_FAILED, f"pi rejected the prompt: {response.error}")
         disposition = response.data.get("disposition") if isinstance(response.data, dict) else None
         if disposition != Disposition.STARTED:
-            state.fail(
+            return PiFailed(
                 StopReason.PROTOCOL_ERROR,
                 f"pi did not start a run for the prompt (disposition {disposition!r})",
             )
-            return
-        state.prompted = True
+        self.prompted = True
         await state.done.wait()
-        if not self._succeeded() or self.checkpoint_step is None or self.stop.requested:
-            return
-        # A settled, successful task turn: the checkpoint step runs here, stops still apply.
+        if state.settled:
+            return PiSettled(aborted=state.settled_aborted, last=state.last_assistant)
+        return PiFailed(
+            StopReason.TRANSPORT_LOST, f"pi went away before the run settled: {state.closed_reason}"
+        )
+
+    async def _abort(self, client: RpcClient) -> TaskEnd:
+        """Send ``abort`` and wait up to the grace period for pi to settle; if it does not, the
+        stop escalates (the hard scope catches it and pi is killed)."""
+        stopped = self.stop.value()
+        if self.state.closed_reason is not None:
+            return stopped
+
+        async def abort_and_settle() -> None:
+            with contextlib.suppress(TransportClosed):
+                await client.request(Command.ABORT)
+            if self.prompted or self.state.turns:
+                await self.state.done.wait()
+
+        settled, _ = await race_clock(self.clock, self.clock.now() + self.grace, abort_and_settle)
+        if not settled and self.state.closed_reason is None:
+            self.stop.escalate()
+            await anyio.lowlevel.checkpoint()  # the hard scope takes it from here
+        return stopped
+
+    async def _checkpoint(
+        self, client: RpcClient, transport: SubprocessTransport, mirror: Mirror
+    ) -> tuple[CheckpointResult, Stopped | None]:
+        """The checkpoint step after a successful task turn. A soft stop or the deadline sends
+        ``abort`` (pi aborts the summary and answers ``compact``); a hard stop cancels the step
+        and kills pi. Returns the result and the stop that landed meanwhile, if any."""
+        assert self.checkpoint_step is not None
         await mirror.sync()
         turn = SettledTurn(
             client=client,
@@ -450,133 +518,92 @@ class _Driver:
             agent=self.agent,
             run_id=self.fence.run,
             session=self.fence.session,
-            answer=state.answer,
+            answer=self.state.answer,
             clock=self.clock,
             deadline=self.deadline,
             stop=self.stop,
             bus=self.bus,
         )
-        state.checkpointing = True
-        try:
-            self.checkpoint = await self.checkpoint_step(turn)
-        except TransportClosed as exc:
-            self.checkpoint = CheckpointResult(
-                "refused:cancelled", refuse_session=f"pi went away during the checkpoint: {exc}"
-            )
-        except (FencedOut, RunNotActive) as exc:
-            state.fatal = state.fatal or exc
-            self.checkpoint = CheckpointResult("refused:cancelled")
-        finally:
-            if self.checkpoint is NOT_NEEDED and turn.attempt is not None:
-                self.checkpoint = turn.attempt
+        result: CheckpointResult | None = None
+        with self.stop.scope(hard=True):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._abort_on_soft_stop, client)
+                try:
+                    result = await self.checkpoint_step(turn)
+                except TransportClosed as exc:
+                    result = CheckpointResult.refused(
+                        ReceiptReason.CANCELLED,
+                        f"pi went away during the checkpoint: {exc}",
+                    )
+                except (FencedOut, RunNotActive) as exc:
+                    self.failure = self.failure or Stopped.fenced(exc)
+                    result = CheckpointResult.refused(ReceiptReason.CANCELLED)
+                tg.cancel_scope.cancel()
+        if result is None:  # cut off by a hard stop
+            await transport.kill()
+            result = turn.attempt or NOT_NEEDED
+        return result, (self.stop.value() if self.stop.requested else None)
 
-    def _succeeded(self) -> bool:
-        state = self.state
-        last = state.last_assistant or {}
-        return (
-            state.settled
-            and not state.settled_aborted
-            and state.closed_reason is None
-            and last.get("stopReason") not in ("error", "aborted")
-        )
+    async def _abort_on_soft_stop(self, client: RpcClient) -> None:
+        await self.stop.soft_requested.wait()
+        if not self.stop.hard:
+            with contextlib.suppress(TransportClosed):
+                await client.request(Command.ABORT)
 
     async def _watch_deadline(self) -> None:
         await self.clock.sleep_until(self.deadline)
         self.stop.soft(StopReason.DEADLINE)
 
-    async def _watch_stop(
-        self, client: RpcClient, transport: SubprocessTransport, work: anyio.CancelScope
-    ) -> None:
+    async def _announce_stop(self) -> None:
         await self.stop.soft_requested.wait()
         self.bus.emit(StopRequested(reason=str(self.stop.reason), hard=self.stop.hard))
-        if not self.stop.hard and self.state.closed_reason is None:
-
-            async def abort_and_settle() -> None:
-                with contextlib.suppress(TransportClosed):
-                    await client.request(Command.ABORT)
-                if self.state.prompted or self.state.turns:
-                    await self.state.done.wait()
-
-            async def until_hard() -> None:
-                await self.stop.hard_requested.wait()
-
-            async def settle_or_hard() -> None:
-                async with anyio.create_task_group() as tg:
-
-                    async def first(fn: Callable[[], Awaitable[None]]) -> None:
-                        await fn()
-                        tg.cancel_scope.cancel()
-
-                    tg.start_soon(first, abort_and_settle)
-                    tg.start_soon(first, until_hard)
-
-            settled, _ = await race_clock(self.clock, self.clock.now() + self.grace, settle_or_hard)
-            if not settled and self.state.closed_reason is None:
-                self.state.idle_unconfirmed = True
-                self.stop.escalate()
-        await self.stop.hard_requested.wait()
-        await transport.kill()
-        work.cancel()
 
     # -- the end ---------------------------------------------------------------------------------
 
-    def _verdict(self) -> tuple[RunStatus, StopReason, str | None]:
-        state, stop = self.state, self.stop
-        if state.fatal is not None and isinstance(state.fatal, FencedOut | RunNotActive):
-            return RunStatus.FAILED, StopReason.FENCED_OUT, str(state.fatal)
-        if state.fatal is not None:
-            return RunStatus.FAILED, StopReason.PROTOCOL_ERROR, f"the harness failed: {state.fatal}"
-        if state.failure is not None:
-            reason, message = state.failure
-            return RunStatus.FAILED, reason, self._with_stderr(message, reason)
-        if state.checkpointing and not stop.hard and stop.reason is not None:
-            # The task turn had finished; the stop only cut the checkpoint short.
-            return RunStatus.FINISHED, stop.reason, None
-        if stop.reason in (StopReason.HARD_STOP, StopReason.DEADLINE, StopReason.SOFT_STOP):
-            detail = None
-            if stop.escalated:
-                detail = f"pi did not settle within {self.grace:g}s of abort; it was killed"
-            return RunStatus.INTERRUPTED, stop.reason, detail
-        if not state.settled:
-            reason = StopReason.TRANSPORT_LOST if state.prompted else StopReason.STARTUP_FAILED
-            message = f"pi went away before the run settled: {state.closed_reason}"
-            return RunStatus.FAILED, reason, self._with_stderr(message, reason)
-        last = state.last_assistant or {}
-        if last.get("stopReason") == "error":
-            return (
-                RunStatus.FAILED,
-                StopReason.SETTLED,
-                f"the provider failed: {last.get('errorMessage')}",
-            )
-        if state.settled_aborted or last.get("stopReason") == "aborted":
-            return RunStatus.INTERRUPTED, StopReason.SETTLED, "pi aborted the run"
-        return RunStatus.FINISHED, StopReason.SETTLED, None
-
-    def _with_stderr(self, message: str, reason: StopReason) -> str:
-        tail = [line for line in self.diagnostics.splitlines() if line.strip()][-3:]
-        if reason in (StopReason.STARTUP_FAILED, StopReason.TRANSPORT_LOST) and tail:
+    def _with_stderr(self, message: str | None, reason: StopReason, diagnostics: str) -> str | None:
+        tail = [line for line in diagnostics.splitlines() if line.strip()][-3:]
+        if message and reason in (StopReason.STARTUP_FAILED, StopReason.TRANSPORT_LOST) and tail:
             message += " | pi's stderr: " + " / ".join(tail)
         return message
 
-    async def _conclude(self, mirror: Mirror, log_path: Path) -> RunOutcome:
+    async def _conclude(
+        self,
+        mirror: Mirror,
+        log_path: Path,
+        *,
+        task: TaskEnd,
+        checkpoint: CheckpointResult,
+        late: Stopped | None,
+        exit_status: int | None,
+        diagnostics: str,
+        view_record: dict[str, Any] | None,
+    ) -> RunOutcome:
         state = self.state
-        status, reason, error = self._verdict()
+        found = verdict(task, late=late, failure=self.failure, grace_s=self.grace)
+        error = self._with_stderr(found.error, found.stop_reason, diagnostics)
+        escalated = isinstance(task, Stopped) and task.escalated
+        # A run that ended well leaves nothing behind; any other keeps its directory to look at.
+        keep = (
+            found.status is not RunStatus.FINISHED or escalated or bool(checkpoint.refuse_session)
+        )
+        if keep and error:
+            error += f" (pi's log and session file are kept in {self.run_dir})"
         extra: dict[str, Any] = {
-            "stop_reason": reason.value,
+            "stop_reason": found.stop_reason.value,
             "answer": state.answer,
             "error": error,
-            "checkpoint": self.checkpoint.status,
+            "checkpoint": checkpoint.label,
             "turns": state.turns,
             "tool_calls": state.tool_calls,
             "retries": state.retries,
             "omitted_attempts": mirror.omitted_attempts,
-            "pi": {"version": self.pi.version, "exit_status": self.exit_status},
+            "pi": {"version": self.pi.version, "exit_status": exit_status},
             "log": str(log_path),
             "ended_by_harness": now_iso(),
         }
-        if self.view_record is not None:
-            extra["view"] = self.view_record
-        if self.stop.escalated:
+        if view_record is not None:
+            extra["view"] = view_record
+        if escalated:
             extra["escalated"] = True
         if state.strays:
             extra["strays"] = {"count": state.strays, "samples": state.stray_samples}
@@ -584,25 +611,27 @@ class _Driver:
             extra["extension_errors"] = state.extension_errors[:10]
         if mirror.problems:
             extra["mirror_problems"] = mirror.problems[:10]
-        if reason is not StopReason.FENCED_OUT:
+        if found.stop_reason is not StopReason.FENCED_OUT:
             with anyio.CancelScope(shield=True):
-                await in_thread(self.ledger.end_run, self.fence, status, extra=extra)
-                refusing = self.checkpoint.refuse_session
-                if state.idle_unconfirmed:
+                await in_thread(self.ledger.end_run, self.fence, found.status, extra=extra)
+                refusing = checkpoint.refuse_session
+                if escalated:
                     refusing = (
                         f"pi's idle was not confirmed when run {self.fence.run} stopped "
-                        f"({reason.value})"
+                        f"({found.stop_reason.value})"
                     )
                 if refusing:
                     await in_thread(self.ledger.set_refusing, self.fence.session, refusing)
+        if not keep:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         return RunOutcome(
             run=self.fence.run,
             session=self.fence.session,
-            status=status,
-            stop_reason=reason,
+            status=found.status,
+            stop_reason=found.stop_reason,
             answer=state.answer,
-            checkpoint=self.checkpoint.status,
+            checkpoint=checkpoint,
             error=error,
             run_dir=self.run_dir,
-            follow_up=self.view_record is not None,
+            follow_up=view_record is not None,
         )

@@ -1,22 +1,30 @@
-"""Stopping a run: why it stopped (``StopReason``, recorded on the run) and the handle that asks
-for a stop (``StopControl``).
+"""Stopping a run: why it stopped (``StopReason``), the value a stop leaves (``Stopped``), the
+handle that asks for one (``StopControl``), and the scopes it cancels.
 
-A soft stop (an operator's, or the deadline's) sends pi ``abort`` and waits, up to a grace
-period, for pi to settle; a hard stop kills pi's process group at once and cancels the run's
-work scope. A soft stop that does not see pi settle in time escalates to a hard one.
+A stop is a cancel scope, not a flag. The run's task turn is nested as
+
+    hard scope       cancelled by a hard stop (or an escalation): pi is killed
+      soft scope     cancelled by a soft stop or the deadline: pi gets ``abort`` and a grace
+                     period to settle; if it does not, the stop escalates to the hard scope
+
+and whichever scope caught the cancellation says what the stop was. ``StopControl`` may be asked
+before the run has entered its scopes (a stop that lands before the loop starts) or after it has
+left them (a late stop changes nothing that already happened).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
 
 from tether.clock import Clock
 
-__all__ = ["StopControl", "StopReason", "race_clock"]
+__all__ = ["StopControl", "StopReason", "Stopped", "race_clock"]
 
 T = TypeVar("T")
 
@@ -42,38 +50,99 @@ class StopReason(enum.StrEnum):
     FENCED_OUT = "fenced_out"
     """Another owner claimed the run; this harness stopped writing."""
 
+    @property
+    def is_soft(self) -> bool:
+        """A stop that asks pi to abort and settle (rather than killing it)."""
+        return self in (StopReason.SOFT_STOP, StopReason.DEADLINE)
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """What a stop came to: the value that ends a turn."""
+
+    reason: StopReason
+    hard: bool
+    escalated: bool = False
+    detail: str | None = None
+    """Why, in words (a fenced-out write, pi's protocol breach, an escalation)."""
+
+    @classmethod
+    def fenced(cls, exc: BaseException) -> Stopped:
+        """Another owner took the run over: this harness must stop writing."""
+        return cls(StopReason.FENCED_OUT, hard=True, detail=str(exc))
+
+    @property
+    def is_failure(self) -> bool:
+        """The harness stopped the run because it could not go on (not someone's stop)."""
+        return self.reason in (StopReason.PROTOCOL_ERROR, StopReason.FENCED_OUT)
+
 
 class StopControl:
-    """Ask a run to stop. Create it inside the event loop; call from the same loop (or through
-    ``anyio.from_thread.run_sync``)."""
+    """Ask a run to stop: ``soft()`` (abort, let pi settle) or ``stop_hard()`` (kill pi now).
+
+    Create it inside the event loop; call it from the same loop (a signal handler task, the CLI,
+    a worker), or through ``anyio.from_thread.run_sync``. The first reason asked for is kept.
+    """
 
     def __init__(self) -> None:
         self.reason: StopReason | None = None
+        self.detail: str | None = None
         self.hard = False
         self.escalated = False
         self.soft_requested = anyio.Event()
         self.hard_requested = anyio.Event()
+        self._soft_scopes: list[anyio.CancelScope] = []
+        self._hard_scopes: list[anyio.CancelScope] = []
 
     @property
     def requested(self) -> bool:
         return self.reason is not None
 
-    def soft(self, reason: StopReason = StopReason.SOFT_STOP) -> None:
+    def soft(self, reason: StopReason = StopReason.SOFT_STOP, detail: str | None = None) -> None:
         if self.reason is None:
-            self.reason = reason
+            self.reason, self.detail = reason, detail
         self.soft_requested.set()
+        for scope in self._soft_scopes:
+            scope.cancel()
 
-    def stop_hard(self, reason: StopReason = StopReason.HARD_STOP) -> None:
+    def stop_hard(
+        self, reason: StopReason = StopReason.HARD_STOP, detail: str | None = None
+    ) -> None:
         if self.reason is None:
-            self.reason = reason
+            self.reason, self.detail = reason, detail
         self.hard = True
         self.soft_requested.set()
         self.hard_requested.set()
+        for scope in (*self._soft_scopes, *self._hard_scopes):
+            scope.cancel()
 
     def escalate(self) -> None:
         """A soft stop did not see pi settle in time: kill it (the first reason is kept)."""
         self.escalated = True
         self.stop_hard(StopReason.ESCALATED)
+
+    def value(self) -> Stopped:
+        """The stop asked for so far, as a value (only meaningful once ``requested``)."""
+        return Stopped(
+            reason=self.reason or StopReason.HARD_STOP,
+            hard=self.hard,
+            escalated=self.escalated,
+            detail=self.detail,
+        )
+
+    @contextmanager
+    def scope(self, *, hard: bool) -> Iterator[anyio.CancelScope]:
+        """A cancel scope this control cancels: a soft one by any stop, a hard one only by a
+        hard stop. A stop asked for earlier cancels it on entry."""
+        scopes = self._hard_scopes if hard else self._soft_scopes
+        with anyio.CancelScope() as scope:
+            if self.hard or (not hard and self.requested):
+                scope.cancel()
+            scopes.append(scope)
+            try:
+                yield scope
+            finally:
+                scopes.remove(scope)
 
 
 async def race_clock(

@@ -1,5 +1,6 @@
-"""What a run is asked to do and what it comes to: the request, the checkpoint step's contract
-(``SettledTurn`` in, ``CheckpointResult`` out) and the outcome."""
+"""What a run is asked to do and what it comes to, as values: the request, the checkpoint step's
+contract (``SettledTurn`` in, ``CheckpointResult`` out), what the task turn ended with
+(``TaskEnd``), the verdict drawn from those values, and the outcome."""
 
 from __future__ import annotations
 
@@ -11,20 +12,26 @@ from typing import Any
 
 from tether.clock import Clock
 from tether.config import AgentConfig, Config
-from tether.harness.client import RpcClient
-from tether.harness.events import EventBus
-from tether.harness.stops import StopControl, StopReason
-from tether.ledger import Fence, Ledger, RunStatus
+from tether.events import EventBus
+from tether.harness.stops import StopControl, Stopped, StopReason
+from tether.ledger import Fence, Ledger, ReceiptReason, RunStatus
 from tether.mirror.mirror import Mirror
+from tether.pi.client import RpcClient
+from tether.pi.protocol import PiStopReason
 
 __all__ = [
     "NOT_NEEDED",
     "CheckpointResult",
     "CheckpointStatus",
     "CheckpointStep",
+    "PiFailed",
+    "PiSettled",
     "RunOutcome",
     "RunRequest",
     "SettledTurn",
+    "TaskEnd",
+    "Verdict",
+    "verdict",
 ]
 
 
@@ -44,18 +51,34 @@ class RunRequest:
 class CheckpointStatus(enum.StrEnum):
     NOT_NEEDED = "not_needed"
     WRITTEN = "written"
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True, slots=True)
 class CheckpointResult:
-    status: str
-    """``written``, ``refused:<reason>`` or ``not_needed`` (DESIGN §3.5)."""
+    status: CheckpointStatus
+    reason: ReceiptReason | None = None
+    """Why it was refused (the receipt's reason); None unless ``REFUSED``."""
     refuse_session: str | None = None
     """When set, the session refuses further prompts with this reason (pi's idle was not
     confirmed, or the checkpoint's delivery is unknown)."""
 
+    @classmethod
+    def refused(cls, reason: ReceiptReason, refuse_session: str | None = None) -> CheckpointResult:
+        return cls(CheckpointStatus.REFUSED, reason, refuse_session)
 
-NOT_NEEDED = CheckpointResult(CheckpointStatus.NOT_NEEDED.value)
+    @property
+    def label(self) -> str:
+        """``written``, ``refused:<reason>`` or ``not_needed`` (DESIGN §3.5)."""
+        if self.status is CheckpointStatus.REFUSED:
+            return f"refused:{(self.reason or ReceiptReason.CANCELLED).value}"
+        return self.status.value
+
+    def __str__(self) -> str:
+        return self.label
+
+
+NOT_NEEDED = CheckpointResult(CheckpointStatus.NOT_NEEDED)
 
 
 @dataclass
@@ -63,7 +86,8 @@ class SettledTurn:
     """What the checkpoint step gets, after ``agent_settled`` of a successful task turn and
     before the run ends. The client still reads events (the mirror keeps mirroring), ``stop``
     still works (a soft stop or the deadline sends ``abort``, which also aborts a running
-    compaction; a hard stop kills pi), and the step should give up by ``deadline``."""
+    compaction; a hard stop kills pi and cancels the step), and the step should give up by
+    ``deadline``."""
 
     client: RpcClient
     ledger: Ledger
@@ -91,6 +115,82 @@ class SettledTurn:
 CheckpointStep = Callable[[SettledTurn], Awaitable[CheckpointResult]]
 
 
+# -- what the task turn ended with --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PiSettled:
+    """pi settled (``agent_settled``) on its own."""
+
+    aborted: bool
+    last: dict[str, Any] | None
+    """The last assistant message of the turn."""
+
+    @property
+    def stop_reason(self) -> PiStopReason | None:
+        return PiStopReason.of(self.last)
+
+    @property
+    def succeeded(self) -> bool:
+        return not self.aborted and self.stop_reason not in (
+            PiStopReason.ERROR,
+            PiStopReason.ABORTED,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PiFailed:
+    """pi never took the prompt, or went away before it settled."""
+
+    reason: StopReason
+    """``STARTUP_FAILED``, ``PROTOCOL_ERROR`` or ``TRANSPORT_LOST``."""
+    message: str
+
+
+TaskEnd = PiSettled | PiFailed | Stopped
+"""What the task turn came to: an abort (a stop) is a value that ends the turn, like pi's own."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    status: RunStatus
+    stop_reason: StopReason
+    error: str | None
+
+
+def verdict(
+    task: TaskEnd, *, late: Stopped | None, failure: Stopped | None, grace_s: float
+) -> Verdict:
+    """The run's status from what happened, in order of precedence:
+
+    - ``failure``: the harness itself failed (a fenced-out write, a protocol breach);
+    - the task turn: pi failed, or a stop ended the turn (interrupted);
+    - ``late``: a stop that landed during the checkpoint, after a successful task turn: a soft
+      one only cut the checkpoint short (finished), a hard one killed pi (interrupted). A stop
+      after that changes nothing;
+    - how pi settled: a provider error fails the run, an abort interrupts it.
+    """
+    for stop in (failure, task, late):
+        if isinstance(stop, Stopped) and stop.is_failure:
+            return Verdict(RunStatus.FAILED, stop.reason, stop.detail)
+    if isinstance(task, PiFailed):
+        return Verdict(RunStatus.FAILED, task.reason, task.message)
+    if isinstance(task, Stopped):
+        detail = task.detail
+        if task.escalated:
+            detail = f"pi did not settle within {grace_s:g}s of abort; it was killed"
+        return Verdict(RunStatus.INTERRUPTED, task.reason, detail)
+    if late is not None:
+        status = RunStatus.INTERRUPTED if late.hard else RunStatus.FINISHED
+        return Verdict(status, late.reason, None)
+    if task.stop_reason is PiStopReason.ERROR:
+        message = (task.last or {}).get("errorMessage")
+        return Verdict(RunStatus.FAILED, StopReason.SETTLED, f"the provider failed: {message}")
+    if task.aborted or task.stop_reason is PiStopReason.ABORTED:
+        return Verdict(RunStatus.INTERRUPTED, StopReason.SETTLED, "pi aborted the run")
+    return Verdict(RunStatus.FINISHED, StopReason.SETTLED, None)
+
+
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
     run: str
@@ -98,7 +198,7 @@ class RunOutcome:
     status: RunStatus
     stop_reason: StopReason
     answer: str | None
-    checkpoint: str
+    checkpoint: CheckpointResult
     error: str | None
     run_dir: Path
     follow_up: bool
@@ -109,7 +209,7 @@ class RunOutcome:
             "session": self.session,
             "status": self.status.value,
             "answer": self.answer,
-            "checkpoint": self.checkpoint,
+            "checkpoint": self.checkpoint.label,
             "stop_reason": self.stop_reason.value,
         }
         if self.error:

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from tether.errors import AlreadyExists, FencedOut, NotFound, RunNotActive, SessionRefusing
@@ -51,7 +52,7 @@ _IMPORT_CHUNK = 1000
 
 _ROW_COLS = "session, seq, run, actor, kind, body, sources, bytes, media_bytes, entry_id, extra"
 _RUN_COLS = "id, session, agent, status, request_seq, started, ended, epoch, extra"
-_ENDED = "('finished', 'failed', 'interrupted')"
+_ENDED = "(" + ", ".join(f"'{s.value}'" for s in sorted(ENDED_STATUSES)) + ")"
 
 
 class Cursor(Protocol):
@@ -129,6 +130,8 @@ class SqlLedger(abc.ABC):
     """The run ledger. Open one with :func:`tether.ledger.open_ledger`."""
 
     url: str
+    path: Path | None = None
+    """The ledger's file, when it is one (an agent's workdir must not contain it)."""
     _compactions_hint = ""
     """Table hint for reads of the newest compaction (the dialect may pin the partial index)."""
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tether.errors import LedgerError
+from tether.files import private_dir, private_file
 from tether.ledger.sql import Cursor, SqlLedger
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
@@ -124,8 +125,12 @@ class SQLiteLedger(SqlLedger):
             # relative to the working directory.
             raw = url.removeprefix("sqlite:")
             raw = "/" + raw.lstrip("/") if raw.startswith("//") else raw
-            target = str(Path(raw).resolve())
-            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            self.path = Path(raw).resolve()
+            target = str(self.path)
+            if not self.path.parent.exists():
+                private_dir(self.path.parent)
+            # SQLite gives its -wal and -shm files the database file's mode.
+            private_file(self.path)
         else:
             raise LedgerError(
                 f"not a SQLite ledger URL: {url!r} "

@@ -19,6 +19,7 @@ Entries it does not write:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -30,7 +31,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from tether.harness.events import EventBus, RowsMirrored
+from tether.access import Obligations
+from tether.events import EventBus, RowsMirrored
 from tether.ledger import Fence, Ledger, NewRow, Row, RowKind
 from tether.mirror.entries import (
     CONVERSATION_ENTRIES,
@@ -103,6 +105,7 @@ class Mirror:
         request: tuple[str, int] | None = None,
         bus: EventBus | None = None,
         poll_s: float = 0.25,
+        obligations: Obligations | None = None,
     ) -> None:
         self._ledger = ledger
         self._fence = fence
@@ -112,6 +115,8 @@ class Mirror:
         self._order: list[str] = list(self._known)
         self._request = request
         self._bus = bus or EventBus()
+        self._obligations = obligations or Obligations()
+        """What the run was given: every row it writes carries these sources too."""
         self._poll = poll_s
         self._held: dict[str, Any] | None = None
         """A failed attempt (``error``/``length``), until pi says whether it omits it."""
@@ -255,6 +260,9 @@ class Mirror:
         return rows
 
     async def _write(self, rows: list[NewRow], times: list[float | None]) -> list[Row]:
+        rows = [
+            dataclasses.replace(row, sources=self._obligations.stamp(row.sources)) for row in rows
+        ]
         stored = await anyio.to_thread.run_sync(self._ledger.append, self._fence, rows)
         now = time.time()
         for row in stored:

@@ -9,10 +9,12 @@ streaming (so pi's token counts, and its threshold compaction, would never move)
 
 So every chat request is rewritten to plain string messages without tool fields and run
 *non-streamed*; when pi asked for a stream, the finished completion is replayed as SSE chunks
-ending with a usage chunk. The model never sees tool schemas: a 135M model cannot call tools;
+(framed by sse-starlette's :class:`~sse_starlette.event.ServerSentEvent`) ending with a usage
+chunk. The model never sees tool schemas: a 135M model cannot call tools;
 pi's system prompt still names them, and earlier calls and results reach it as text.
 
-Pure functions over JSON values; :mod:`tether.model.middleware` applies them to HTTP.
+Functions over JSON values; :mod:`tether.model.middleware` applies them to HTTP. Needs the
+``local`` extra (sse-starlette), like everything in the model server.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sse_starlette.event import ServerSentEvent
+
 __all__ = [
     "StreamPlan",
+    "completion_chunks",
     "completion_to_sse",
     "flatten_content",
     "normalize_messages",
@@ -158,13 +163,8 @@ def normalize_request(body: Mapping[str, Any]) -> tuple[dict[str, Any], StreamPl
     return out, plan
 
 
-def _sse(payload: Mapping[str, Any] | str) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    return f"data: {data}\n\n".encode()
-
-
-def completion_to_sse(completion: Mapping[str, Any], plan: StreamPlan) -> Iterator[bytes]:
-    """Replay a finished ``chat.completion`` as ``chat.completion.chunk`` SSE events.
+def completion_chunks(completion: Mapping[str, Any], plan: StreamPlan) -> Iterator[str]:
+    """A finished ``chat.completion`` as the data of ``chat.completion.chunk`` events.
 
     The order pi's stream parser expects: role, content, tool calls, the finish reason, then
     (when asked for) a usage chunk with no choices, then ``[DONE]``.
@@ -176,9 +176,9 @@ def completion_to_sse(completion: Mapping[str, Any], plan: StreamPlan) -> Iterat
         "model": plan.model or completion.get("model", ""),
     }
 
-    def chunk(delta: Mapping[str, Any], finish: str | None = None) -> bytes:
+    def chunk(delta: Mapping[str, Any], finish: str | None = None) -> str:
         choice = {"index": 0, "delta": dict(delta), "finish_reason": finish}
-        return _sse({**base, "choices": [choice]})
+        return _json({**base, "choices": [choice]})
 
     choices = completion.get("choices") or [{}]
     choice = _mapping(choices[0])
@@ -196,5 +196,15 @@ def completion_to_sse(completion: Mapping[str, Any], plan: StreamPlan) -> Iterat
     yield chunk({}, finish)
     usage = completion.get("usage")
     if plan.include_usage and isinstance(usage, Mapping):
-        yield _sse({**base, "choices": [], "usage": dict(usage)})
-    yield _sse("[DONE]")
+        yield _json({**base, "choices": [], "usage": dict(usage)})
+    yield "[DONE]"
+
+
+def completion_to_sse(completion: Mapping[str, Any], plan: StreamPlan) -> Iterator[bytes]:
+    """:func:`completion_chunks` as encoded SSE events (``data: …`` and a blank line each)."""
+    for data in completion_chunks(completion, plan):
+        yield ServerSentEvent(data, sep="\n").encode()
+
+
+def _json(payload: Mapping[str, Any]) -> str:
+    return json.dumps(payload, ensure_ascii=False)

@@ -52,8 +52,10 @@ def local_config_text(
     tools: list[str] | None = None,
     system_prompt: str = DEMO_SYSTEM_PROMPT,
     summary_max_bytes: int | None = None,
+    workdir: str = "work",
 ) -> str:
-    """The TOML text of a config whose agent ``agent`` runs on the local server at ``base_url``."""
+    """The TOML text of a config whose agent ``agent`` runs on the local server at ``base_url``,
+    working in ``workdir`` (beside the config: the agent's tools never see the ledger)."""
     lines = [
         "# Written by tether for the embedded local model (tether model serve).",
         "[ledger]",
@@ -76,6 +78,7 @@ def local_config_text(
         f"system_prompt = {_toml_value(system_prompt)}",
         f"tools = {_toml_value(tools if tools is not None else ['read'])}",
         f"deadline_s = {deadline_s}",
+        f"workdir = {_toml_value(workdir)}",
     ]
     if summary_max_bytes is not None:
         lines.append(f"summary_max_bytes = {summary_max_bytes}")
@@ -87,4 +90,7 @@ def write_local_config(path: Path, base_url: str, **options: Any) -> Config:
     """Write :func:`local_config_text` to ``path`` and return it as loaded (so it is valid)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(local_config_text(base_url, **options), encoding="utf-8")
-    return load_config(path)
+    config = load_config(path)
+    for name in config.agents:
+        config.workdir(name).mkdir(parents=True, exist_ok=True)
+    return config

@@ -1,38 +1,30 @@
-"""An ASGI wrapper that applies :mod:`tether.model.compat` in front of llama-cpp-python's server.
+"""A pure ASGI middleware that applies :mod:`tether.model.compat` in front of llama-cpp-python's
+server (added to its FastAPI app with ``add_middleware``, so Starlette's error handling wraps it).
 
-Only ``POST …/chat/completions`` is touched: the body is rewritten, the inner app is called with
-a non-streamed request and its whole response captured; a successful answer to a streaming
-request is replayed as SSE, anything else (errors included) is passed through unchanged, so the
-client sees the server's own status and error body.
+Only ``POST …/chat/completions`` is touched: the body is read (Starlette's :class:`Request`) and
+rewritten, the inner app is called with a non-streamed request and its whole response captured;
+a successful answer to a streaming request is replayed as SSE, anything else (errors included)
+is passed through unchanged, so the client sees the server's own status, headers and body.
+
+The replay is one :class:`~starlette.responses.Response` with an SSE body, not an
+``EventSourceResponse``: the completion has finished before the first byte is sent, so there is
+nothing to stream, ping or drain.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from starlette.datastructures import MutableHeaders
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tether.model.compat import completion_to_sse, normalize_request
 
 __all__ = ["ASGIApp", "CompatMiddleware"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
 
 
 class CompatMiddleware:
@@ -47,55 +39,53 @@ class CompatMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        raw = await _read_body(receive)
         try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            body = None
-        if not isinstance(body, dict):
+            raw = await Request(scope, receive).body()
+        except ClientDisconnect:
+            return  # nobody is left to answer
+        body = _json_object(raw)
+        if body is None:
             # Not ours to judge: let the server answer malformed input with its own error.
             await self.app(scope, _replay(raw, receive), send)
             return
         request, plan = normalize_request(body)
-        new_raw = json.dumps(request, ensure_ascii=False).encode()
-        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
-        headers.append((b"content-length", str(len(new_raw)).encode()))
-        inner_scope = {**scope, "headers": headers}
+        forwarded = json.dumps(request, ensure_ascii=False).encode()
+        inner_scope = {**scope, "headers": list(scope.get("headers", []))}
+        MutableHeaders(scope=inner_scope)["content-length"] = str(len(forwarded))
 
-        status = 500
-        response_headers: list[tuple[bytes, bytes]] = []
-        parts: list[bytes] = []
-
-        async def capture(message: Message) -> None:
-            nonlocal status, response_headers
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                response_headers = list(message.get("headers", []))
-            elif message["type"] == "http.response.body":
-                parts.append(message.get("body", b""))
-
-        await self.app(inner_scope, _replay(new_raw, receive), capture)
-        payload = b"".join(parts)
-        completion = _json_object(payload) if status == 200 and plan.stream else None
+        answer = _Captured()
+        await self.app(inner_scope, _replay(forwarded, receive), answer.send)
+        completion = _json_object(answer.body) if answer.status == 200 and plan.stream else None
         if completion is None:
-            await send(
-                {"type": "http.response.start", "status": status, "headers": response_headers}
+            response = Response(answer.body, status_code=answer.status)
+            response.raw_headers = answer.headers
+        else:
+            response = Response(
+                b"".join(completion_to_sse(completion, plan)),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache"},
             )
-            await send({"type": "http.response.body", "body": payload})
-            return
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-cache"),
-                ],
-            }
-        )
-        for event in completion_to_sse(completion, plan):
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+        await response(scope, receive, send)
+
+
+@dataclass
+class _Captured:
+    """The inner app's whole response."""
+
+    status: int = 500
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    parts: list[bytes] = field(default_factory=list)
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+            self.headers = list(message.get("headers", []))
+        elif message["type"] == "http.response.body":
+            self.parts.append(message.get("body", b""))
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.parts)
 
 
 def _json_object(payload: bytes) -> dict[str, Any] | None:

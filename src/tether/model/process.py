@@ -4,8 +4,9 @@ The server runs in its own process group (``python -m tether.model.server``), on
 process binds on 127.0.0.1 and hands over, so the port is known and held before the model loads.
 A server started in the background is recorded in ``<state_dir>/model.json`` (pid, port, and the
 process's start time, so a later ``tether model stop`` never signals a process that merely
-reuses the pid). Stopping escalates SIGTERM → grace → SIGKILL to the whole group, and a child is
-always reaped.
+reuses the pid). Stopping escalates SIGTERM → grace → SIGKILL to the server and its descendants
+(psutil, which also checks each process's identity before it signals it), and a child of this
+process is always reaped.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import psutil
 from pydantic import BaseModel, ConfigDict
 
 from tether.errors import ModelError
@@ -79,8 +82,9 @@ class ServerState(BaseModel):
     model: str
     alias: str
     started_at: float
-    proc_start: int
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22)."""
+    proc_start: float
+    """The process's start time in seconds since boot (psutil's ``create_time`` less the boot
+    time, at 0.01 s resolution): unlike the wall-clock start, a clock step does not move it."""
     log: str
 
     @property
@@ -88,21 +92,42 @@ class ServerState(BaseModel):
         return f"http://127.0.0.1:{self.port}/v1"
 
 
-def _proc_start(pid: int) -> int | None:
-    """The start time of ``pid``, or None if there is no such (live) process."""
+def _live(pid: int) -> psutil.Process | None:
+    """The process ``pid``, or None if there is none or it has exited (a zombie, not yet reaped)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+    except psutil.NoSuchProcess:
         return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    # fields[0] is field 3 (state); a zombie has exited already.
-    if fields[0] == "Z":
+
+
+def _started(proc: psutil.Process) -> float:
+    return round(proc.create_time() - psutil.boot_time(), 2)
+
+
+def _proc_start(pid: int) -> float | None:
+    """The start time of ``pid`` (:attr:`ServerState.proc_start`), or None if there is no such
+    live process."""
+    proc = _live(pid)
+    if proc is None:
         return None
-    return int(fields[19])
+    try:
+        return _started(proc)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _recorded(state: ServerState) -> psutil.Process | None:
+    """The recorded server's process, if it is still alive and is the same process."""
+    proc = _live(state.pid)
+    try:
+        return proc if proc is not None and _started(proc) == state.proc_start else None
+    except psutil.NoSuchProcess:
+        return None
 
 
 def _same_process(state: ServerState) -> bool:
-    return _proc_start(state.pid) == state.proc_start
+    return _recorded(state) is not None
 
 
 def probe(base_url: str, timeout: float = 5.0) -> list[str] | None:
@@ -144,7 +169,9 @@ class ModelServer:
     """A running model server this process started (a context manager that stops it)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], state: ServerState) -> None:
+        # Popen owns the child (exit status, reaping); psutil finds and signals its descendants.
         self._proc = proc
+        self._process = psutil.Process(proc.pid)
         self.state = state
 
     @property
@@ -217,7 +244,8 @@ class ModelServer:
             model=str(model),
             alias=alias,
             started_at=time.time(),
-            proc_start=_proc_start(proc.pid) or 0,
+            # Not reaped yet, so the pid is still this child's even if it has exited already.
+            proc_start=_started(psutil.Process(proc.pid)),
             log=str(log_path),
         )
         server = cls(proc, state)
@@ -258,15 +286,13 @@ class ModelServer:
         return self.state
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """SIGTERM the group, wait up to ``grace``, SIGKILL it, and reap the child."""
-        pid = self._proc.pid
+        """SIGTERM the server and its descendants, wait up to ``grace``, SIGKILL the rest, and
+        reap the child."""
         if self._proc.returncode is None:
-            _signal_group(pid, signal.SIGTERM)
-            if not _wait_exited_child(pid, grace):
-                _signal_group(pid, signal.SIGKILL)
-            # The leader is a zombie now, so its pid (the group id) cannot be reused yet: the
-            # last SIGKILL reaches only stragglers of this group.
-            _signal_group(pid, signal.SIGKILL)
+            _escalate(_tree(self._process), grace, psutil.wait_procs)
+            # psutil's wait reaped the child and kept its status; Popen would record 0.
+            with contextlib.suppress(psutil.TimeoutExpired):
+                self._proc.returncode = self._process.wait(timeout=0)
         self._proc.wait()
 
     def __enter__(self) -> Self:
@@ -281,24 +307,62 @@ class ModelServer:
         self.stop()
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
+# --- stopping a process tree ------------------------------------------------------------------
+
+Wait = Callable[[list[psutil.Process], float], tuple[list[psutil.Process], list[psutil.Process]]]
 
 
-def _wait_exited_child(pid: int, timeout: float) -> bool:
-    """Wait (without reaping) until child ``pid`` has exited; False on timeout."""
+def _tree(proc: psutil.Process) -> list[psutil.Process]:
+    """``proc`` and its descendants, listed before any is signalled: a killed parent's children
+    are reparented and would no longer be found."""
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return [proc]
+
+
+def _escalate(procs: list[psutil.Process], grace: float, wait: Wait) -> list[psutil.Process]:
+    """SIGTERM, wait up to ``grace``, SIGKILL the rest, wait up to ``grace``; the survivors.
+
+    psutil checks each process's identity before signalling it, so a pid reused in between is
+    never signalled.
+    """
+    alive = procs
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in alive:
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+            except psutil.AccessDenied as exc:
+                raise ModelError(
+                    f"not allowed to signal pid {proc.pid} of the model server; "
+                    "stop it as the user who started it"
+                ) from exc
+        _, alive = wait(alive, grace)
+        if not alive:
+            break
+    return alive
+
+
+def _wait_exited(
+    procs: list[psutil.Process], timeout: float
+) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """:func:`psutil.wait_procs` for processes this one must not reap (another process's
+    children): an exited one is gone even while it waits, a zombie, for its parent to reap it."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return True
-        if info is not None:
-            return True
-        if time.monotonic() >= deadline:
-            return False
+        alive = [p for p in procs if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return [p for p in procs if p not in alive], alive
         time.sleep(_POLL_S)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 # --- the state file of a background server ---------------------------------------------------
@@ -345,18 +409,13 @@ def stop_recorded(
     state = read_state(state_dir)
     if state is None:
         return StopOutcome.NOT_RUNNING, None
-    if not _same_process(state):
+    proc = _recorded(state)
+    if proc is None:
         clear_state(state_dir)
         return StopOutcome.STALE, state
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
-        # Check identity before every signal: never signal a process that reused the pid.
-        if not _same_process(state):
-            break
-        _signal_group(state.pid, sig)
-        deadline = time.monotonic() + wait
-        while _same_process(state) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-    if _same_process(state):
+    # The server is usually not this process's child (its starter exited): its parent reaps it.
+    survivors = _escalate(_tree(proc), grace, _wait_exited)
+    if proc in survivors:
         raise ModelError(
             f"the model server (pid {state.pid}) survived SIGKILL; check `ps -o stat {state.pid}`"
         )

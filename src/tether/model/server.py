@@ -1,10 +1,10 @@
 """The model server process: ``python -m tether.model.server --fd N`` (started by
 :mod:`tether.model.process`, not by hand).
 
-llama-cpp-python's OpenAI-compatible FastAPI app with the embedded GGUF, wrapped in
-:class:`~tether.model.middleware.CompatMiddleware`, served by uvicorn on a socket the parent
-already bound and listens on (so the parent knows the port before the model has loaded, and no
-other process can take it in between).
+llama-cpp-python's OpenAI-compatible FastAPI app with the embedded GGUF and
+:class:`~tether.model.middleware.CompatMiddleware` added to its middleware stack, served by
+uvicorn on a socket the parent already bound and listens on (so the parent knows the port before
+the model has loaded, and no other process can take it in between).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ __all__ = ["build_app", "main"]
 
 
 def build_app(model_path: Path, *, alias: str, n_ctx: int, n_threads: int) -> Any:
-    """llama-cpp-python's server app for one model, behind the compatibility middleware."""
+    """llama-cpp-python's server app (FastAPI) for one model, with the compatibility middleware
+    inside Starlette's error handling: a failure in it is a 500 answer, not a dropped socket."""
     # Imported here: the `local` extra is optional, and only this process needs it.
     from llama_cpp.server.app import create_app
     from llama_cpp.server.settings import ModelSettings, ServerSettings
@@ -42,7 +43,8 @@ def build_app(model_path: Path, *, alias: str, n_ctx: int, n_threads: int) -> An
             )
         ],
     )
-    return CompatMiddleware(app)
+    app.add_middleware(CompatMiddleware)
+    return app
 
 
 def main(argv: list[str] | None = None) -> int:

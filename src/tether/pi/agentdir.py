@@ -4,8 +4,9 @@ pi writes global settings into its agent directory, so runs never share one. ``m
 declares the agent's provider with exactly its model (``contextWindow`` is always set: pi's
 compaction thresholds depend on it); ``settings.json`` selects that model and effort, and sets
 ``compaction.keepRecentTokens``/``reserveTokens`` so that a continuation compaction after the run
-always has something to compact (DESIGN §5). API keys are never written to disk: ``models.json``
-names the environment variable and the run's environment carries it.
+always has something to compact (DESIGN §5). API keys are never written to disk nor put in pi's
+environment: ``models.json`` carries a placeholder, and the key reaches pi over a private channel
+(:mod:`tether.pi.keys`). The directory is 0700 and its files 0600.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 
 from tether.config import AgentConfig, Config, ProviderConfig
 from tether.errors import ConfigError
+from tether.files import private_dir, private_file
 
-__all__ = ["AgentDir", "merge", "pi_models", "pi_settings", "write_agent_dir"]
+__all__ = ["AgentDir", "merge", "pi_models", "pi_settings", "provider_keys", "write_agent_dir"]
 
 NO_KEY = "tether-no-key"
 """pi needs some key to call a provider; local servers ignore it."""
@@ -40,7 +42,8 @@ def pi_models(name: str, provider: ProviderConfig, agent: AgentConfig) -> dict[s
     entry: dict[str, Any] = {
         "baseUrl": provider.base_url,
         "api": provider.api,
-        "apiKey": f"${provider.api_key_env}" if provider.api_key_env else NO_KEY,
+        # A keyed provider's real key is registered by the keys extension at pi's start.
+        "apiKey": NO_KEY,
         "models": [
             {
                 "id": agent.model,
@@ -94,27 +97,36 @@ def pi_settings(config: Config, provider: ProviderConfig, agent: AgentConfig) ->
 class AgentDir:
     path: Path
     env: dict[str, str]
-    """Variables the pi process needs (the agent dir, the provider's key)."""
+    """Variables the pi process needs (the agent dir)."""
+
+
+def provider_keys(config: Config, agent_name: str) -> dict[str, str]:
+    """The agent's provider key by provider name (empty for a provider without one), or
+    ``ConfigError`` when the key's variable is not set (checked before a run writes anything)."""
+    agent = config.agent(agent_name)
+    provider = config.provider(agent.provider)
+    if not provider.api_key_env:
+        return {}
+    key = os.environ.get(provider.api_key_env)
+    if not key:
+        raise ConfigError(
+            f"provider {agent.provider!r} reads its API key from ${provider.api_key_env}, "
+            "which is not set; export it before `tether run`"
+        )
+    return {agent.provider: key}
 
 
 def write_agent_dir(path: Path, config: Config, agent_name: str) -> AgentDir:
     """Create ``path`` with the run's ``models.json`` and ``settings.json``."""
     agent = config.agent(agent_name)
     provider = config.provider(agent.provider)
+    provider_keys(config, agent_name)  # the key must exist, though it never lands here
     env = {"PI_CODING_AGENT_DIR": str(path.resolve())}
-    if provider.api_key_env:
-        key = os.environ.get(provider.api_key_env)
-        if not key:
-            raise ConfigError(
-                f"provider {agent.provider!r} reads its API key from ${provider.api_key_env}, "
-                "which is not set; export it before `tether run`"
-            )
-        env[provider.api_key_env] = key
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "models.json").write_text(
-        json.dumps(pi_models(agent.provider, provider, agent), indent=2) + "\n", encoding="utf-8"
-    )
-    (path / "settings.json").write_text(
-        json.dumps(pi_settings(config, provider, agent), indent=2) + "\n", encoding="utf-8"
-    )
+    private_dir(path)
+    for name, body in (
+        ("models.json", pi_models(agent.provider, provider, agent)),
+        ("settings.json", pi_settings(config, provider, agent)),
+    ):
+        target = private_file(path / name)
+        target.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
     return AgentDir(path=path, env=env)

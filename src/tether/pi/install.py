@@ -13,13 +13,13 @@ import functools
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tether.harness.errors import PiNotInstalled
+from tether.pi.errors import PiNotInstalled
 
-__all__ = ["PiInstall", "data_dir", "find_pi", "pi_argv"]
+__all__ = ["ALLOWED_ENV", "PiInstall", "data_dir", "find_pi", "pi_argv", "pi_env"]
 
 PI_PACKAGE = "node_modules/@earendil-works/pi-coding-agent"
 PI_CLI = f"{PI_PACKAGE}/dist/cli.js"
@@ -153,3 +153,30 @@ def pi_argv(
     for ext in extensions:
         argv += ["--extension", str(Path(ext).resolve())]
     return argv
+
+
+ALLOWED_ENV = ("PATH", "HOME", "LANG", "TERM")
+"""All that pi (and so every tool it runs) inherits from tether's environment (DESIGN §3.10):
+nothing else, so no provider key, database password or service token reaches a tool."""
+
+
+def pi_env(
+    extra: Mapping[str, str],
+    pi: PiInstall,
+    *,
+    tmpdir: Path,
+    agent_env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """pi's environment: the allow-listed variables of this process, the agent's own ``env``,
+    ``extra`` (the agent dir, the key channel's descriptor), a private ``TMPDIR``, offline,
+    loopback never proxied, and the pinned Node first on ``PATH``."""
+    env = {k: os.environ[k] for k in ALLOWED_ENV if k in os.environ}
+    env.update(agent_env or {})
+    env.update(extra)
+    env["TMPDIR"] = str(tmpdir)
+    env["PI_OFFLINE"] = "1"
+    loopback = "127.0.0.1,localhost"
+    for key in ("NO_PROXY", "no_proxy"):
+        env[key] = f"{loopback},{env[key]}" if env.get(key) else loopback
+    env["PATH"] = f"{pi.node_bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
+    return env

@@ -26,9 +26,11 @@ from typing import IO, Protocol
 
 import anyio
 import anyio.abc
+import psutil
 
-from tether.harness.errors import PiStartupFailed, TransportClosed
-from tether.harness.jsonl import LineSplitter
+from tether.files import private_file
+from tether.pi.errors import PiStartupFailed, TransportClosed
+from tether.pi.jsonl import LineSplitter
 
 __all__ = ["AgentTransport", "SubprocessTransport"]
 
@@ -65,33 +67,13 @@ class AgentTransport(Protocol):
         ...
 
 
-def _descendants(root: int) -> list[int]:
-    """Pids of every live descendant of ``root`` (Linux ``/proc``), children first."""
-    parents: dict[int, list[int]] = {}
+def _descendants(root: int) -> list[psutil.Process]:
+    """Every live descendant of ``root``, found now (pi starts tool shells in groups of their
+    own, so the group signal alone does not reach them)."""
     try:
-        entries = os.listdir("/proc")
-    except OSError:
+        return psutil.Process(root).children(recursive=True)
+    except psutil.Error:
         return []
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # Field 4 (ppid) follows the parenthesised command name, which may hold spaces.
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) > 1:
-            parents.setdefault(int(rest[1]), []).append(int(name))
-    found: list[int] = []
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        for child in parents.get(pid, []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 class SubprocessTransport:
@@ -123,14 +105,16 @@ class SubprocessTransport:
         cwd: Path,
         stderr_log: Path,
         grace_s: float = 3.0,
+        pass_fds: Sequence[int] = (),
     ) -> AsyncIterator[SubprocessTransport]:
-        log = stderr_log.open("ab")
+        log = private_file(stderr_log).open("ab")
         try:
             process = await anyio.open_process(
                 list(argv),
                 env=dict(env),
                 cwd=str(cwd),
                 start_new_session=True,  # its own process group, so the stop reaches its children
+                pass_fds=pass_fds,
             )
         except OSError as exc:
             log.close()
@@ -233,9 +217,10 @@ class SubprocessTransport:
         if self._process.returncode is None:
             strays = _descendants(self._process.pid)
             self._signal_group(signal.SIGKILL)
-            for pid in strays:  # pi starts tool shells in groups of their own
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            for proc in strays:
+                # psutil checks the pid still names the process it found (create time).
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
         await self._process.wait()
 
     async def kill(self) -> None:

@@ -28,10 +28,10 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from tether.harness.errors import ProtocolError, TransportClosed
-from tether.harness.jsonl import decode, encode
-from tether.harness.protocol import DIALOG_METHODS, Command, Event, Response, UiMethod
-from tether.harness.transport import AgentTransport
+from tether.pi.errors import ProtocolError, TransportClosed
+from tether.pi.jsonl import decode, encode
+from tether.pi.protocol import DIALOG_METHODS, Command, Event, Response, UiMethod
+from tether.pi.transport import AgentTransport
 
 __all__ = ["Closed", "Record", "RpcClient", "Stray"]
 

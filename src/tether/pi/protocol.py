@@ -12,8 +12,8 @@ __all__ = [
     "Command",
     "Disposition",
     "Event",
+    "PiStopReason",
     "Response",
-    "StopReasonPi",
     "UiMethod",
 ]
 
@@ -101,7 +101,7 @@ class Disposition(enum.StrEnum):
     HANDLED = "handled"
 
 
-class StopReasonPi(enum.StrEnum):
+class PiStopReason(enum.StrEnum):
     """An assistant message's ``stopReason``."""
 
     STOP = "stop"
@@ -109,6 +109,15 @@ class StopReasonPi(enum.StrEnum):
     TOOL_USE = "toolUse"
     ERROR = "error"
     ABORTED = "aborted"
+
+    @classmethod
+    def of(cls, message: dict[str, Any] | None) -> PiStopReason | None:
+        """The stop reason of an assistant message (None when absent or unknown)."""
+        value = (message or {}).get("stopReason")
+        try:
+            return cls(value) if isinstance(value, str) else None
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,332 @@
+"""What a run reads bounds what it may reveal, and secrets stay out (DESIGN §3.10), with the real
+pi and the scripted provider: provider keys reach pi only over the key channel, tools get an
+allow-listed environment, obligations travel to the rows a run writes, the agent's workdir never
+holds the ledger, and tether's files are private."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from provider import Fail, Reply, ScriptedProvider, ToolCall
+from tether.ledger import NewRow, RowKind, open_ledger
+
+TETHER = [sys.executable, "-m", "tether"]
+
+
+def write_config(tmp: Path, url: str, *, workdir: str | None = "work", extra: str = "") -> Path:
+    (tmp / "work").mkdir(exist_ok=True)
+    path = tmp / "tether.toml"
+    workdir_line = f'workdir = "{workdir}"' if workdir is not None else ""
+    path.write_text(
+        f"""
+[ledger]
+url = "sqlite://{tmp}/state/ledger.db"
+
+[providers.hosted]
+base_url = "{url}"
+api_key_env = "TETHER_TEST_PROVIDER_KEY"
+context_window = 8192
+max_tokens = 1024
+
+[agents.rev]
+provider = "hosted"
+model = "scripted"
+deadline_s = 60
+{workdir_line}
+
+[harness]
+runs_dir = "state/runs"
+pi_settings = {{ retry = {{ enabled = false }} }}
+{extra}
+"""
+    )
+    return path
+
+
+def tether(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, umask: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    argv = [*TETHER, *args]
+    if umask is not None:
+        argv = ["sh", "-c", f'umask {umask:03o}; exec "$@"', "sh", *argv]
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def files_under(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+def holds(path: Path, needle: bytes) -> bool:
+    try:
+        return needle in path.read_bytes()
+    except OSError:
+        return False
+
+
+def test_a_bash_env_in_a_run_leaves_no_key_on_disk_or_in_the_ledger(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    key = "sk-tether-" + secrets.token_hex(16)
+    # `env`, then enough output that pi spills it to a pi-bash-*.log in its TMPDIR; then the
+    # provider fails, so the run directory is kept and can be searched too.
+    command = "env > envdump.txt; env; seq 1 200000"
+    p = scripted_provider([Reply(tool_calls=[ToolCall("bash", {"command": command})]), Fail(500)])
+    cfg = write_config(tmp_path, p.url)
+    system_tmp = Path(tempfile.gettempdir())
+    before = {q.name for q in system_tmp.glob("pi-bash-*")}
+    done = tether(
+        tmp_path,
+        "run",
+        "--config",
+        str(cfg),
+        "-s",
+        "s1",
+        "-a",
+        "rev",
+        "--json",
+        "show me",
+        env={"TETHER_TEST_PROVIDER_KEY": key, "TETHER_CONFIG": str(cfg)},
+    )
+    assert done.returncode == 4, done.stderr
+    out = json.loads(done.stdout)
+    # The key reached the provider (so pi had it) ...
+    headers = {k.lower(): v for k, v in p.requests[0].headers.items()}
+    assert headers.get("authorization") == f"Bearer {key}"
+    # ... but not the tool: what `env` saw has no key and none of tether's variables.
+    with open_ledger(f"sqlite://{tmp_path}/state/ledger.db") as store:
+        assert [r.role for r in store.iter_rows("s1")].count("toolResult") == 1
+    env_text = (tmp_path / "work" / "envdump.txt").read_text()
+    assert "PATH=" in env_text
+    assert "TMPDIR=" in env_text
+    assert key not in env_text
+    assert "TETHER_CONFIG" not in env_text
+    assert "TETHER_TEST_PROVIDER_KEY" not in env_text
+    # Nowhere on disk: the run directory (kept, the run failed), the ledger and its WAL, the
+    # workdir, the system temp directory.
+    run_dir = tmp_path / "state" / "runs" / out["run"]
+    assert run_dir.is_dir(), "a failed run keeps its directory"
+    assert str(run_dir) in done.stderr or str(run_dir) in out.get("error", "")
+    spilled = list((run_dir / "tmp").glob("pi-bash-*"))
+    assert spilled, "pi's bash spill file goes to the run's private TMPDIR"
+    searched = files_under(tmp_path) + [
+        q for q in system_tmp.glob("pi-bash-*") if q.name not in before
+    ]
+    assert len(searched) > 5
+    leaks = [q for q in searched if holds(q, key.encode())]
+    assert leaks == []
+    assert not [q for q in system_tmp.glob("pi-bash-*") if q.name not in before]
+
+
+def test_a_quoted_withheld_row_makes_the_answer_withheld(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider([Reply("The secret plan says: launch on Friday.")])
+    grants = '[access.grants]\n"user:ana" = ["repo:acme/*"]\n"user:carl" = ["repo:acme/secret"]'
+    cfg = write_config(tmp_path, p.url, extra=grants)
+    with open_ledger(f"sqlite://{tmp_path}/state/ledger.db") as store:
+        store.ensure_session("s1")
+        run = store.create_run("s1", "other")
+        fence = store.claim_run(run.id)
+        store.append(
+            fence,
+            [
+                NewRow(
+                    actor="user:ana",
+                    kind=RowKind.MESSAGE,
+                    body={"role": "user", "content": [{"type": "text", "text": "the plan?"}]},
+                ),
+                NewRow(
+                    actor="agent:other",
+                    kind=RowKind.MESSAGE,
+                    sources=("repo:acme/secret",),
+                    body={
+                        "role": "assistant",
+                        "content": [{"type": "text", "text": "SECRET PLAN: launch on Friday"}],
+                        "stopReason": "stop",
+                    },
+                ),
+            ],
+            request=False,
+        )
+        from tether.ledger import RunStatus
+
+        store.end_run(fence, RunStatus.FINISHED)
+    done = tether(
+        tmp_path,
+        "run",
+        "--config",
+        str(cfg),
+        "-s",
+        "s1",
+        "-a",
+        "rev",
+        "--actor",
+        "user:ana",
+        "--json",
+        "what is the plan?",
+        env={"TETHER_TEST_PROVIDER_KEY": "k"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "SECRET PLAN" in p.requests[0].raw.decode(), "ana's run was given the secret row"
+    with open_ledger(f"sqlite://{tmp_path}/state/ledger.db") as store:
+        written = [r for r in store.iter_rows("s1") if r.run == json.loads(done.stdout)["run"]]
+    answer = next(r for r in written if r.role == "assistant")
+    assert "repo:acme/secret" in answer.sources
+
+    def view(actor: str) -> dict[str, object]:
+        shown = tether(
+            tmp_path,
+            "context",
+            "--config",
+            str(cfg),
+            "-s",
+            "s1",
+            "-a",
+            "rev",
+            "--actor",
+            actor,
+            "--json",
+        )
+        assert shown.returncode in (0, 3), shown.stderr
+        return dict(json.loads(shown.stdout))
+
+    bob = view("user:bob")
+    text = json.dumps(bob)
+    assert "launch on Friday" not in text
+    assert "SECRET PLAN" not in text
+    assert any(g["why"] == "withheld" and g["from"] <= answer.seq <= g["to"] for g in bob["gaps"])
+    carl = view("user:carl")
+    assert "launch on Friday" in json.dumps(carl["messages"])
+
+
+def test_a_workdir_holding_the_ledger_or_config_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1", workdir=None)
+    refused = tether(
+        tmp_path,
+        "run",
+        "--config",
+        str(cfg),
+        "-s",
+        "s1",
+        "-a",
+        "rev",
+        "go",
+        env={"TETHER_TEST_PROVIDER_KEY": "k"},
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "contains the ledger" in refused.stderr
+    assert "workdir" in refused.stderr
+    assert refused.stderr.count("\n") <= 2
+    with open_ledger(f"sqlite://{tmp_path}/state/ledger.db") as store:
+        assert store.sessions() == []
+    assert not (tmp_path / "state" / "runs").exists()
+    # Elsewhere, it is the config the workdir must not hold.
+    state = tmp_path / "elsewhere"
+    state.mkdir()
+    moved = tmp_path / "work" / "tether.toml"
+    moved.write_text(
+        cfg.read_text()
+        .replace(f"sqlite://{tmp_path}/state", f"sqlite://{state}")
+        .replace('runs_dir = "state/runs"', f'runs_dir = "{state}/runs"')
+    )
+    refused = tether(
+        tmp_path / "work",
+        "run",
+        "--config",
+        str(moved),
+        "-s",
+        "s1",
+        "-a",
+        "rev",
+        "go",
+        env={"TETHER_TEST_PROVIDER_KEY": "k"},
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "contains the config" in refused.stderr
+
+
+def test_files_are_private_whatever_the_umask(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider([Fail(500)])
+    cfg = write_config(tmp_path, p.url)
+    done = tether(
+        tmp_path,
+        "run",
+        "--config",
+        str(cfg),
+        "-s",
+        "s1",
+        "-a",
+        "rev",
+        "--json",
+        "go",
+        env={"TETHER_TEST_PROVIDER_KEY": "k"},
+        umask=0,
+    )
+    assert done.returncode == 4, done.stderr
+    run_dir = tmp_path / "state" / "runs" / json.loads(done.stdout)["run"]
+    ledger = tmp_path / "state" / "ledger.db"
+    checked = [ledger, run_dir / "session.jsonl", run_dir / "pi.log"]
+    checked += [run_dir / "agent" / "models.json", run_dir / "agent" / "settings.json"]
+    checked += [q for q in (ledger.with_name("ledger.db-wal"),) if q.exists()]
+    for path in checked:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for path in (tmp_path / "state", tmp_path / "state" / "runs", run_dir, run_dir / "agent"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    assert stat.S_IMODE((run_dir / "tmp").stat().st_mode) == 0o700
+
+
+def test_a_run_that_ends_well_leaves_no_directory_and_prune_removes_old_ones(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider([Reply("done")])
+    cfg = write_config(tmp_path, p.url)
+    done = tether(
+        tmp_path,
+        "run",
+        "--config",
+        str(cfg),
+        "-s",
+        "s1",
+        "-a",
+        "rev",
+        "--json",
+        "go",
+        env={"TETHER_TEST_PROVIDER_KEY": "k"},
+    )
+    assert done.returncode == 0, done.stderr
+    runs = tmp_path / "state" / "runs"
+    assert not (runs / json.loads(done.stdout)["run"]).exists()
+    old, recent = runs / "r-old", runs / "r-recent"
+    for path in (old, recent):
+        (path / "agent").mkdir(parents=True)
+        (path / "pi.log").write_text("log")
+    week_ago = time.time() - 8 * 86400
+    os.utime(old, (week_ago, week_ago))
+    pruned = tether(tmp_path, "runs", "prune", "--older-than", "7d", "--config", str(cfg))
+    assert pruned.returncode == 0, pruned.stderr
+    assert "removed 1" in pruned.stdout
+    assert not old.exists()
+    assert recent.exists()
+    bad = tether(tmp_path, "runs", "prune", "--older-than", "soon", "--config", str(cfg))
+    assert bad.returncode == 2
+    assert "7d" in bad.stderr
