@@ -59,6 +59,7 @@ bench: install
 	$(BIN)/python bench/followup.py
 	$(BIN)/python bench/harness.py
 	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/cli_start.py
 
 # The sdist and the wheel in dist/ (the wheel carries the pinned npm manifest for `tether setup`).
 dist: install
