@@ -87,7 +87,10 @@ def main() -> None:
     from tether.pi.install import find_pi, pi_argv, pi_env
 
     work = Path(tempfile.mkdtemp(prefix="tether-bench-"))
-    (work / "notes.txt").write_text("some notes\n" * 20)
+    # The agent's tools work in tree/, which holds neither the ledger nor the run directories.
+    tree = work / "tree"
+    tree.mkdir()
+    (tree / "notes.txt").write_text("some notes\n" * 20)
     delay = args.latency_ms / 1000
 
     def reply(req: Any) -> Reply:
@@ -117,6 +120,7 @@ max_tokens = 1024
 provider = "local"
 model = "scripted"
 deadline_s = 600
+workdir = "tree"
 [harness]
 runs_dir = "runs"
 """
@@ -130,6 +134,7 @@ runs_dir = "runs"
         def baseline_spec(i: int) -> Path:
             run_dir = work / "direct" / str(i)
             agent_dir = write_agent_dir(run_dir / "agent", cfg, "bench")
+            (run_dir / "tmp").mkdir()
             argv = pi_argv(
                 pi,
                 session_file=run_dir / "session.jsonl",
@@ -141,8 +146,8 @@ runs_dir = "runs"
             )
             spec = {
                 "argv": argv,
-                "env": pi_env(agent_dir.env, pi),
-                "cwd": str(work),
+                "env": pi_env(agent_dir.env, pi, tmpdir=run_dir / "tmp"),
+                "cwd": str(tree),
                 "prompt": prompt,
             }
             path = run_dir / "spec.json"
@@ -206,7 +211,7 @@ runs_dir = "runs"
             timings["cpu_pi"].append(after[1] - before[1])
 
             events: list[RunEvent] = []
-            request = RunRequest(session=f"in-{i}", agent="bench", text=prompt, workdir=work)
+            request = RunRequest(session=f"in-{i}", agent="bench", text=prompt, workdir=tree)
             t = time.perf_counter()
             outcome = anyio.run(
                 functools.partial(execute_run, store, cfg, request, subscribers=[events.append])

@@ -111,6 +111,7 @@ max_tokens = 1024
 provider = "local"
 model = "scripted"
 deadline_s = 120
+workdir = "tree"
 """
     )
 
