@@ -55,7 +55,7 @@ def load_command(name: str) -> Any:
         group = typer.main.get_group(obj)
         group.name = name
         return group
-    single = typer.Typer(pretty_exceptions_enable=False)
+    single = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
     single.command(name)(obj)
     return typer.main.get_command(single)
 
