@@ -45,3 +45,15 @@ def test_help_lists_every_command_and_imports_none() -> None:
     for name in COMMANDS:
         assert f" {name} " in done.stdout, name
     assert "LOADED [] []" in done.stdout
+
+
+def test_a_commands_help_is_its_own() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tether", "setup", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--prefix" in done.stdout
+    assert "--install-completion" not in done.stdout, "completion belongs to `tether` itself"
