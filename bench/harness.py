@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -74,6 +75,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--latency-ms", type=float, default=0.0, help="provider delay per reply")
+    parser.add_argument(
+        "--against", type=Path, help="also time `tether run` from this src/ (before/after, one run)"
+    )
     args = parser.parse_args()
 
     import anyio
@@ -195,6 +199,14 @@ runs_dir = "runs"
             timings["cli"].append(time.perf_counter() - t)
             if done.returncode != 0 or json.loads(done.stdout)["status"] != "finished":
                 raise SystemExit(f"tether run failed: {done.stdout} {done.stderr}")
+            if args.against:
+                argv = [*done.args[:7], f"against-{i}", *done.args[8:]]
+                env = {**os.environ, "PYTHONPATH": str(args.against.resolve())}
+                t = time.perf_counter()
+                other = subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env)
+                timings.setdefault("against", []).append(time.perf_counter() - t)
+                if other.returncode != 0:
+                    raise SystemExit(f"tether run ({args.against}) failed: {other.stderr}")
 
             # The CLI's fixed cost: interpreter, imports (typer, rich, pydantic …), no run.
             t = time.perf_counter()
@@ -239,6 +251,11 @@ runs_dir = "runs"
         f"  tether run (CLI process)       median {med('cli'):6.3f} s   "
         f"ratio {med('cli') / med('direct'):.3f}"
     )
+    if args.against:
+        print(
+            f"  tether run from {args.against}  median {med('against'):6.3f} s   "
+            f"ratio {med('against') / med('direct'):.3f}"
+        )
     print(
         f"    of which the CLI's start (`tether run --help`): median {med('startup'):.3f} s; "
         f"without it, ratio {(med('cli') - med('startup')) / med('direct'):.3f}"
