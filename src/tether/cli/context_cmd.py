@@ -7,12 +7,10 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import Exit, command, err_console
 from tether.followup import Refusal, build_view
-from tether.followup.render import render_refusal, render_view
 
 __all__ = ["context"]
 
@@ -54,9 +52,14 @@ def context(
         )
     if as_json:
         sys.stdout.write(json.dumps(view.to_json(), ensure_ascii=False) + "\n")
-    elif isinstance(view, Refusal):
-        render_refusal(view, err_console)
     else:
-        render_view(view, Console(highlight=False))  # made now: the terminal's width now
+        from rich.console import Console  # for people only: --json does without rich
+
+        from tether.followup.render import render_refusal, render_view
+
+        if isinstance(view, Refusal):
+            render_refusal(view, err_console)
+        else:
+            render_view(view, Console(highlight=False))  # made now: the terminal's width now
     if isinstance(view, Refusal):
         raise typer.Exit(Exit.REFUSED)

@@ -7,17 +7,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.markup import escape as esc
-from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
-from tether.cli.exits import Exit, command, err_console
+from tether.cli.exits import Exit, command, err_console, out_console
+from tether.cli.exits import escape as esc
 from tether.errors import SessionRefusing
 from tether.events import (
     Compacted,
@@ -39,10 +36,14 @@ from tether.harness.stops import StopControl, StopReason
 from tether.harness.turn import CheckpointStatus
 from tether.ledger import Ledger, RunStatus
 from tether.pi.errors import PiNotInstalled
+from tether.pi.install import PiInstall, find_pi
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
 
 __all__ = ["run"]
-
-out_console = Console(highlight=False, soft_wrap=True)
 
 
 class Progress:
@@ -58,6 +59,8 @@ class Progress:
         self.live: Live | None = None
 
     def __enter__(self) -> Progress:
+        from rich.live import Live
+
         # A renderable function, so the elapsed time moves between events too.
         self.live = Live(
             get_renderable=self._render, console=self.console, refresh_per_second=8, transient=True
@@ -70,6 +73,8 @@ class Progress:
             self.live.__exit__(None, None, None)
 
     def _render(self) -> Text:
+        from rich.text import Text
+
         elapsed = time.monotonic() - self.started
         running = ", ".join(self.running.values())
         line = f"⏳ {self.status} · turn {self.turn} · {self.tools} tool calls · {elapsed:.1f}s"
@@ -118,7 +123,7 @@ class Progress:
         self.refresh()
 
 
-async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutcome:
+async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool, pi: PiInstall) -> RunOutcome:
     stop = StopControl()
     subscribers = []
     progress = Progress(err_console) if show else None
@@ -145,6 +150,7 @@ async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutco
                 stop=stop,
                 subscribers=subscribers,
                 checkpoint=continuation_checkpoint,
+                pi=pi,
             )
         with progress:
             return await execute_run(
@@ -154,6 +160,7 @@ async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutco
                 stop=stop,
                 subscribers=subscribers,
                 checkpoint=continuation_checkpoint,
+                pi=pi,
             )
 
     result: list[RunOutcome] = []
@@ -200,6 +207,11 @@ def run(
     if not text.strip():
         err_console.print("[bold red]usage error:[/] the request is empty")
         raise typer.Exit(Exit.USAGE)
+    try:
+        pi = find_pi()  # before the ledger is opened: nothing is created when pi is missing
+    except PiNotInstalled as exc:
+        err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
+        raise typer.Exit(Exit.USAGE) from None
     cfg, store = open_configured_ledger(config, ledger)
     req = RunRequest(
         session=session,
@@ -212,7 +224,7 @@ def run(
     show = not as_json and err_console.is_terminal
     try:
         with store:
-            outcome = anyio.run(_run, store, cfg, req, show)
+            outcome = anyio.run(_run, store, cfg, req, show, pi)
     except Refused as exc:
         if as_json:
             out_console.out(
