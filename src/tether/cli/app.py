@@ -34,8 +34,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "model_app",
         "The embedded local model (SmolLM2-135M on llama.cpp), served on 127.0.0.1.",
     ),
-    "import": ("interop_cmd", "import_app", "Bring a pi session file into the ledger."),
-    "export": ("interop_cmd", "export_app", "Write a session out as a pi session file."),
+    "import": ("interop_cmd", "import_app", "Bring sessions of other tools into the ledger."),
+    "export": ("interop_cmd", "export_app", "Write ledger sessions in other tools' formats."),
     "setup": (
         "setup_cmd",
         "setup",
