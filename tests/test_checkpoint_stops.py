@@ -344,7 +344,7 @@ def test_killing_tether_during_a_stalled_summary_leaves_it_unacknowledged(
         route(task=[*long_task(), Reply("after the crash")], summary=[Stall(None)])
     )
     small = write_toml(tmp_path, provider, budget=4000, deadline_s=20)
-    run_id, run_dir = _kill_tether_during_the_summary(provider, store, tmp_path, small)
+    _run_id, run_dir = _kill_tether_during_the_summary(provider, store, tmp_path, small)
 
     done = tether("recover", "--config", str(small), "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

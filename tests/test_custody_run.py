@@ -4,6 +4,7 @@ recover`` as a user runs them, the real pi under its keeper, the scripted provid
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -161,8 +162,10 @@ def assert_serialized(store: Ledger, session: str) -> list[Run]:
         seqs = [r.seq for r in rows if r.run == run.id]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"{run.id} interleaved: {order}"
     ended = sorted(runs, key=lambda r: r.started or "")
-    for a, b in zip(ended, ended[1:], strict=False):
-        assert a.ended is not None and b.started is not None and a.ended <= b.started, (a, b)
+    for a, b in itertools.pairwise(ended):
+        assert a.ended is not None
+        assert b.started is not None
+        assert a.ended <= b.started, (a, b)
     return runs
 
 
@@ -197,7 +200,8 @@ def test_two_tether_runs_on_a_session_serialize_and_the_second_sees_the_first(
     assert all(r.status is RunStatus.FINISHED for r in runs)
     # B's view held A's request and answer (the first run's reply reached the second).
     b_requests = [r for r in provider.requests if r.last_user_text == "B"]
-    assert b_requests and b_requests[0].contains("answer to A")
+    assert b_requests
+    assert b_requests[0].contains("answer to A")
     assert runs[1].extra["view"]["previous_request"]["run"] == runs[0].id
 
 
@@ -223,7 +227,7 @@ def test_several_tether_runs_race_on_postgresql_without_two_live_runs(
                 f"answer to R{i}" for i in range(4)
             ]
             # Each run after the first saw the run before it as its previous request.
-            for before, after in zip(runs, runs[1:], strict=False):
+            for before, after in itertools.pairwise(runs):
                 assert after.extra["view"]["previous_request"]["run"] == before.id
         finally:
             store.close()
@@ -244,7 +248,8 @@ def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
     pi = psutil.Process(placed["pi_pid"])
-    assert pi.is_running() and pi.create_time() == pytest.approx(placed["pi_start"], abs=0.05)
+    assert pi.is_running()
+    assert pi.create_time() == pytest.approx(placed["pi_start"], abs=0.05)
 
     done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
     assert done.returncode == 0, done.stderr
@@ -380,7 +385,8 @@ def test_a_placement_on_another_host_ends_unconfirmed_and_the_session_refuses(
         # Within the lease, host b leaves it alone.
         early = tether(tmp_path, "recover", "--config", str(cfg), "--json", env=host_b)
         assert time.monotonic() < killed + 6, "too slow to check within the lease"
-        assert early.returncode == 0 and early.stdout.strip() == "", early.stdout
+        assert early.returncode == 0, early.stderr
+        assert early.stdout.strip() == "", early.stdout
         time.sleep(max(0.0, killed + 6.2 - time.monotonic()))
         done = tether(tmp_path, "recover", "--config", str(cfg), "--json", env=host_b)
         assert done.returncode == 0, done.stderr
@@ -465,7 +471,7 @@ def test_sighup_and_sigterm_are_soft_stops(
         placed = keeper_placement(tmp_path, run.id)
         time.sleep(1.0)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
         assert proc.returncode == 4, err
         ended = store.get_run(run.id)
         assert ended.extra["stop_reason"] == "soft_stop", (sig, ended.extra)
@@ -496,6 +502,7 @@ def test_a_missing_fifo_disables_the_checkpoint_and_keeps_the_answer(
     assert proc.returncode == 3, err
     assert provider.summary_requests == []
     refusing = store.get_session("s1").refusing
-    assert refusing is not None and "FIFO" in refusing
+    assert refusing is not None
+    assert "FIFO" in refusing
     answers = [r for r in store.iter_rows("s1") if "answer to A" in json.dumps(r.body)]
     assert len(answers) == 1
