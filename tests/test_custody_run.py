@@ -506,3 +506,24 @@ def test_a_missing_fifo_disables_the_checkpoint_and_keeps_the_answer(
     assert "FIFO" in refusing
     answers = [r for r in store.iter_rows("s1") if "answer to A" in json.dumps(r.body)]
     assert len(answers) == 1
+
+
+def test_a_waiting_tether_run_killed_in_the_queue_does_not_block_it(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
+) -> None:
+    provider = scripted_provider(by_request(lambda asked: "sleep 2" if asked == "A" else None))
+    cfg = write_config(tmp_path, provider.url)
+    first = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
+    wait_until(lambda: running_run(store, "s1"), what="the first run")
+    waiting = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "B")
+    wait_until(lambda: store.queued_runs("s1"), what="the second request to queue")
+    waiting.send_signal(signal.SIGKILL)
+    waiting.communicate(timeout=10)
+    third = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "C")
+    assert third.returncode == 0, third.stderr
+    assert json.loads(third.stdout)["answer"] == "answer to C"
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    runs = assert_serialized(store, "s1")
+    # B never started and was withdrawn: it wrote nothing.
+    assert [r.extra["request"]["text"] for r in runs] == ["A", "C"]

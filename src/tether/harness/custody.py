@@ -84,7 +84,7 @@ class Reconciled:
 def lapsed(ledger: Ledger, *, session: str | None = None) -> list[Run]:
     """Live runs whose custody lapsed: the lease expired, or (on this host) the harness that
     holds it is confirmed gone."""
-    out = [r for r in ledger.expired_leases() if session is None or r.session == session]
+    out = ledger.expired_leases(session=session)
     seen = {r.id for r in out}
     for run in ledger.live_runs(session=session):
         if run.id in seen:
@@ -144,6 +144,10 @@ async def _reconcile_one(
         )
         return await _unconfirmed(ledger, fence, why)
     keeper_place = read_placement(run_dir)
+    if keeper_place is not None and "pi_pid" not in where:
+        # The harness died after pi started but before it recorded where: the keeper's own
+        # record (in the run directory on this host) names pi.
+        where = {**where, **keeper_place}
     same_pi = keeper_place is not None and keeper_place.get("pi_pid") == where.get("pi_pid")
     if (
         same_pi

@@ -328,11 +328,14 @@ class SqlLedger(abc.ABC):
         text: str,
         request_id: str | None = None,
         run_id: str | None = None,
+        waiter: dict[str, Any] | None = None,
     ) -> tuple[Run, bool]:
         """A ``queued`` run carrying its request in ``extra["request"]`` (the request row is
         written when the run starts), the session created on first use. The same
         ``(session, request_id)`` again returns ``(that run, False)`` and writes nothing.
-        Refused (``SessionRefusing``) while the session refuses prompts."""
+        Refused (``SessionRefusing``) while the session refuses prompts. ``waiter`` records the
+        process that waits to run it itself (``tether run``), so a waiter that died can be
+        withdrawn from the queue (:meth:`queued_placement`)."""
         import uuid
 
         self.ensure_session(session_id)
@@ -350,9 +353,16 @@ class SqlLedger(abc.ABC):
                         f"after checking it, clear it with `tether session clear {session_id}`"
                     )
                 c.execute(
-                    "INSERT INTO runs (id, session, agent, status, epoch, extra, request_id) "
-                    "VALUES (?, ?, ?, 'queued', 0, ?, ?)",
-                    (rid, session_id, agent, canonical_json(extra), request_id),
+                    "INSERT INTO runs (id, session, agent, status, epoch, extra, request_id, "
+                    "placement) VALUES (?, ?, ?, 'queued', 0, ?, ?, ?)",
+                    (
+                        rid,
+                        session_id,
+                        agent,
+                        canonical_json(extra),
+                        request_id,
+                        canonical_json(waiter) if waiter else None,
+                    ),
                 )
         except Exception as exc:
             if not self._is_unique_violation(exc):
@@ -466,6 +476,13 @@ class SqlLedger(abc.ABC):
             r = c.fetchone()
         return _lease(r) if r else None
 
+    def queued_placement(self, run_id: str) -> dict[str, Any] | None:
+        """The waiter recorded for a queued run (None when any worker may run it)."""
+        with self._read() as c:
+            c.execute("SELECT placement FROM runs WHERE id = ? AND status = 'queued'", (run_id,))
+            r = c.fetchone()
+        return json.loads(r[0]) if r and r[0] else None
+
     def live_runs(self, *, session: str | None = None) -> list[Run]:
         """Running runs (of one session, or all), oldest first."""
         where, params = ("AND session = ?", (session,)) if session is not None else ("", ())
@@ -486,15 +503,16 @@ class SqlLedger(abc.ABC):
             )
             return [_run(r) for r in c.fetchall()]
 
-    def expired_leases(self, *, now: float | None = None) -> list[Run]:
-        """Live runs whose lease has expired (or was never taken: a run claimed with
-        ``claim_run`` holds no lease and counts as expired)."""
+    def expired_leases(self, *, now: float | None = None, session: str | None = None) -> list[Run]:
+        """Live runs (of ``session``, or all) whose lease has expired, or was never taken (a
+        run claimed with ``claim_run`` holds no lease and counts as expired)."""
         now = time.time() if now is None else now
+        where, params = ("AND session = ?", (session,)) if session is not None else ("", ())
         with self._read() as c:
             c.execute(
-                f"SELECT {_RUN_COLS} FROM runs WHERE status = 'running' "
+                f"SELECT {_RUN_COLS} FROM runs WHERE status = 'running' {where} "
                 "AND (lease_expires IS NULL OR lease_expires <= ?) ORDER BY ord",
-                (now,),
+                (*params, now),
             )
             return [_run(r) for r in c.fetchall()]
 
