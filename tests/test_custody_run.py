@@ -522,7 +522,7 @@ def test_a_waiting_tether_run_killed_in_the_queue_does_not_block_it(
     third = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "C")
     assert third.returncode == 0, third.stderr
     assert json.loads(third.stdout)["answer"] == "answer to C"
-    out, err = first.communicate(timeout=60)
+    _out, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
     runs = assert_serialized(store, "s1")
     # B never started and was withdrawn: it wrote nothing.
