@@ -124,11 +124,19 @@ def running_run(store: Ledger, session: str) -> Run | None:
     return live[0] if live else None
 
 
-def keeper_placement(tmp: Path, run_id: str) -> dict[str, Any]:
-    path = tmp / "runs" / run_id / "keeper.json"
-    wait_until(path.exists, what="pi's keeper")
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
+def keeper_placement(store: Ledger, run_id: str) -> dict[str, Any]:
+    """The run's placement once its harness has recorded pi in the ledger."""
+
+    def recorded() -> dict[str, Any] | None:
+        lease = store.lease(run_id)
+        if lease is not None and lease.placement and "pi_pid" in lease.placement:
+            return lease.placement
+        return None
+
+    wait_until(recorded, what="pi's placement")
+    found = recorded()
+    assert found is not None
+    return found
 
 
 def descendants_with(marker: str) -> list[psutil.Process]:
@@ -242,7 +250,7 @@ def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     wait_until(lambda: running_run(store, "s1"), what="the run")
     run = running_run(store, "s1")
     assert run is not None
-    placed = keeper_placement(tmp_path, run.id)
+    placed = keeper_placement(store, run.id)
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
     time.sleep(0.5)  # inside the bash tool now
     proc.send_signal(signal.SIGKILL)
@@ -300,7 +308,7 @@ def test_pi_gone_with_its_harness_ends_the_run_harness_lost(
     wait_until(lambda: running_run(store, "s1"), what="the run")
     run = running_run(store, "s1")
     assert run is not None
-    placed = keeper_placement(tmp_path, run.id)
+    placed = keeper_placement(store, run.id)
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
@@ -376,7 +384,7 @@ def test_a_placement_on_another_host_ends_unconfirmed_and_the_session_refuses(
     wait_until(lambda: running_run(store, "s1"), what="the run")
     run = running_run(store, "s1")
     assert run is not None
-    placed = keeper_placement(tmp_path, run.id)
+    placed = keeper_placement(store, run.id)
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
     proc.send_signal(signal.SIGKILL)
     killed = time.monotonic()
@@ -439,7 +447,7 @@ def test_when_pi_is_killed_its_tool_processes_end_too(
         wait_until(lambda: running_run(store, "s1"), what="the run")
         run = running_run(store, "s1")
         assert run is not None
-        placed = keeper_placement(tmp_path, run.id)
+        placed = keeper_placement(store, run.id)
         wait_until(lambda: len(descendants_with(marker)) >= 2, what="the tool processes")
         os.kill(placed["pi_pid"], signal.SIGKILL)
         deadline = time.monotonic() + 3  # stop_grace_s
@@ -468,7 +476,7 @@ def test_sighup_and_sigterm_are_soft_stops(
         wait_until(lambda s=session: running_run(store, s), what="the run")  # type: ignore[misc]
         run = running_run(store, session)
         assert run is not None
-        placed = keeper_placement(tmp_path, run.id)
+        placed = keeper_placement(store, run.id)
         time.sleep(1.0)
         proc.send_signal(sig)
         _out, err = proc.communicate(timeout=60)
@@ -490,7 +498,7 @@ def test_a_missing_fifo_disables_the_checkpoint_and_keeps_the_answer(
     wait_until(lambda: running_run(store, "s1"), what="the run")
     run = running_run(store, "s1")
     assert run is not None
-    keeper_placement(tmp_path, run.id)
+    keeper_placement(store, run.id)
     fifo = tmp_path / "runs" / run.id / "commands.fifo"
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
     fifo.unlink()

@@ -571,7 +571,7 @@ class _Driver:
             obligations=self.obligations,
         )
 
-    async def resume(self) -> RunOutcome:
+    async def resume(self, placement: dict[str, Any]) -> RunOutcome:
         """Take over a run whose harness was lost, on its original pi (DESIGN §3.7): attach
         to the keeper, replay pi's events from the start (the mirror writes each entry once,
         by id), wait for pi to settle without prompting again, and finish the run. A
@@ -586,7 +586,7 @@ class _Driver:
             known,
             int(saved["request_seq"]),
         )
-        opener = KeeperTransport.attach(self.run_dir, grace_s=self.grace)
+        opener = KeeperTransport.attach(self.run_dir, placement, grace_s=self.grace)
         return await self._drive_pi(opener, mirror, self.run_dir / "pi.log", saved.get("view"))
 
     async def _drive_pi(

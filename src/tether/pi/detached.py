@@ -7,7 +7,7 @@ directory and reads the events from the start (the RPC client and the mirror are
 a replay).
 
 Before a ``prompt`` or ``compact`` reaches the FIFO, a marker file (``prompt.sent``,
-``compact.sent``) is written and synced: a harness that takes the run over knows whether the
+``compact.sent``) is written: a harness that takes the run over knows whether the
 summary command may have been delivered, and never sends it again (invariant 16).
 
 Cleanup signals pi only after confirming its pid still names the process the keeper started
@@ -42,7 +42,7 @@ READ_CHUNK = 256 * 1024
 STDERR_TAIL_LINES = 40
 _START_TOLERANCE_S = 0.05
 _POLL_MIN_S = 0.001
-_POLL_MAX_S = 0.02
+_POLL_MAX_S = 0.01
 _STARTUP_TIMEOUT_S = 20.0
 
 Placement = dict[str, Any]
@@ -80,11 +80,12 @@ def read_exit(run_dir: Path) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def _sync_marker(path: Path, data: dict[str, Any]) -> None:
+def _write_marker(path: Path, data: dict[str, Any]) -> None:
+    # Written before the command and not synced: it must survive this process (a SIGKILL
+    # leaves the page cache to the next harness), not the host, which pi would not survive.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, json.dumps(data).encode())
-        os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -134,7 +135,16 @@ class KeeperTransport:
         grace_s: float = 3.0,
     ) -> AsyncIterator[KeeperTransport]:
         run_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (local, instant)
-        command = [sys.executable, keeper.__file__, str(run_dir), str(stderr_log), "--", *argv]
+        command = [
+            sys.executable,
+            "-I",
+            "-S",
+            keeper.__file__,
+            str(run_dir),
+            str(stderr_log),
+            "--",
+            *argv,
+        ]
         try:
             # Popen, not anyio: the keeper must outlive this event loop and this process.
             proc = subprocess.Popen(  # noqa: ASYNC220
@@ -149,6 +159,10 @@ class KeeperTransport:
         except OSError as exc:
             raise PiStartupFailed(f"cannot start pi's keeper: {exc}") from exc
         placement = await cls._await_placement(run_dir, proc)
+        # The keeper is pi's parent and has not reaped it, and we have not reaped the keeper:
+        # neither pid can name another process yet, so their start times read now are theirs.
+        placement["pi_start"] = _start_time(placement.get("pi_pid"))
+        placement["keeper_start"] = _start_time(placement.get("keeper_pid"))
         transport = cls(
             run_dir, placement, grace_s=grace_s, keeper_proc=proc, stderr_log=stderr_log
         )
@@ -159,12 +173,13 @@ class KeeperTransport:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def attach(cls, run_dir: Path, *, grace_s: float = 3.0) -> AsyncIterator[KeeperTransport]:
-        """Take over the keeper of ``run_dir`` (raises ``TransportClosed`` when it has no
-        placement record)."""
-        placement = read_placement(run_dir)
-        if placement is None:
-            raise TransportClosed(f"no keeper placement in {run_dir}")
+    async def attach(
+        cls, run_dir: Path, placement: Placement, *, grace_s: float = 3.0
+    ) -> AsyncIterator[KeeperTransport]:
+        """Take over the keeper of ``run_dir``, as the run's recorded ``placement`` names it
+        (pids with their start times)."""
+        if not isinstance(placement.get("pi_pid"), int):
+            raise TransportClosed(f"no pi recorded for {run_dir}")
         transport = cls(run_dir, placement, grace_s=grace_s)
         try:
             yield transport
@@ -260,7 +275,7 @@ class KeeperTransport:
                 raise TransportClosed(f"pi's command FIFO failed: {exc}") from exc
 
     def _mark(self, data: bytes) -> None:
-        """Record, durably and before it is written, that a prompt or compact is sent."""
+        """Record, before it is written, that a prompt or compact is sent."""
         for line in data.split(b"\n"):
             if b'"compact"' not in line and b'"prompt"' not in line:
                 continue
@@ -268,7 +283,7 @@ class KeeperTransport:
                 record = json.loads(line)
                 kind = record.get("type") if isinstance(record, dict) else None
                 if kind in ("compact", "prompt"):
-                    _sync_marker(
+                    _write_marker(
                         self.run_dir / f"{kind}.sent", {"id": record.get("id"), "at": time.time()}
                     )
 
@@ -348,6 +363,15 @@ class KeeperTransport:
                 with anyio.move_on_after(self._grace):
                     while self._keeper.poll() is None:  # noqa: ASYNC110  (a Popen, no event)
                         await anyio.sleep(0.01)
+
+
+def _start_time(pid: object) -> float | None:
+    if not isinstance(pid, int):
+        return None
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def _size(path: Path) -> int:
