@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -70,7 +71,15 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 
 
-def timed_run(tmp: Path, cfg: Path, session: str, text: str) -> float:
+def children_cpu() -> float:
+    """CPU seconds of reaped children: tether, its keeper and pi (each reaps the next)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
+
+
+def timed_run(tmp: Path, cfg: Path, session: str, text: str) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (tether, the keeper, pi and its tools) of one run."""
+    cpu_before = children_cpu()
     started = time.perf_counter()
     done = subprocess.run(
         [*TETHER, "run", "--config", str(cfg), "-s", session, "-a", "rev", "--json", text],
@@ -83,7 +92,7 @@ def timed_run(tmp: Path, cfg: Path, session: str, text: str) -> float:
     took = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"tether run failed ({done.returncode}): {done.stderr[-500:]}")
-    return took
+    return took, children_cpu() - cpu_before
 
 
 def recovery(tmp: Path, provider_url: str) -> tuple[float, float]:
@@ -155,23 +164,33 @@ def main() -> None:
         timed_run(tmp, with_cfg, "warm", "warm up")  # node's and python's caches
         timed_run(tmp, without_cfg, "warm", "warm up")
         times: dict[str, list[float]] = {"with": [], "without": []}
+        cpu: dict[str, list[float]] = {"with": [], "without": []}
         for rep in range(args.reps):
             order = [("with", with_cfg), ("without", without_cfg)]
             if rep % 2:
                 order.reverse()
             for name, cfg in order:
-                times[name].append(timed_run(tmp, cfg, f"s{rep}", f"go {rep}"))
-        med_with = statistics.median(times["with"])
-        med_without = statistics.median(times["without"])
-        print(f"tether run, {turns} turns, {args.reps} repetitions (interleaved), wall seconds")
+                wall, used = timed_run(tmp, cfg, f"s{rep}", f"go {rep}")
+                times[name].append(wall)
+                cpu[name].append(used)
+        paired = [w / wo for w, wo in zip(times["with"], times["without"], strict=True)]
+        print(f"tether run, {turns} turns, {args.reps} repetitions (interleaved)")
         for name in ("without", "with"):
-            ts = times[name]
+            ts, cs = times[name], cpu[name]
             print(
-                f"  {name:8} median {statistics.median(ts):.3f}  min {min(ts):.3f}  "
-                f"max {max(ts):.3f}"
+                f"  {name:8} wall median {statistics.median(ts):.3f}s  min {min(ts):.3f}  "
+                f"max {max(ts):.3f}   CPU median {statistics.median(cs):.3f}s"
             )
-        print(f"  with : without = {med_with / med_without:.3f} (median), ", end="")
-        print(f"{min(times['with']) / min(times['without']):.3f} (min)")
+        med_with, med_without = (
+            statistics.median(times["with"]),
+            statistics.median(times["without"]),
+        )
+        print(
+            f"  with : without, wall = {med_with / med_without:.3f} (medians), "
+            f"{statistics.median(paired):.3f} (median of paired repetitions)"
+        )
+        cpu_ratio = statistics.median(cpu["with"]) / statistics.median(cpu["without"])
+        print(f"  with : without, CPU  = {cpu_ratio:.3f} (medians)")
 
         resumed, ended = [], []
         for i in range(args.recoveries):
@@ -189,7 +208,7 @@ def main() -> None:
             f"  to the resumed run's end (the tool's 2 s sleep included): median "
             f"{statistics.median(ended):.3f}s"
         )
-        print(json.dumps({"with": times["with"], "without": times["without"]}))
+        print(json.dumps({"wall": times, "cpu": cpu}))
 
 
 if __name__ == "__main__":

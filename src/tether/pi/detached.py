@@ -17,6 +17,7 @@ Cleanup signals pi only after confirming its pid still names the process the kee
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -43,6 +44,8 @@ STDERR_TAIL_LINES = 40
 _START_TOLERANCE_S = 0.05
 _POLL_MIN_S = 0.001
 _POLL_MAX_S = 0.01
+_WATCH_TIMEOUT_S = 0.25
+"""A safety net: the reader looks again at least this often even without a notification."""
 _STARTUP_TIMEOUT_S = 20.0
 
 Placement = dict[str, Any]
@@ -234,7 +237,11 @@ class KeeperTransport:
         splitter = LineSplitter()
         size_at_start = _size(self._events)
         delay = _POLL_MIN_S
-        with open(self._events, "rb") as f:  # noqa: ASYNC230  (a local file, read without waiting)
+        watch = _DirWatch(self.run_dir)
+        with (
+            watch,
+            open(self._events, "rb") as f,  # noqa: ASYNC230  (a local file, read without waiting)
+        ):
             f.seek(self.offset)
             while True:
                 chunk = f.read(READ_CHUNK)
@@ -255,8 +262,12 @@ class KeeperTransport:
                             yield line
                         continue
                     break
-                await anyio.sleep(delay)
-                delay = min(_POLL_MAX_S, delay * 2)
+                if watch.fd is not None:
+                    # Woken by the keeper's next write (or exit.json landing), not by a timer.
+                    await watch.wait(_WATCH_TIMEOUT_S)
+                else:
+                    await anyio.sleep(delay)
+                    delay = min(_POLL_MAX_S, delay * 2)
         self.caught_up.set()
         last = splitter.flush()
         if last is not None:
@@ -363,6 +374,49 @@ class KeeperTransport:
                 with anyio.move_on_after(self._grace):
                     while self._keeper.poll() is None:  # noqa: ASYNC110  (a Popen, no event)
                         await anyio.sleep(0.01)
+
+
+class _DirWatch:
+    """inotify on the run directory, so the events file is read when it grows instead of on a
+    timer (a timer's wake-ups cost CPU for the whole run). None when inotify is unavailable:
+    the reader polls then."""
+
+    _IN_MODIFY = 0x002
+    _IN_MOVED_TO = 0x080
+    _IN_CREATE = 0x100
+    _IN_NONBLOCK = 0o4000
+    _IN_CLOEXEC = 0o2000000
+
+    def __init__(self, directory: Path) -> None:
+        self.fd: int | None = None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(self._IN_NONBLOCK | self._IN_CLOEXEC)
+            if fd < 0:
+                return
+            mask = self._IN_MODIFY | self._IN_MOVED_TO | self._IN_CREATE
+            if libc.inotify_add_watch(fd, os.fsencode(directory), mask) < 0:
+                os.close(fd)
+                return
+            self.fd = fd
+        except (OSError, AttributeError):
+            self.fd = None
+
+    def __enter__(self) -> _DirWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    async def wait(self, within: float) -> None:
+        assert self.fd is not None
+        with anyio.move_on_after(within):
+            await anyio.wait_readable(self.fd)
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self.fd, 64 * 1024):
+                pass
 
 
 def _start_time(pid: object) -> float | None:
