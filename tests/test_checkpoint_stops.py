@@ -337,6 +337,7 @@ def test_killing_tether_during_the_summary_resumes_on_the_same_pi_without_a_seco
     assert len(provider.summary_requests) == 1
 
 
+@pytest.mark.slow
 def test_killing_tether_during_a_stalled_summary_leaves_it_unacknowledged(
     scripted_provider: Any, store: Ledger, tmp_path: Path
 ) -> None:

@@ -213,6 +213,7 @@ def test_two_tether_runs_on_a_session_serialize_and_the_second_sees_the_first(
     assert runs[1].extra["view"]["previous_request"]["run"] == runs[0].id
 
 
+@pytest.mark.slow
 def test_several_tether_runs_race_on_postgresql_without_two_live_runs(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
@@ -371,6 +372,7 @@ def _host_id() -> str:
     return host_id()
 
 
+@pytest.mark.slow
 def test_a_placement_on_another_host_ends_unconfirmed_and_the_session_refuses(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
@@ -464,6 +466,7 @@ def test_when_pi_is_killed_its_tool_processes_end_too(
             left.kill()
 
 
+@pytest.mark.slow
 def test_sighup_and_sigterm_are_soft_stops(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
