@@ -127,12 +127,20 @@ async def _reconcile_one(
     lease = await in_thread(ledger.lease, run.id)
     if lease is None:
         return None  # it ended meanwhile
+    ours = None
+    if lease.placement is not None and lease.placement.get("host") == place.host_id():
+        # Same host: this process now holds it, where pi was (a resume keeps pi's record).
+        ours = {
+            **lease.placement,
+            **place.placement(pi=None, run_dir=Path(str(lease.placement.get("run_dir", "")))),
+        }
     fence = await in_thread(
         ledger.take_over,
         run.id,
         epoch=lease.epoch,
         owner=place.owner_id(),
         lease_s=config.custody.lease_s,
+        placement=ours,
     )
     if fence is None:
         return None  # another reconciler (or the holder) got there first

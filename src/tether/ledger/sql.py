@@ -516,15 +516,31 @@ class SqlLedger(abc.ABC):
             )
             return [_run(r) for r in c.fetchall()]
 
-    def take_over(self, run_id: str, *, epoch: int, owner: str, lease_s: float) -> Fence | None:
+    def take_over(
+        self,
+        run_id: str,
+        *,
+        epoch: int,
+        owner: str,
+        lease_s: float,
+        placement: dict[str, Any] | None = None,
+    ) -> Fence | None:
         """Claim a running run whose custody is being reconciled, only if its epoch is still
         ``epoch`` (compare and swap: of several reconcilers exactly one wins). The new owner
-        holds a fresh lease; the old placement stays until the new owner records its own."""
+        holds a fresh lease and, when given, its ``placement`` replaces the old one (so no
+        other reconciler takes the new owner for the lost one)."""
         with self._tx() as c:
             c.execute(
-                "UPDATE runs SET epoch = epoch + 1, owner = ?, lease_expires = ? "
+                "UPDATE runs SET epoch = epoch + 1, owner = ?, lease_expires = ?, "
+                "placement = COALESCE(?, placement) "
                 "WHERE id = ? AND epoch = ? AND status = 'running' RETURNING session, epoch",
-                (owner, time.time() + lease_s, run_id, epoch),
+                (
+                    owner,
+                    time.time() + lease_s,
+                    canonical_json(placement) if placement is not None else None,
+                    run_id,
+                    epoch,
+                ),
             )
             r = c.fetchone()
         return Fence(run=run_id, session=r[0], epoch=int(r[1])) if r else None
