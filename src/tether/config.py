@@ -25,6 +25,7 @@ __all__ = [
     "AccessConfig",
     "AgentConfig",
     "Config",
+    "CustodyConfig",
     "FollowupConfig",
     "HarnessConfig",
     "LedgerConfig",
@@ -126,6 +127,20 @@ class HarnessConfig(_Section, frozen=True):
     e.g. ``{retry = {baseDelayMs = 500}}``."""
 
 
+class CustodyConfig(_Section, frozen=True):
+    """Session custody (DESIGN §3.7)."""
+
+    lease_s: PositiveSeconds = 30.0
+    """A live run's lease lasts this long after its last heartbeat (heartbeats come every
+    third of it)."""
+    detached: bool = True
+    """pi runs detached from the harness under a keeper (commands through a FIFO, events to a
+    file, both in the run directory), so a run outlives a lost harness. Off: pi is the
+    harness's child and dies with it."""
+    wait_poll_s: PositiveSeconds = 0.2
+    """How often a waiting ``tether run`` asks whether its turn has come."""
+
+
 class AccessConfig(_Section, frozen=True):
     grants: dict[str, list[str]] = {}
     """actor -> source patterns (fnmatch) it is admitted to."""
@@ -138,6 +153,7 @@ class Config(_Section, frozen=True):
     agents: dict[str, AgentConfig] = {}
     access: AccessConfig = AccessConfig()
     harness: HarnessConfig = HarnessConfig()
+    custody: CustodyConfig = CustodyConfig()
     path: Path | None = None
     """Where this configuration was read from (None for the defaults)."""
 

@@ -36,6 +36,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "import": ("interop_cmd", "import_app", "Bring sessions of other tools into the ledger."),
     "export": ("interop_cmd", "export_app", "Write ledger sessions in other tools' formats."),
+    "recover": (
+        "recover_cmd",
+        "recover",
+        "Reconcile live runs whose lease expired or whose harness is gone.",
+    ),
     "setup": (
         "setup_cmd",
         "setup",
