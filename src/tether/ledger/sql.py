@@ -39,7 +39,7 @@ from tether.ledger.models import (
 from tether.ledger.text import row_text
 from tether.sizes import canonical_json, measure
 
-__all__ = ["Cursor", "SqlLedger"]
+__all__ = ["Cursor", "Importer", "SqlLedger"]
 
 # Notes travel whole into every follow-up, so their reads are bounded by count and bytes.
 DEFAULT_NOTES_COUNT = 32
@@ -47,8 +47,9 @@ DEFAULT_NOTES_BYTES = 16_000
 # A tail read takes rows newest first in pages of this many.
 TAIL_PAGE = 256
 DEFAULT_TAIL_ROWS = 20_000
-# Imported rows are written in batches of this many.
+# Imported rows are written in batches of this many, or of this many bytes of bodies.
 _IMPORT_CHUNK = 1000
+_IMPORT_CHUNK_BYTES = 8 * 1024 * 1024
 
 _ROW_COLS = "session, seq, run, actor, kind, body, sources, bytes, media_bytes, entry_id, extra"
 _RUN_COLS = "id, session, agent, status, request_seq, started, ended, epoch, extra"
@@ -626,6 +627,15 @@ class SqlLedger(abc.ABC):
 
     # -- interchange import --------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def importer(self) -> Iterator[Importer]:
+        """One write transaction that takes records as they come (``ledger load`` streams a file
+        through it): committed when the block ends, rolled back when it raises."""
+        with self._tx() as c:
+            imp = Importer(self, c)
+            yield imp
+            imp.finish()
+
     def import_records(
         self,
         sessions: Sequence[Session],
@@ -714,3 +724,100 @@ class SqlLedger(abc.ABC):
                     canonical_json(n.extra),
                 ),
             )
+
+
+class Importer:
+    """Writes interchange records inside one transaction, rows in bounded batches, and answers
+    the questions a loader asks about what the ledger (and this transaction) already holds."""
+
+    def __init__(self, ledger: SqlLedger, cursor: Cursor) -> None:
+        self._ledger = ledger
+        self._c = cursor
+        self._rows: list[tuple[Any, ...]] = []
+        self._bytes = 0
+        self._last: dict[str, int] = {}
+        self._entries: dict[str, set[str]] = {}
+
+    def last_seq(self, session_id: str) -> int | None:
+        """The session's last seq, None when the ledger has no such session."""
+        if session_id in self._last:
+            return self._last[session_id]
+        self._c.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,))
+        r = self._c.fetchone()
+        return None if r is None else int(r[0])
+
+    def run_session(self, run_id: str) -> str | None:
+        """The session of a run the ledger holds, None when it holds no such run."""
+        self._c.execute("SELECT session FROM runs WHERE id = ?", (run_id,))
+        r = self._c.fetchone()
+        return None if r is None else str(r[0])
+
+    def entry_taken(self, session_id: str, entry_id: str) -> bool:
+        """Whether a row of the session already carries this pi entry id (the ledger's or this
+        load's; appends are idempotent on it, so it must be unique)."""
+        seen = self._entries.setdefault(session_id, set())
+        if entry_id in seen:
+            return True
+        seen.add(entry_id)
+        self._c.execute(
+            "SELECT 1 FROM rows WHERE session = ? AND entry_id = ?", (session_id, entry_id)
+        )
+        return self._c.fetchone() is not None
+
+    def session(self, s: Session) -> None:
+        self._c.execute(
+            "INSERT INTO sessions (id, created, refusing, extra) VALUES (?, ?, ?, ?)",
+            (s.id, s.created, s.refusing, canonical_json(s.extra)),
+        )
+        self._last[s.id] = 0
+
+    def run(self, run: Run) -> None:
+        self._c.execute(
+            "INSERT INTO runs (id, session, agent, status, request_seq, started, "
+            "ended, epoch, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run.id,
+                run.session,
+                run.agent,
+                run.status.value,
+                run.request_seq,
+                run.started,
+                run.ended,
+                run.epoch,
+                canonical_json(run.extra),
+            ),
+        )
+
+    def row(self, row: Row) -> None:
+        new = NewRow(
+            actor=row.actor,
+            kind=row.kind,
+            body=row.body,
+            sources=row.sources,
+            entry_id=row.entry_id,
+            extra=row.extra,
+        )
+        encoded = encode_row(row.session, row.seq, row.run, new)
+        self._rows.append(encoded)
+        self._bytes += len(encoded[5]) + len(encoded[11])
+        self._last[row.session] = row.seq
+        if len(self._rows) >= _IMPORT_CHUNK or self._bytes >= _IMPORT_CHUNK_BYTES:
+            self._flush()
+
+    def note(self, n: Note) -> None:
+        self._c.execute(
+            "INSERT INTO notes (session, agent, text, at, bytes, extra) VALUES (?, ?, ?, ?, ?, ?)",
+            (n.session, n.agent, n.text, n.at, len(n.text.encode("utf-8")), canonical_json(n.extra)),
+        )
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._c.executemany(_INSERT_ROW, self._rows)
+            self._rows = []
+            self._bytes = 0
+
+    def finish(self) -> None:
+        self._flush()
+        for sid, last in self._last.items():
+            if last:
+                self._c.execute("UPDATE sessions SET last_seq = ? WHERE id = ?", (last, sid))
