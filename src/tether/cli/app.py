@@ -7,6 +7,7 @@ import typer
 from tether.cli import context_cmd, interop_cmd, ledger_cmd, model_cmd, run_cmd, runs_cmd
 
 app = typer.Typer(
+    rich_markup_mode=None,  # help text is plain: "[followup]" is not markup
     name="tether",
     help="Run pi coding agents on long-lived sessions, inside a fixed context budget.",
     no_args_is_help=True,

@@ -20,10 +20,16 @@ from tether.ledger.copy import copy_sessions
 from tether.ledger.jsonl import dump_session, load_file, row_record
 
 ledger_app = typer.Typer(
-    help="Move sessions in and out of the ledger as JSON Lines.", no_args_is_help=True
+    rich_markup_mode=None,  # help text is plain: "[followup]" is not markup
+    help="Move sessions in and out of the ledger as JSON Lines.",
+    no_args_is_help=True,
 )
-session_app = typer.Typer(help="Operate on one session.", no_args_is_help=True)
-console = Console(highlight=False)
+session_app = typer.Typer(
+    rich_markup_mode=None,  # help text is plain: "[followup]" is not markup
+    help="Operate on one session.",
+    no_args_is_help=True,
+)
+console = Console(highlight=False, soft_wrap=True)
 
 
 @ledger_app.command("load")
@@ -117,7 +123,7 @@ def _summary(row: Row, width: int = 90) -> str:
 @command
 def log(
     session: Annotated[str, typer.Option("--session", "-s", help="Session id.")],
-    limit: Annotated[int, typer.Option(help="Show at most the last N rows.")] = 200,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most the last N rows.")] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON record per line.")] = False,
     config: ConfigOpt = None,
     ledger: LedgerOpt = None,

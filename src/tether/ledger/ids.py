@@ -26,14 +26,14 @@ def id_problem(value: object) -> str | None:
         # isprintable() is False for newlines, tabs, other control and format characters,
         # separators other than the space, and lone surrogates
         bad = next(ch for ch in value if not ch.isprintable())
-        return f"must be printable on one line (it holds {ascii(bad)})"
+        return f"must be printable on one line (it holds {bad!a})"
     return None
 
 
 def check_id(kind: str, value: object) -> str:
     """``value`` when it is a valid id; else :class:`InvalidId` naming the ``kind`` of id."""
     problem = id_problem(value)
-    if problem is not None:
+    if problem is not None or not isinstance(value, str):
         shown = ascii(value) if isinstance(value, str) and len(value) <= 80 else "the id"
         raise InvalidId(f"{kind} id {shown} {problem}")
-    return value  # type: ignore[return-value]  (id_problem checked it is a str)
+    return value

@@ -195,9 +195,8 @@ def _record(obj: dict[str, Any]) -> ParsedRecord:
             extra=_extra(obj, _ROW_KEYS),
         )
     assert isinstance(rec, NoteRecord)
-    return Note(
-        session=rec.session, agent=rec.agent, text=rec.text, at=rec.at, extra=_extra(obj, _NOTE_KEYS)
-    )
+    extra = _extra(obj, _NOTE_KEYS)
+    return Note(session=rec.session, agent=rec.agent, text=rec.text, at=rec.at, extra=extra)
 
 
 def _extra(obj: dict[str, Any], known: set[str]) -> dict[str, Any]:

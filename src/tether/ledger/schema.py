@@ -260,9 +260,7 @@ class NoteRecord(_Open):
     at: Text
 
 
-Record = Annotated[
-    SessionRecord | RunRecord | RowRecord | NoteRecord, Field(discriminator="type")
-]
+Record = Annotated[SessionRecord | RunRecord | RowRecord | NoteRecord, Field(discriminator="type")]
 _RECORD: TypeAdapter[SessionRecord | RunRecord | RowRecord | NoteRecord] = TypeAdapter(Record)
 
 _TAGS = {"session", "run", "row", "note"} | {
@@ -322,7 +320,7 @@ def _one(err: ErrorDetails) -> str:
         if role and loc[:2] == ("row", "message") and len(loc) == 4:
             return f"a {role} message has no {loc[-1]!r}"
         return f"{owner or 'the record'} has no {loc[-1]!r}"
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")
     return f"{where}: {msg}" if where else msg
 
 
@@ -335,5 +333,16 @@ def describe_error(exc: ValidationError) -> str:
     if first is None:
         return "invalid record"
     line = _one(first)
+    where = _where(tuple(first["loc"]))
+    kinds = [
+        e["type"].removesuffix("_type")
+        for e in errors
+        if _where(tuple(e["loc"])) == where and e["type"].endswith("_type")
+    ]
+    if len(kinds) > 1 and first["type"].endswith("_type"):
+        # `str | list[…]` reports one error per member: one line says both
+        line = f"{where}: should be a {' or a '.join(kinds)}".replace("a int", "an int")
+        errors = [e for e in errors if _where(tuple(e["loc"])) != where]
+        errors.append(first)
     more = len(errors) - 1
     return line if more == 0 else f"{line} (and {more} more problem{'s' * (more > 1)})"

@@ -22,7 +22,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from tether.errors import AlreadyExists, FencedOut, NotFound, RunNotActive, SessionRefusing
+from tether.errors import (
+    AlreadyExists,
+    FencedOut,
+    NotFound,
+    RunNotActive,
+    SessionRefusing,
+    StorageError,
+)
+from tether.ledger.ids import check_id
 from tether.ledger.models import (
     ENDED_STATUSES,
     Fence,
@@ -68,18 +76,41 @@ class Cursor(Protocol):
 
 
 def _loads(text: str | None) -> dict[str, Any]:
-    return json.loads(text) if text and text != "{}" else {}
+    if not text or text == "{}":
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise StorageError(
+            f"the ledger holds a corrupt record: an 'extra' field is not JSON ({exc}); "
+            "restore the ledger from a backup"
+        ) from exc
+    if not isinstance(value, dict):
+        raise StorageError("the ledger holds a corrupt record: an 'extra' field is not an object")
+    return value
 
 
 def _row(r: Sequence[Any]) -> Row:
+    try:
+        body = json.loads(r[5])
+        sources = tuple(json.loads(r[6])) if r[6] != "[]" else ()
+        kind = RowKind(r[4])
+        if not isinstance(body, dict):
+            raise ValueError("the body is not a JSON object")
+    except (ValueError, TypeError, RecursionError) as exc:
+        # Rows are written only as canonical JSON: this one was changed outside tether.
+        raise StorageError(
+            f"row {r[1]} of session {r[0]!r} is corrupt ({exc}); it was changed outside "
+            "tether: restore it from a backup or a `tether ledger dump`"
+        ) from exc
     return Row(
         session=r[0],
         seq=r[1],
         run=r[2],
         actor=r[3],
-        kind=RowKind(r[4]),
-        body=json.loads(r[5]),
-        sources=tuple(json.loads(r[6])) if r[6] != "[]" else (),
+        kind=kind,
+        body=body,
+        sources=sources,
         bytes=r[7],
         media_bytes=r[8],
         entry_id=r[9],
@@ -163,6 +194,7 @@ class SqlLedger(abc.ABC):
     def create_session(
         self, session_id: str, *, created: str | None = None, extra: dict[str, Any] | None = None
     ) -> Session:
+        check_id("session", session_id)
         s = Session(id=session_id, created=created or now_iso(), extra=extra or {})
         try:
             with self._tx() as c:
@@ -239,7 +271,8 @@ class SqlLedger(abc.ABC):
         """A queued run. Refused while the session is refusing prompts."""
         import uuid
 
-        rid = run_id or f"r-{uuid.uuid4().hex[:12]}"
+        check_id("agent", agent)
+        rid = check_id("run", run_id) if run_id is not None else f"r-{uuid.uuid4().hex[:12]}"
         try:
             with self._tx() as c:
                 c.execute("SELECT refusing FROM sessions WHERE id = ?", (session_id,))
@@ -336,6 +369,8 @@ class SqlLedger(abc.ABC):
             raise ValueError("a run has exactly one request row")
         if not rows:
             return []
+        for new in rows:
+            check_id("actor", new.actor)
         with self._tx() as c:
             self._check_fence(c, fence)
             existing: dict[str, Row] = {}
@@ -458,6 +493,7 @@ class SqlLedger(abc.ABC):
     # -- notes -------------------------------------------------------------------------------
 
     def add_note(self, session_id: str, agent: str, text: str, *, at: str | None = None) -> Note:
+        check_id("agent", agent)
         note = Note(session=session_id, agent=agent, text=text, at=at or now_iso())
         with self._tx() as c:
             c.execute(
@@ -807,7 +843,7 @@ class Importer:
     def note(self, n: Note) -> None:
         self._c.execute(
             "INSERT INTO notes (session, agent, text, at, bytes, extra) VALUES (?, ?, ?, ?, ?, ?)",
-            (n.session, n.agent, n.text, n.at, len(n.text.encode("utf-8")), canonical_json(n.extra)),
+            (n.session, n.agent, n.text, n.at, len(n.text.encode()), canonical_json(n.extra)),
         )
 
     def _flush(self) -> None:
