@@ -373,6 +373,17 @@ class SqlLedger(abc.ABC):
             check_id("actor", new.actor)
         with self._tx() as c:
             self._check_fence(c, fence)
+            if request:
+                # A run has one request row: a second request append is a retry whose first
+                # attempt committed (its acknowledgement lost with the connection).
+                c.execute(
+                    f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND seq = "
+                    "(SELECT request_seq FROM runs WHERE id = ?)",
+                    (fence.session, fence.run),
+                )
+                found = c.fetchone()
+                if found is not None:
+                    return [_row(found)]
             existing: dict[str, Row] = {}
             ids = [r.entry_id for r in rows if r.entry_id is not None]
             if ids:
