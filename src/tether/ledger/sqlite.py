@@ -138,6 +138,26 @@ def _primary(exc: sqlite3.Error) -> str:
     return "_".join(name.split("_")[:2])
 
 
+def _check_not_foreign(conn: sqlite3.Connection, path: str) -> None:
+    """A database without tether's schema version must be empty: a foreign database is
+    refused, never written into."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] != 0:
+        return
+    names = [
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' "
+            "AND name NOT LIKE 'sqlite_%' ORDER BY name LIMIT 6"
+        )
+    ]
+    if names:
+        shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
+        raise LedgerError(
+            f"{path} is a SQLite database but not a tether ledger (it holds tables {shown}); "
+            "give tether a new file, or the path of its own ledger"
+        )
+
+
 class SQLiteLedger(SqlLedger):
     """One connection, serialized by a lock; WAL lets other processes read while it writes, and
     ``BEGIN IMMEDIATE`` makes every write transaction take the write lock up front.
@@ -204,10 +224,15 @@ class SQLiteLedger(SqlLedger):
                 target, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
             )
             if target != ":memory:":
+                _check_not_foreign(conn, target)  # before WAL, which would change the file
                 _enter_wal(conn)
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA synchronous = NORMAL")
             return conn
+        except LedgerError:
+            if conn is not None:
+                conn.close()
+            raise
         except sqlite3.Error as exc:
             if conn is not None:
                 conn.close()
@@ -241,8 +266,6 @@ class SQLiteLedger(SqlLedger):
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             if version == SCHEMA_VERSION:
                 return
-            if version == 0:
-                self._check_empty()
             if self.read_only:
                 raise StorageError(
                     f"the SQLite ledger {self.path} is read-only and has schema version "
@@ -261,22 +284,6 @@ class SQLiteLedger(SqlLedger):
                     for statement in _statements(MIGRATIONS[i]):
                         c.execute(statement)
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    def _check_empty(self) -> None:
-        """A database without tether's schema version must be empty: a foreign database is
-        refused, never written into."""
-        with self._read() as c:
-            c.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' "
-                "AND name NOT LIKE 'sqlite_%' ORDER BY name LIMIT 6"
-            )
-            names = [r[0] for r in c.fetchall()]
-        if names:
-            shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
-            raise LedgerError(
-                f"{self.path} is a SQLite database but not a tether ledger (it holds tables "
-                f"{shown}); give tether a new file, or the path of its own ledger"
-            )
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Cursor]:
