@@ -193,7 +193,8 @@ def test_a_foreign_sqlite_file_is_refused_and_left_alone(tmp_path: Path) -> None
     result = tether("sessions", "--ledger", f"sqlite:{path}")
     err = _one_line_error(result)
     assert result.returncode == 1
-    assert "not a tether ledger" in err and "invoices" in err
+    assert "not a tether ledger" in err
+    assert "invoices" in err
     assert path.read_bytes() == before
     text = tmp_path / "notes.txt"
     text.write_text("these are not the droids\n" * 200)
@@ -234,7 +235,8 @@ def test_a_locked_ledger_is_a_storage_error_naming_it(tmp_path: Path) -> None:
         holder.execute("ROLLBACK")
         holder.close()
     assert str(path) in str(info.value)
-    assert "locked" in str(info.value) and "retry" in str(info.value)
+    assert "locked" in str(info.value)
+    assert "retry" in str(info.value)
     ledger.create_session("s")  # and it works once the lock is gone
     ledger.close()
 
@@ -263,7 +265,8 @@ def test_a_read_only_ledger_can_be_read(ro_mount: Path) -> None:
     assert dumped.returncode == 0, dumped.stderr
     assert len(dumped.stdout.splitlines()) == 15
     log = tether("log", "--session", "review-42", "--json", "--ledger", url)
-    assert log.returncode == 0 and len(log.stdout.splitlines()) == 11
+    assert log.returncode == 0
+    assert len(log.stdout.splitlines()) == 11
     view = tether(
         "context", "--session", "review-42", "--agent", "reviewer", "--json", "--ledger", url
     )
@@ -273,7 +276,8 @@ def test_a_read_only_ledger_can_be_read(ro_mount: Path) -> None:
     cleared = tether("session", "clear", "review-42", "--ledger", url)
     err = _one_line_error(cleared)
     assert cleared.returncode == 1
-    assert "read-only" in err and str(ro_mount / "l.db") in err
+    assert "read-only" in err
+    assert str(ro_mount / "l.db") in err
 
 
 def test_load_message_does_not_wrap_when_piped(tmp_path: Path) -> None:
