@@ -9,10 +9,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.common import ConfigOpt, LedgerOpt
 from tether.cli.exits import Exit, command, err_console
-from tether.followup import Refusal, build_view
+from tether.config import load_config
+from tether.followup import FollowupView, Refusal, Refused, build_view
+from tether.followup.admission import admit_request
 from tether.followup.render import render_refusal, render_view
+from tether.ledger import open_ledger
 
 __all__ = ["context"]
 
@@ -40,7 +43,14 @@ def context(
 
     Example: tether context --session review-42 --agent reviewer --actor user:ana --json
     """
-    cfg, store = open_configured_ledger(config, ledger)
+    cfg = load_config(config)
+    if request is not None:
+        try:
+            request = admit_request(request, cfg.followup)
+        except Refused as exc:
+            view: FollowupView | Refusal = Refusal(exc.reason, exc.detail)
+            _show(view, as_json)
+    store = open_ledger(ledger or cfg.ledger.url)
     with store:
         view = build_view(
             store,
@@ -52,6 +62,10 @@ def context(
             config=cfg.followup,
             grants=cfg.access.grants,
         )
+    _show(view, as_json)
+
+
+def _show(view: FollowupView | Refusal, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(view.to_json(), ensure_ascii=False) + "\n")
     elif isinstance(view, Refusal):

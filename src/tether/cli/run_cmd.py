@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import anyio
 import typer
@@ -16,8 +16,9 @@ from rich.live import Live
 from rich.markup import escape as esc
 from rich.text import Text
 
-from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.common import ConfigOpt, LedgerOpt
 from tether.cli.exits import Exit, command, err_console
+from tether.config import load_config
 from tether.errors import SessionRefusing
 from tether.events import (
     Compacted,
@@ -33,11 +34,13 @@ from tether.events import (
     TurnStarted,
 )
 from tether.followup import Refused
+from tether.followup.admission import admit_request
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
 from tether.harness.turn import CheckpointStatus
-from tether.ledger import Ledger, RunStatus
+from tether.ledger import Ledger, RunStatus, open_ledger
+from tether.ledger.ids import check_id
 from tether.pi.errors import PiNotInstalled
 
 __all__ = ["run"]
@@ -170,6 +173,13 @@ async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutco
     return result[0]
 
 
+def _refused(reason: str, detail: str, as_json: bool) -> NoReturn:
+    if as_json:
+        out_console.out(json.dumps({"status": "refused", "reason": reason, "detail": detail}))
+    err_console.print(f"[bold red]refused ({reason}):[/] {esc(detail)}")
+    raise typer.Exit(Exit.REFUSED)
+
+
 @command
 def run(
     request: Annotated[str, typer.Argument(help="The request for the agent ('-' reads stdin).")],
@@ -196,11 +206,16 @@ def run(
 
     Example: tether run --session s1 --agent reviewer "Review the last commit"
     """
-    text = sys.stdin.read() if request == "-" else request
-    if not text.strip():
-        err_console.print("[bold red]usage error:[/] the request is empty")
-        raise typer.Exit(Exit.USAGE)
-    cfg, store = open_configured_ledger(config, ledger)
+    # Admission comes first: a bad id or request writes nothing, not even a new ledger file.
+    check_id("session", session)
+    check_id("agent", agent)
+    check_id("actor", actor)
+    cfg = load_config(config)
+    try:
+        text = admit_request(sys.stdin.buffer.read() if request == "-" else request, cfg.followup)
+    except Refused as exc:
+        _refused(exc.reason.value, exc.detail, as_json)
+    store = open_ledger(ledger or cfg.ledger.url)
     req = RunRequest(
         session=session,
         agent=agent,
@@ -214,19 +229,9 @@ def run(
         with store:
             outcome = anyio.run(_run, store, cfg, req, show)
     except Refused as exc:
-        if as_json:
-            out_console.out(
-                json.dumps({"status": "refused", "reason": exc.reason.value, "detail": exc.detail})
-            )
-        err_console.print(f"[bold red]refused ({exc.reason.value}):[/] {esc(exc.detail)}")
-        raise typer.Exit(Exit.REFUSED) from None
+        _refused(exc.reason.value, exc.detail, as_json)
     except SessionRefusing as exc:
-        if as_json:
-            out_console.out(
-                json.dumps({"status": "refused", "reason": "session_refusing", "detail": str(exc)})
-            )
-        err_console.print(f"[bold red]refused (session_refusing):[/] {esc(str(exc))}")
-        raise typer.Exit(Exit.REFUSED) from None
+        _refused("session_refusing", str(exc), as_json)
     except PiNotInstalled as exc:
         err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
         raise typer.Exit(Exit.USAGE) from None
