@@ -244,7 +244,14 @@ class PostgresLedger(SqlLedger):
                     "schema first (CREATE SCHEMA …) or fix the URL's options=-csearch_path%3D…"
                 )
             conn.execute(_MIGRATE_LOCK)
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} (version INTEGER NOT NULL)")
+            # Look before creating: CREATE … IF NOT EXISTS needs the CREATE privilege even when
+            # the table exists, and a user granted only the tables must still open the ledger.
+            exists = conn.execute(
+                "SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = %s",
+                (_VERSION_TABLE,),
+            ).fetchone()
+            if exists is None:
+                conn.execute(f"CREATE TABLE {_VERSION_TABLE} (version INTEGER NOT NULL)")
             row = conn.execute(f"SELECT version FROM {_VERSION_TABLE}").fetchone()
             version = 0 if row is None else int(row[0])
             if version > SCHEMA_VERSION:
