@@ -101,6 +101,9 @@ class HarnessConfig(_Section):
     followup.budget_bytes / 16), so a continuation checkpoint always has something to compact)."""
     reserve_tokens: StrictInt | None = Field(None, ge=0)
     """pi's ``compaction.reserveTokens`` (default: min(16384, max(max_tokens, window / 4)))."""
+    storage_retry_s: StrictFloat = Field(30, ge=0)
+    """How long a run keeps retrying ledger writes that failed (a full disk, a lost connection)
+    before it ends with the error, naming where its answer is kept."""
     pi_settings: dict[str, Any] = Field(default_factory=dict)
     """Merged (deeply) into every run's pi ``settings.json``,
     e.g. ``{retry = {baseDelayMs = 500}}``."""
