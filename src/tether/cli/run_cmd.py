@@ -19,7 +19,7 @@ from rich.text import Text
 from tether.cli.common import ConfigOpt, LedgerOpt
 from tether.cli.exits import Exit, command, err_console
 from tether.config import load_config
-from tether.errors import SessionRefusing
+from tether.errors import SessionRefusing, StorageError
 from tether.events import (
     Compacted,
     Compacting,
@@ -235,6 +235,9 @@ def run(
     except PiNotInstalled as exc:
         err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
         raise typer.Exit(Exit.USAGE) from None
+    except StorageError as exc:  # before pi started: the run (if any) is ended, or kept
+        err_console.print(f"[bold red]ledger error:[/] {esc(' '.join(str(exc).split()))}")
+        raise typer.Exit(Exit.RUN_FAILED) from None
     if as_json:
         out_console.out(json.dumps(outcome.to_json(), ensure_ascii=False))
     elif outcome.answer is not None:
