@@ -3,11 +3,15 @@ raise nothing but tether's own errors (and a refused interchange file writes not
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +19,9 @@ from tether.config import Config, parse_config
 from tether.errors import ConfigError, InterchangeError
 from tether.ledger import open_ledger
 from tether.ledger.jsonl import dump_session, load_lines
+from tether.pi.client import Closed, RpcClient
+from tether.pi.errors import ProtocolError
+from tether.pi.jsonl import LineSplitter, decode
 
 EXAMPLE = Path(__file__).parent.parent / "src" / "tether" / "examples" / "review.jsonl"
 GOOD_LINES = EXAMPLE.read_bytes().splitlines()
@@ -230,3 +237,91 @@ def test_mutated_configs_parse_or_are_refused(data: st.DataObject) -> None:
     text = "\n".join(lines)
     assume(text != REFERENCE_TOML)
     _parse(text)
+
+
+# -- pi's RPC line reader ---------------------------------------------------------------------
+
+HOSTILE_LINES = [
+    b"[" * 5000 + b"]" * 5000,
+    b'{"type":"x","n":' + b"9" * 5000 + b"}",
+    b'{"type":"x","s":"\\ud800"}',
+    b"\xff\xfe not utf-8",
+    b"NaN",
+    b'{"type":"x","n":NaN}',
+    b"[1, 2]",
+    b'{"type": 5}',
+    b"",
+    b"\r",
+]
+
+
+@FUZZ
+@given(
+    st.lists(st.one_of(st.binary(max_size=300), st.sampled_from(HOSTILE_LINES)), max_size=8),
+    st.integers(1, 64),
+)
+def test_rpc_framing_and_decoding_raise_only_protocol_errors(
+    pieces: list[bytes], chunk: int
+) -> None:
+    data = b"\n".join(pieces)
+    splitter = LineSplitter(max_line=2048)
+    lines: list[bytes] = []
+    for i in range(0, len(data), chunk):
+        # an over-long line is dropped and reported; reading goes on
+        with contextlib.suppress(ProtocolError):
+            lines += splitter.feed(data[i : i + chunk])
+    rest = splitter.flush()
+    for line in [*lines, *([rest] if rest else [])]:
+        try:
+            record = decode(line)
+        except ProtocolError:
+            continue
+        assert isinstance(record, dict)
+
+
+class _LinesTransport:
+    """An AgentTransport that replays fixed stdout lines, then ends."""
+
+    def __init__(self, lines: list[bytes]) -> None:
+        self._lines = lines
+        self.exit_status: int | None = None
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        for line in self._lines:
+            await anyio.lowlevel.checkpoint()
+            yield line
+
+    async def send(self, data: bytes) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    async def kill(self) -> None:
+        return None
+
+    def diagnostics(self) -> str:
+        return ""
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=200), st.sampled_from(HOSTILE_LINES)), max_size=8))
+def test_the_rpc_client_reads_past_any_line(lines: list[bytes]) -> None:
+    """Hostile lines are reported as stray output; the client reads on to the end of the
+    stream and closes because the stream ended, not because a line broke it."""
+    good = b'{"type":"agent_start"}'
+
+    async def main() -> tuple[list[Any], str | None]:
+        seen: list[Any] = []
+        async with RpcClient.connect(_LinesTransport([*lines, good])) as client:
+            records = client.subscribe()
+            async for item in records:
+                seen.append(item)
+                if isinstance(item, Closed):
+                    break
+            return seen, client.closed_reason
+
+    seen, reason = anyio.run(main)
+    assert reason is not None
+    assert reason.startswith("pi closed its output"), reason
+    assert {"type": "agent_start"} in [s for s in seen if isinstance(s, dict)]
