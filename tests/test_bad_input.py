@@ -342,3 +342,20 @@ def test_a_config_that_is_not_utf8_exits_2(tmp_path: Path) -> None:
 def test_ledger_errors_are_ledger_errors() -> None:
     assert issubclass(StorageError, LedgerError)
     assert issubclass(InvalidId, LedgerError)
+
+
+def test_a_session_file_is_written_whatever_a_stored_timestamp_holds(tmp_path: Path) -> None:
+    """Rows appended through the API (or stored before loads checked timestamps) may hold a
+    timestamp no date can: pi's session file still gets a date it can parse."""
+    from tether.pi.sessionfile import PreEntry, write_session_file
+
+    messages = [
+        PreEntry({"role": "user", "content": "x", "timestamp": ts}, seq=i)
+        for i, ts in enumerate([1e23, float("nan"), -1e20, 1764410401000], start=1)
+    ]
+    write_session_file(tmp_path / "s.jsonl", session_id="r", cwd=tmp_path, messages=messages)
+    from datetime import datetime
+
+    for line in (tmp_path / "s.jsonl").read_text().splitlines():
+        stamp = json.loads(line)["timestamp"]
+        assert datetime.fromisoformat(stamp.replace("Z", "+00:00")).year >= 2025
