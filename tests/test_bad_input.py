@@ -359,3 +359,20 @@ def test_a_session_file_is_written_whatever_a_stored_timestamp_holds(tmp_path: P
     for line in (tmp_path / "s.jsonl").read_text().splitlines():
         stamp = json.loads(line)["timestamp"]
         assert datetime.fromisoformat(stamp.replace("Z", "+00:00")).year >= 2025
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["ledger", "dump", "--session", ""],
+        ["log", "--session", "a\nb"],
+        ["session", "clear", "\x1b[2J"],
+        ["context", "--session", "s", "--agent", ""],
+        ["context", "--session", "s", "--agent", "a", "--actor", "user:\n"],
+    ],
+)
+def test_bad_ids_on_the_command_line_exit_2(tmp_path: Path, args: list[str]) -> None:
+    result = runner.invoke(app, [*args, "--ledger", f"sqlite:{tmp_path}/l.db"])
+    assert result.exit_code == 2, result.output
+    assert "id" in result.output
+    assert not (tmp_path / "l.db").exists()  # refused before the ledger was opened

@@ -16,6 +16,7 @@ from tether.followup import FollowupView, Refusal, Refused, build_view
 from tether.followup.admission import admit_request
 from tether.followup.render import render_refusal, render_view
 from tether.ledger import open_ledger
+from tether.ledger.ids import check_id
 
 __all__ = ["context"]
 
@@ -43,6 +44,10 @@ def context(
 
     Example: tether context --session review-42 --agent reviewer --actor user:ana --json
     """
+    check_id("session", session)
+    check_id("agent", agent)
+    if actor is not None:
+        check_id("actor", actor)
     cfg = load_config(config)
     if request is not None:
         try:

@@ -17,6 +17,7 @@ from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import command
 from tether.ledger import Row, RowKind, open_ledger
 from tether.ledger.copy import copy_sessions
+from tether.ledger.ids import check_id
 from tether.ledger.jsonl import dump_session, load_file, row_record
 
 ledger_app = typer.Typer(
@@ -63,6 +64,7 @@ def dump(
 
     Example: tether ledger dump --session s1 > s1.jsonl
     """
+    check_id("session", session)
     _, store = open_configured_ledger(config, ledger)
     with store:
         dump_session(store, session, sys.stdout)
@@ -132,6 +134,7 @@ def log(
 
     Example: tether log --session s1
     """
+    check_id("session", session)
     _, store = open_configured_ledger(config, ledger)
     with store:
         store.get_session(session)
@@ -212,6 +215,7 @@ def clear(
 
     Example: tether session clear s1
     """
+    check_id("session", session)
     _, store = open_configured_ledger(config, ledger)
     with store:
         store.set_refusing(session, None)
