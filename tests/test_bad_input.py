@@ -376,3 +376,31 @@ def test_bad_ids_on_the_command_line_exit_2(tmp_path: Path, args: list[str]) -> 
     assert result.exit_code == 2, result.output
     assert "id" in result.output
     assert not (tmp_path / "l.db").exists()  # refused before the ledger was opened
+
+
+def test_a_repeated_pi_entry_id_is_refused_with_its_line(ledger_url: str) -> None:
+    rows = [
+        json.dumps(
+            {
+                "type": "row",
+                "session": "s",
+                "seq": i,
+                "actor": "user:ana",
+                "entry": "e1" if i in (2, 4) else f"x{i}",
+                "message": {"role": "user", "content": str(i)},
+            }
+        )
+        for i in range(1, 6)
+    ]
+    with open_ledger(ledger_url) as ledger:
+        with pytest.raises(InterchangeError) as info:
+            load_lines(ledger, "\n".join([SESSION, *rows]).encode(), "dup.jsonl")
+        assert info.value.line == 5  # the second row carrying e1
+        assert "'e1' appears twice" in info.value.problem
+        assert ledger.sessions() == []
+        load_lines(ledger, "\n".join([SESSION, *rows[:3]]).encode(), "ok.jsonl")
+        more = json.loads(rows[3])  # seq 4, entry e1: already in the ledger
+        with pytest.raises(InterchangeError) as again:
+            load_lines(ledger, json.dumps(more).encode(), "more.jsonl")
+        assert again.value.line == 1
+        assert ledger.last_seq("s") == 3

@@ -31,7 +31,7 @@ from tether.ledger.schema import (
     fill_pi_defaults,
     validate_record,
 )
-from tether.ledger.sql import Importer, SqlLedger
+from tether.ledger.sql import DuplicateEntry, Importer, SqlLedger
 
 __all__ = [
     "MAX_DEPTH",
@@ -274,10 +274,8 @@ class _Checker:
                     raise _Bad(
                         f"row {seq} of session {sid!r} names run {rec.run!r} of session {owner!r}"
                     )
-            if rec.entry_id is not None and self.imp.entry_taken(sid, rec.entry_id):
-                raise _Bad(f"entry {rec.entry_id!r} appears twice in session {sid!r}")
             self.next_seq[sid] = seq + 1
-            self.imp.row(rec)
+            self.imp.row(rec, lineno)
             self.counts[2] += 1
         else:
             if not self._session_known(rec.session):
@@ -299,15 +297,18 @@ class _Checker:
 def load_stream(ledger: SqlLedger, lines: Iterable[bytes], source: str = "<input>") -> LoadReport:
     """Check and write interchange lines in one transaction: all of them, or (on the first bad
     line, which the error names) none."""
-    with ledger.importer() as imp:
-        checker = _Checker(imp)
-        lineno = 0
-        for lineno, rec in parse_lines(lines, source):
-            try:
-                checker.add(rec, lineno)
-            except _Bad as exc:
-                raise InterchangeError(source, lineno, str(exc)) from None
-        return checker.finish(source, lineno)
+    try:
+        with ledger.importer() as imp:
+            checker = _Checker(imp)
+            lineno = 0
+            for lineno, rec in parse_lines(lines, source):
+                try:
+                    checker.add(rec, lineno)
+                except _Bad as exc:
+                    raise InterchangeError(source, lineno, str(exc)) from None
+            return checker.finish(source, lineno)
+    except DuplicateEntry as exc:
+        raise InterchangeError(source, exc.line, str(exc)) from None
 
 
 def _split(data: bytes) -> Iterator[bytes]:

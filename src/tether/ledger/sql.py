@@ -47,7 +47,7 @@ from tether.ledger.models import (
 from tether.ledger.text import row_text
 from tether.sizes import canonical_json, measure
 
-__all__ = ["Cursor", "Importer", "SqlLedger"]
+__all__ = ["Cursor", "DuplicateEntry", "Importer", "SqlLedger"]
 
 # Notes travel whole into every follow-up, so their reads are bounded by count and bytes.
 DEFAULT_NOTES_COUNT = 32
@@ -773,6 +773,14 @@ class SqlLedger(abc.ABC):
             )
 
 
+class DuplicateEntry(Exception):
+    """An imported row repeats a pi entry id of its session (``line`` is the row's)."""
+
+    def __init__(self, line: int, session: str, entry_id: str) -> None:
+        super().__init__(f"entry {entry_id!r} appears twice in session {session!r}")
+        self.line = line
+
+
 class Importer:
     """Writes interchange records inside one transaction, rows in bounded batches, and answers
     the questions a loader asks about what the ledger (and this transaction) already holds."""
@@ -783,7 +791,7 @@ class Importer:
         self._rows: list[tuple[Any, ...]] = []
         self._bytes = 0
         self._last: dict[str, int] = {}
-        self._entries: dict[str, set[str]] = {}
+        self._lines: list[int] = []
 
     def last_seq(self, session_id: str) -> int | None:
         """The session's last seq, None when the ledger has no such session."""
@@ -798,18 +806,6 @@ class Importer:
         self._c.execute("SELECT session FROM runs WHERE id = ?", (run_id,))
         r = self._c.fetchone()
         return None if r is None else str(r[0])
-
-    def entry_taken(self, session_id: str, entry_id: str) -> bool:
-        """Whether a row of the session already carries this pi entry id (the ledger's or this
-        load's; appends are idempotent on it, so it must be unique)."""
-        seen = self._entries.setdefault(session_id, set())
-        if entry_id in seen:
-            return True
-        seen.add(entry_id)
-        self._c.execute(
-            "SELECT 1 FROM rows WHERE session = ? AND entry_id = ?", (session_id, entry_id)
-        )
-        return self._c.fetchone() is not None
 
     def session(self, s: Session) -> None:
         self._c.execute(
@@ -835,7 +831,8 @@ class Importer:
             ),
         )
 
-    def row(self, row: Row) -> None:
+    def row(self, row: Row, line: int = 0) -> None:
+        """Queue a row (written a batch at a time); ``line`` names it in a DuplicateEntry."""
         new = NewRow(
             actor=row.actor,
             kind=row.kind,
@@ -846,6 +843,7 @@ class Importer:
         )
         encoded = encode_row(row.session, row.seq, row.run, new)
         self._rows.append(encoded)
+        self._lines.append(line)
         self._bytes += len(encoded[5]) + len(encoded[11])
         self._last[row.session] = row.seq
         if len(self._rows) >= _IMPORT_CHUNK or self._bytes >= _IMPORT_CHUNK_BYTES:
@@ -859,9 +857,35 @@ class Importer:
 
     def _flush(self) -> None:
         if self._rows:
+            self._check_entries()
             self._c.executemany(_INSERT_ROW, self._rows)
             self._rows = []
+            self._lines = []
             self._bytes = 0
+
+    def _check_entries(self) -> None:
+        """pi entry ids are unique in a session (appends are idempotent on them): a batch may
+        repeat none, within itself or of the rows stored before it (one query per session)."""
+        first: dict[tuple[str, str], int] = {}
+        for encoded, line in zip(self._rows, self._lines, strict=True):
+            sid, eid = encoded[0], encoded[9]
+            if eid is None:
+                continue
+            if (sid, eid) in first:
+                raise DuplicateEntry(line, sid, eid)
+            first[(sid, eid)] = line
+        by_session: dict[str, list[str]] = {}
+        for sid, eid in first:
+            by_session.setdefault(sid, []).append(eid)
+        for sid, ids in by_session.items():
+            marks = ", ".join("?" for _ in ids)
+            self._c.execute(
+                f"SELECT entry_id FROM rows WHERE session = ? AND entry_id IN ({marks}) LIMIT 1",
+                (sid, *ids),
+            )
+            taken = self._c.fetchone()
+            if taken is not None:
+                raise DuplicateEntry(first[(sid, taken[0])], sid, taken[0])
 
     def finish(self) -> None:
         self._flush()
