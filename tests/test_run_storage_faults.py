@@ -146,6 +146,9 @@ def test_a_disk_that_stays_full_ends_the_run_and_names_where_the_answer_is(
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     out = json.loads(done.stdout)
     assert out["answer"] == "the answer"  # printed: the ledger could not take it
+    stranded = tmp_path / "runs" / "unrecorded" / f"{out['run']}.json"
+    assert str(stranded) in out["error"]  # not even the run's end fit: it waits there
+    assert stranded.exists()
     assert out["status"] == "failed"
     assert out["stop_reason"] == "storage_error"
     session_file = tmp_path / "runs" / out["run"] / "session.jsonl"
@@ -155,6 +158,7 @@ def test_a_disk_that_stays_full_ends_the_run_and_names_where_the_answer_is(
     ballasts[0].unlink()
     again = run(tmp_path, cfg, "next")
     assert again.returncode == 0, again.stderr
+    assert not stranded.exists()
     with open_ledger(f"sqlite:{small_fs}/ledger.db") as ledger:
         _consistent(ledger)
         first = ledger.get_run(out["run"])

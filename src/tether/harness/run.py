@@ -690,8 +690,8 @@ class _Driver:
                         runs_dir(self.config), self.fence, found.status, extra, refusing
                     )
                     error = (
-                        f"{error or 'the run ended'}; its end could not be recorded in the "
-                        f"ledger either ({exc}): it is kept in {where}, and the next run "
+                        f"{error or f'the ledger could not be written ({exc})'}; the run's end "
+                        f"could not be recorded either: it is kept in {where}, and the next run "
                         "records it"
                     )
         if not keep:
