@@ -17,11 +17,13 @@ from typing import Any
 from tether.errors import FencedOut, NotFound, RunNotActive, StorageError
 from tether.ledger import Fence, Ledger, RunStatus
 
-__all__ = ["keep_stranded_end", "record_stranded_ends"]
+__all__ = ["UNRECORDED_DIR", "keep_stranded_end", "record_stranded_ends"]
+
+UNRECORDED_DIR = "unrecorded"
 
 
 def _dir(runs_dir: Path) -> Path:
-    return runs_dir / "unrecorded"
+    return runs_dir / UNRECORDED_DIR
 
 
 def keep_stranded_end(

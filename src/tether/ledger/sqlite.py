@@ -202,9 +202,7 @@ class SQLiteLedger(SqlLedger):
     def _error(self, exc: sqlite3.Error) -> LedgerError:
         code = _primary(exc)
         advice = _ADVICE.get(code)
-        where = (
-            "the in-memory ledger" if self.path is None else f"the SQLite ledger {self.path}"
-        )
+        where = "the in-memory ledger" if self.path is None else f"the SQLite ledger {self.path}"
         if advice is None:
             return StorageError(f"{where} failed: {exc}")
         return StorageError(f"{where} failed ({exc}): {advice.format(busy=BUSY_TIMEOUT_S)}")
