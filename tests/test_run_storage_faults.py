@@ -25,6 +25,7 @@ TETHER = [sys.executable, "-m", "tether"]
 
 
 def write_config(tmp: Path, provider_url: str, ledger_url: str, retry_s: float = 30) -> Path:
+    (tmp / "work").mkdir(exist_ok=True)
     path = tmp / "tether.toml"
     path.write_text(
         f"""
@@ -40,6 +41,7 @@ max_tokens = 1024
 provider = "local"
 model = "scripted"
 deadline_s = 60
+workdir = "work"
 
 [harness]
 runs_dir = "{tmp}/runs"
