@@ -404,3 +404,43 @@ def test_a_repeated_pi_entry_id_is_refused_with_its_line(ledger_url: str) -> Non
             load_lines(ledger, json.dumps(more).encode(), "more.jsonl")
         assert again.value.line == 1
         assert ledger.last_seq("s") == 3
+
+
+def test_what_the_mirror_writes_dumps_and_loads_again(ledger_url: str) -> None:
+    """Every message shape the mirror stores (pi's custom and branch-summary entries among
+    them) survives dump → load."""
+    import io
+
+    from tether.ledger.jsonl import dump_session
+    from tether.mirror.entries import entry_message
+
+    entries = [
+        {
+            "type": "custom_message",
+            "id": "e1",
+            "customType": "note",
+            "content": "hi",
+            "display": True,
+            "timestamp": "2026-11-29T10:00:00.000Z",
+        },
+        {"type": "custom_message", "id": "e2", "content": [{"type": "text", "text": "x"}]},
+        {
+            "type": "branch_summary",
+            "id": "e3",
+            "summary": "s",
+            "fromId": "e1",
+            "timestamp": "2026-11-29T10:00:01.000Z",
+        },
+    ]
+    with open_ledger(ledger_url) as ledger:
+        ledger.create_session("s")
+        fence = ledger.claim_run(ledger.create_run("s", "a").id)
+        for e in entries:
+            message = entry_message(e)
+            assert message is not None
+            ledger.append(fence, [NewRow.message("agent:a", message, entry_id=e["id"])])
+        out = io.StringIO()
+        dump_session(ledger, "s", out)
+    with open_ledger("memory:") as again:
+        load_lines(again, out.getvalue().encode(), "dump.jsonl")
+        assert again.last_seq("s") == 3

@@ -1,7 +1,8 @@
 """The interchange records (DESIGN §3.1) as a schema: a discriminated union on ``type``.
 
 What loads is what pi can take: a pi AgentMessage is checked against pi's own message types
-(``pi-ai``'s ``Message`` and ``pi-coding-agent``'s ``bashExecution`` / ``custom``) as far as
+(``pi-ai``'s ``Message`` and ``pi-coding-agent``'s ``bashExecution``, ``custom``,
+``branchSummary`` and ``compactionSummary``) as far as
 pi reads them: the role, the content's type, each block's fields, finite numbers, a timestamp
 that is a date. Fields the schema does not name are kept (``extra="allow"``), so a round trip
 loses nothing. Types are strict: ``"1"`` is not a seq and ``true`` is not a number.
@@ -168,9 +169,23 @@ class BashExecutionMessage(_Message):
 
 class CustomMessage(_Message):
     role: Literal["custom"]
-    customType: str
+    customType: str | None = None
     content: str | list[UserBlock]
     display: bool | None = None
+
+
+class BranchSummaryMessage(_Message):
+    """pi's summary of an abandoned branch (the mirror writes these from ``branch_summary``)."""
+
+    role: Literal["branchSummary"]
+    summary: str
+    fromId: str | None = None
+
+
+class CompactionSummaryMessage(_Message):
+    role: Literal["compactionSummary"]
+    summary: str
+    tokensBefore: Number | None = None
 
 
 AgentMessage = Annotated[
@@ -179,7 +194,9 @@ AgentMessage = Annotated[
     | AssistantMessage
     | ToolResultMessage
     | BashExecutionMessage
-    | CustomMessage,
+    | CustomMessage
+    | BranchSummaryMessage
+    | CompactionSummaryMessage,
     Field(discriminator="role"),
 ]
 
@@ -270,6 +287,8 @@ _TAGS = {"session", "run", "row", "note"} | {
     "toolResult",
     "bashExecution",
     "custom",
+    "branchSummary",
+    "compactionSummary",
     "text",
     "thinking",
     "image",

@@ -241,6 +241,14 @@ class SQLiteLedger(SqlLedger):
         # directory; a read-only filesystem cannot hold WAL's shared-memory file, which only
         # `immutable=1` does without (the ledger cannot change under us: nobody can write it).
         for flags in ("mode=ro", "immutable=1"):
+            wal = Path(f"{target}-wal")
+            if flags == "immutable=1" and wal.exists() and wal.stat().st_size > 0:
+                # immutable=1 would not see the changes still in the WAL file
+                raise StorageError(
+                    f"the SQLite ledger {target} cannot be written, and its latest changes are "
+                    f"still in {wal}, which cannot be read without write access; open it once "
+                    "with write access (any tether command) to fold them in"
+                ) from first
             ro: sqlite3.Connection | None = None
             try:
                 ro = sqlite3.connect(
