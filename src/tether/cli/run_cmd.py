@@ -212,7 +212,9 @@ def run(
     check_id("actor", actor)
     cfg = load_config(config)
     try:
-        text = admit_request(sys.stdin.buffer.read() if request == "-" else request, cfg.followup)
+        # stdin is read up to one byte past the limit: a huge pipe is refused, not held
+        raw = sys.stdin.buffer.read(cfg.followup.request_limit + 1) if request == "-" else request
+        text = admit_request(raw, cfg.followup)
     except Refused as exc:
         _refused(exc.reason.value, exc.detail, as_json)
     store = open_ledger(ledger or cfg.ledger.url)

@@ -17,7 +17,10 @@ __all__ = ["admit_request"]
 
 def admit_request(request: str | bytes, config: FollowupConfig) -> str:
     """The request as text, admitted; or :class:`UsageError` / :class:`Refused`."""
+    limit = config.request_limit
     if isinstance(request, bytes):
+        if len(request) > limit:
+            raise _too_large(None, limit)  # a pipe is read only to limit + 1: no exact size
         try:
             text = request.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -37,12 +40,16 @@ def admit_request(request: str | bytes, config: FollowupConfig) -> str:
         ) from None
     if not text.strip():
         raise UsageError("the request is empty")
-    limit = config.request_limit
     if size > limit:
-        raise Refused(
-            RefusalReason.REQUEST_TOO_LARGE,
-            f"the request is {size} bytes, over the limit of {limit} ([followup] "
-            "request_max_bytes; by default a quarter of budget_bytes); shorten it, or attach "
-            "the material as a file the agent can read",
-        )
+        raise _too_large(size, limit)
     return text
+
+
+def _too_large(size: int | None, limit: int) -> Refused:
+    measured = f"{size} bytes, " if size is not None else ""
+    return Refused(
+        RefusalReason.REQUEST_TOO_LARGE,
+        f"the request is {measured}over the limit of {limit} bytes ([followup] "
+        "request_max_bytes; by default a quarter of budget_bytes); shorten it, or attach "
+        "the material as a file the agent can read",
+    )
