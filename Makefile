@@ -6,6 +6,7 @@ BIN     := $(VENV)/bin
 export TETHER_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
 .PHONY: install local test lint typecheck pytest demo clean bench fmt
+.PHONY: dist
 
 install: $(VENV)/.installed node_modules/.installed
 
@@ -59,6 +60,11 @@ bench: install
 	$(BIN)/python bench/harness.py
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/interop.py
+	$(BIN)/python bench/cli_start.py
+
+# The sdist and the wheel in dist/ (the wheel carries the pinned npm manifest for `tether setup`).
+dist: install
+	$(BIN)/python -m build --outdir dist .
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

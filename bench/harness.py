@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -74,6 +75,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--latency-ms", type=float, default=0.0, help="provider delay per reply")
+    parser.add_argument(
+        "--against", type=Path, help="also time `tether run` from this src/ (before/after, one run)"
+    )
     args = parser.parse_args()
 
     import anyio
@@ -87,7 +91,10 @@ def main() -> None:
     from tether.pi.install import find_pi, pi_argv, pi_env
 
     work = Path(tempfile.mkdtemp(prefix="tether-bench-"))
-    (work / "notes.txt").write_text("some notes\n" * 20)
+    # The agent's tools work in tree/, which holds neither the ledger nor the run directories.
+    tree = work / "tree"
+    tree.mkdir()
+    (tree / "notes.txt").write_text("some notes\n" * 20)
     delay = args.latency_ms / 1000
 
     def reply(req: Any) -> Reply:
@@ -117,6 +124,7 @@ max_tokens = 1024
 provider = "local"
 model = "scripted"
 deadline_s = 600
+workdir = "tree"
 [harness]
 runs_dir = "runs"
 """
@@ -130,6 +138,7 @@ runs_dir = "runs"
         def baseline_spec(i: int) -> Path:
             run_dir = work / "direct" / str(i)
             agent_dir = write_agent_dir(run_dir / "agent", cfg, "bench")
+            (run_dir / "tmp").mkdir()
             argv = pi_argv(
                 pi,
                 session_file=run_dir / "session.jsonl",
@@ -141,8 +150,8 @@ runs_dir = "runs"
             )
             spec = {
                 "argv": argv,
-                "env": pi_env(agent_dir.env, pi),
-                "cwd": str(work),
+                "env": pi_env(agent_dir.env, pi, tmpdir=run_dir / "tmp"),
+                "cwd": str(tree),
                 "prompt": prompt,
             }
             path = run_dir / "spec.json"
@@ -190,6 +199,14 @@ runs_dir = "runs"
             timings["cli"].append(time.perf_counter() - t)
             if done.returncode != 0 or json.loads(done.stdout)["status"] != "finished":
                 raise SystemExit(f"tether run failed: {done.stdout} {done.stderr}")
+            if args.against:
+                argv = [*done.args[:7], f"against-{i}", *done.args[8:]]
+                env = {**os.environ, "PYTHONPATH": str(args.against.resolve())}
+                t = time.perf_counter()
+                other = subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env)
+                timings.setdefault("against", []).append(time.perf_counter() - t)
+                if other.returncode != 0:
+                    raise SystemExit(f"tether run ({args.against}) failed: {other.stderr}")
 
             # The CLI's fixed cost: interpreter, imports (typer, rich, pydantic …), no run.
             t = time.perf_counter()
@@ -206,7 +223,7 @@ runs_dir = "runs"
             timings["cpu_pi"].append(after[1] - before[1])
 
             events: list[RunEvent] = []
-            request = RunRequest(session=f"in-{i}", agent="bench", text=prompt, workdir=work)
+            request = RunRequest(session=f"in-{i}", agent="bench", text=prompt, workdir=tree)
             t = time.perf_counter()
             outcome = anyio.run(
                 functools.partial(execute_run, store, cfg, request, subscribers=[events.append])
@@ -234,6 +251,11 @@ runs_dir = "runs"
         f"  tether run (CLI process)       median {med('cli'):6.3f} s   "
         f"ratio {med('cli') / med('direct'):.3f}"
     )
+    if args.against:
+        print(
+            f"  tether run from {args.against}  median {med('against'):6.3f} s   "
+            f"ratio {med('against') / med('direct'):.3f}"
+        )
     print(
         f"    of which the CLI's start (`tether run --help`): median {med('startup'):.3f} s; "
         f"without it, ratio {(med('cli') - med('startup')) / med('direct'):.3f}"

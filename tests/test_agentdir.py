@@ -105,7 +105,7 @@ def test_pi_is_the_pinned_one_or_a_clear_error(
     assert argv[argv.index("--tools") + 1] == "read,bash"
     assert "--no-extensions" in argv
     monkeypatch.setenv("TETHER_NODE", str(tmp_path / "node"))
-    with pytest.raises(PiNotInstalled, match="make install"):
+    with pytest.raises(PiNotInstalled, match="tether setup"):
         find_pi()
 
 

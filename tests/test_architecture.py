@@ -26,11 +26,14 @@ FLOORS: dict[str, int] = {
     "followup": 3,
     "pi": 3,
     "model": 3,
+    "runtime": 3,
     # 4: pi's entries into the ledger
     "mirror": 4,
     # 5: one run's lifecycle; pi session files in and out
     "harness": 5,
     "interop": 5,
+    # 6: looking at all of the above without changing anything
+    "doctor": 6,
     # 7: the ways in
     "cli": 7,
     "demo": 7,

@@ -101,7 +101,7 @@ def test_usage_and_configuration_errors_exit_2_and_write_nothing(tmp_path: Path)
         env={"TETHER_PI": str(tmp_path / "no-such-cli.js")},
     )
     assert no_pi.returncode == 2
-    assert "make install" in no_pi.stderr
+    assert "tether setup" in no_pi.stderr  # issue 19: the advice a user without a checkout can take
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
         assert store.sessions() == []
 

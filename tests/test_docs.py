@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import typer
-from pydantic import BaseModel
 
 from tether.cli.app import app
 from tether.config import Config
@@ -37,25 +37,33 @@ def commands() -> Iterator[tuple[str, Any]]:
     yield from walk(typer.main.get_command(app), "tether")
 
 
-def config_keys(model: type[BaseModel] = Config, prefix: str = "") -> Iterator[str]:
-    """Every key of the config models, dotted; tables of named sections as ``<name>``."""
-    for name, info in model.model_fields.items():
+def _struct(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
+
+
+def config_keys(model: type[msgspec.Struct] = Config, prefix: str = "") -> Iterator[str]:
+    """Every key of the config sections, dotted; tables of named sections as ``<name>``."""
+    hints = typing.get_type_hints(model)
+    for field in msgspec.structs.fields(model):
+        name = field.name
         if not prefix and name in NOT_KEYS:
             continue
         key = f"{prefix}{name}"
-        ann = info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
+        ann = hints[name]
+        if typing.get_origin(ann) is typing.Annotated:
+            ann = typing.get_args(ann)[0]
+        if _struct(ann):
             yield from config_keys(ann, f"{key}.")
             continue
         if typing.get_origin(ann) is dict:
             value = typing.get_args(ann)[1]
-            if isinstance(value, type) and issubclass(value, BaseModel):
+            if _struct(value):
                 yield from config_keys(value, f"{key}.<name>.")
                 continue
         if isinstance(ann, types.UnionType):
-            assert not any(
-                isinstance(a, type) and issubclass(a, BaseModel) for a in typing.get_args(ann)
-            ), f"{key}: walk optional sections too"
+            assert not any(_struct(a) for a in typing.get_args(ann)), (
+                f"{key}: walk optional sections too"
+            )
         yield key
 
 

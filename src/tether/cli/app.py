@@ -1,28 +1,132 @@
-"""The ``tether`` command: a thin layer over the Python API (one module per command group)."""
+"""The ``tether`` command: a thin layer over the Python API (one module per command group).
+
+A command's module is imported only when that command runs: ``tether --help`` lists the commands
+from the table below without importing any of them, and ``tether context`` never loads the
+harness. ``tests/test_cli_help.py`` checks that the one-line help here is each command's own.
+"""
 
 from __future__ import annotations
 
-import typer
+import importlib
+from collections.abc import Iterator, MutableMapping
+from typing import Any
 
-from tether.cli import context_cmd, interop_cmd, ledger_cmd, model_cmd, run_cmd, runs_cmd
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+__all__ = ["COMMANDS", "app", "main"]
+
+# name -> (module under tether.cli, attribute: a function or a typer.Typer, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": ("run_cmd", "run", "Run one task turn of an agent on a session and print its answer."),
+    "context": (
+        "context_cmd",
+        "context",
+        "Show exactly what a new run of AGENT on SESSION would be given; writes nothing.",
+    ),
+    "log": ("ledger_cmd", "log", "Show a session's timeline: runs and their rows."),
+    "sessions": ("ledger_cmd", "sessions", "List the sessions in the ledger."),
+    "session": ("ledger_cmd", "session_app", "Operate on one session."),
+    "ledger": ("ledger_cmd", "ledger_app", "Move sessions in and out of the ledger as JSON Lines."),
+    "runs": ("runs_cmd", "runs_app", "Run directories: pi's files of each run."),
+    "model": (
+        "model_cmd",
+        "model_app",
+        "The embedded local model (SmolLM2-135M on llama.cpp), served on 127.0.0.1.",
+    ),
+    "import": ("interop_cmd", "import_app", "Bring sessions of other tools into the ledger."),
+    "export": ("interop_cmd", "export_app", "Write ledger sessions in other tools' formats."),
+    "setup": (
+        "setup_cmd",
+        "setup",
+        "Install the pinned pi and its Node 22 with `npm ci` (needs npm on PATH); idempotent.",
+    ),
+    "doctor": (
+        "doctor_cmd",
+        "doctor",
+        "Check what a run needs and whether it is there; exits 0 only when nothing is missing.",
+    ),
+}
+
+
+def load_command(name: str) -> Any:
+    """The click command (or group) of ``name``, importing its module."""
+    module, attr, _ = COMMANDS[name]
+    obj = getattr(importlib.import_module(f"tether.cli.{module}"), attr)
+    if isinstance(obj, typer.Typer):
+        group = typer.main.get_group(obj)
+        group.name = name
+        return group
+    single = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
+    single.command(name)(obj)
+    return typer.main.get_command(single)
+
+
+class _LazyCommands(MutableMapping[str, Any]):
+    """The group's commands: every name of :data:`COMMANDS`, each imported on first access."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._loaded:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self._loaded[name] = load_command(name)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**dict.fromkeys(COMMANDS), **self._loaded})
+
+    def __len__(self) -> int:
+        return len({**dict.fromkeys(COMMANDS), **self._loaded})
+
+
+class _LazyGroup(TyperGroup):
+    """Lists commands from :data:`COMMANDS`; imports one only to run it or show its own help."""
+
+    _listing = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = _LazyCommands()
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # the names only: nothing imported
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in COMMANDS and (self._listing or ctx.resilient_parsing):
+            short = COMMANDS[cmd_name][2]
+            return TyperCommand(name=cmd_name, help=short, short_help=short, callback=None)
+        return self.commands.get(cmd_name)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
     rich_markup_mode=None,  # help text is plain: "[followup]" is not markup
     name="tether",
+    cls=_LazyGroup,
     help="Run pi coding agents on long-lived sessions, inside a fixed context budget.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.add_typer(ledger_cmd.ledger_app, name="ledger")
-app.add_typer(ledger_cmd.session_app, name="session")
-app.command("log")(ledger_cmd.log)
-app.command("sessions")(ledger_cmd.sessions)
-app.command("context")(context_cmd.context)
-app.command("run")(run_cmd.run)
-app.add_typer(model_cmd.model_app, name="model")
-app.add_typer(runs_cmd.runs_app, name="runs")
-app.add_typer(interop_cmd.import_app, name="import")
-app.add_typer(interop_cmd.export_app, name="export")
+
+
+@app.callback()
+def _root() -> None:
+    """Run pi coding agents on long-lived sessions, inside a fixed context budget."""
 
 
 def main() -> None:

@@ -7,14 +7,12 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from tether.cli.common import ConfigOpt, LedgerOpt
 from tether.cli.exits import Exit, command, err_console
 from tether.config import load_config
 from tether.followup import FollowupView, Refusal, Refused, build_view
 from tether.followup.admission import admit_request
-from tether.followup.render import render_refusal, render_view
 from tether.ledger import open_ledger
 from tether.ledger.ids import check_id
 
@@ -73,9 +71,14 @@ def context(
 def _show(view: FollowupView | Refusal, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(view.to_json(), ensure_ascii=False) + "\n")
-    elif isinstance(view, Refusal):
-        render_refusal(view, err_console)
     else:
-        render_view(view, Console(highlight=False))  # made now: the terminal's width now
+        from rich.console import Console  # for people only: --json does without rich
+
+        from tether.followup.render import render_refusal, render_view
+
+        if isinstance(view, Refusal):
+            render_refusal(view, err_console)
+        else:
+            render_view(view, Console(highlight=False))  # made now: the terminal's width now
     if isinstance(view, Refusal):
         raise typer.Exit(Exit.REFUSED)

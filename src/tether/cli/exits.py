@@ -6,10 +6,9 @@ import enum
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from tether.errors import (
     BadLedgerUrl,
@@ -21,9 +20,36 @@ from tether.errors import (
     UsageError,
 )
 
-__all__ = ["Exit", "err_console", "translate_errors"]
+if TYPE_CHECKING:
+    from rich.console import Console
 
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+__all__ = ["Exit", "err_console", "escape", "out_console", "translate_errors"]
+
+
+class _LazyConsole:
+    """A rich console made on first use: a command that prints nothing for people (``tether
+    context --json``, ``tether run --json``) does not load rich at all."""
+
+    def __init__(self, *, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True)
+        return getattr(self._console, name)
+
+
+err_console = cast("Console", _LazyConsole(stderr=True))
+out_console = cast("Console", _LazyConsole(stderr=False))
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 class Exit(enum.IntEnum):

@@ -7,17 +7,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import anyio
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.markup import escape as esc
-from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt
-from tether.cli.exits import Exit, command, err_console
+from tether.cli.exits import Exit, command, err_console, out_console
+from tether.cli.exits import escape as esc
 from tether.config import load_config
 from tether.errors import SessionRefusing, StorageError
 from tether.events import (
@@ -42,10 +39,14 @@ from tether.harness.turn import CheckpointStatus
 from tether.ledger import Ledger, RunStatus, open_ledger
 from tether.ledger.ids import check_id
 from tether.pi.errors import PiNotInstalled
+from tether.pi.install import PiInstall, find_pi
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
 
 __all__ = ["run"]
-
-out_console = Console(highlight=False, soft_wrap=True)
 
 
 class Progress:
@@ -61,6 +62,8 @@ class Progress:
         self.live: Live | None = None
 
     def __enter__(self) -> Progress:
+        from rich.live import Live
+
         # A renderable function, so the elapsed time moves between events too.
         self.live = Live(
             get_renderable=self._render, console=self.console, refresh_per_second=8, transient=True
@@ -73,6 +76,8 @@ class Progress:
             self.live.__exit__(None, None, None)
 
     def _render(self) -> Text:
+        from rich.text import Text
+
         elapsed = time.monotonic() - self.started
         running = ", ".join(self.running.values())
         line = f"⏳ {self.status} · turn {self.turn} · {self.tools} tool calls · {elapsed:.1f}s"
@@ -121,7 +126,7 @@ class Progress:
         self.refresh()
 
 
-async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutcome:
+async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool, pi: PiInstall) -> RunOutcome:
     stop = StopControl()
     subscribers = []
     progress = Progress(err_console) if show else None
@@ -148,6 +153,7 @@ async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutco
                 stop=stop,
                 subscribers=subscribers,
                 checkpoint=continuation_checkpoint,
+                pi=pi,
             )
         with progress:
             return await execute_run(
@@ -157,6 +163,7 @@ async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutco
                 stop=stop,
                 subscribers=subscribers,
                 checkpoint=continuation_checkpoint,
+                pi=pi,
             )
 
     result: list[RunOutcome] = []
@@ -217,6 +224,11 @@ def run(
         text = admit_request(raw, cfg.followup)
     except Refused as exc:
         _refused(exc.reason.value, exc.detail, as_json)
+    try:
+        pi = find_pi()  # before the ledger is opened: nothing is created when pi is missing
+    except PiNotInstalled as exc:
+        err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
+        raise typer.Exit(Exit.USAGE) from None
     store = open_ledger(ledger or cfg.ledger.url)
     req = RunRequest(
         session=session,
@@ -229,7 +241,7 @@ def run(
     show = not as_json and err_console.is_terminal
     try:
         with store:
-            outcome = anyio.run(_run, store, cfg, req, show)
+            outcome = anyio.run(_run, store, cfg, req, show, pi)
     except Refused as exc:
         _refused(exc.reason.value, exc.detail, as_json)
     except SessionRefusing as exc:

