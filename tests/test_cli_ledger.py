@@ -55,7 +55,7 @@ def test_bad_file_exits_non_zero_names_line_and_writes_nothing(tmp_path: Path) -
     lines[4] = "{not json"
     bad.write_text("\n".join(lines))
     result = runner.invoke(app, ["ledger", "load", str(bad), "--ledger", url])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input is a usage error (DESIGN §3.5)
     assert f"{bad}:5: malformed JSON" in result.output
     assert "nothing was written" in result.output
     listed = runner.invoke(app, ["sessions", "--json", "--ledger", url])
@@ -69,7 +69,7 @@ def test_unknown_session_and_bad_url_are_clear_errors(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "no session 'ghost'" in result.output
     result = runner.invoke(app, ["sessions", "--ledger", "mysql://x"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a configuration error
     assert "unknown ledger URL" in result.output
 
 

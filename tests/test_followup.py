@@ -658,4 +658,5 @@ def test_the_public_names() -> None:
         "protected_context_over_budget",
         "access_denied",
         "session_refusing",
+        "request_too_large",  # a run's request over [followup] request_max_bytes (DESIGN §3.5)
     ]

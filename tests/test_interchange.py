@@ -76,17 +76,30 @@ def test_unknown_fields_survive_a_round_trip(ledger: Ledger) -> None:
     assert records(dump(ledger, "s")) == lines
 
 
-def _blocks() -> st.SearchStrategy[list[dict[str, Any]]]:
+def _blocks(*, assistant: bool = False) -> st.SearchStrategy[list[dict[str, Any]]]:
+    # pi's block types by role: text and images from users and tools, text and thinking
+    # (and tool calls) from the assistant
     text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40)
     block = st.one_of(
         st.builds(lambda t: {"type": "text", "text": t}, text),
-        st.builds(lambda t: {"type": "thinking", "thinking": t}, text),
-        st.builds(
+        st.builds(lambda t: {"type": "thinking", "thinking": t}, text)
+        if assistant
+        else st.builds(
             lambda d: {"type": "image", "data": d, "mimeType": "image/png"},
             st.text("ABCDEFGH0123+/", max_size=64),
         ),
     )
     return st.lists(block, min_size=1, max_size=3)
+
+
+USAGE = {
+    "input": 10,
+    "output": 2,
+    "cacheRead": 0,
+    "cacheWrite": 0,
+    "totalTokens": 12,
+    "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0},
+}
 
 
 _example = itertools.count()
@@ -119,7 +132,7 @@ def sessions(draw: st.DrawFn) -> list[dict[str, Any]]:
             if run is not None:
                 request_of.setdefault(run, seq)
         elif kind == "assistant":
-            content = draw(_blocks())
+            content = draw(_blocks(assistant=True))
             content.append(
                 {
                     "type": "toolCall",
@@ -128,7 +141,12 @@ def sessions(draw: st.DrawFn) -> list[dict[str, Any]]:
                     "arguments": {"command": "ls"},
                 }
             )
-            base["message"] = {"role": "assistant", "content": content, "stopReason": "toolUse"}
+            base["message"] = {
+                "role": "assistant",
+                "content": content,
+                "stopReason": "toolUse",
+                "usage": USAGE,
+            }
         elif kind == "tool":
             base["message"] = {
                 "role": "toolResult",

@@ -524,7 +524,7 @@ def test_a_bad_file_or_a_taken_session_writes_nothing(tmp_path: Path) -> None:
     done = runner.invoke(
         app, ["import", "pi", str(not_pi), "-s", "z", "-a", AGENT, "--ledger", "memory:"]
     )
-    assert done.exit_code == 1
+    assert done.exit_code == 2  # a bad input file is a usage error, nothing written (issue 12)
     assert "not a pi session file" in done.output
 
 

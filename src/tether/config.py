@@ -31,6 +31,7 @@ __all__ = [
     "LedgerConfig",
     "ProviderConfig",
     "load_config",
+    "parse_config",
 ]
 
 DEFAULT_BUDGET = 240_000
@@ -79,6 +80,13 @@ class FollowupConfig(_Section, frozen=True):
     """Attachment limit for one media payload inside a tool result (base64 bytes)."""
     media_max_total_bytes: NonNegative = 20_000_000
     """Attachment limit for all media of one view together."""
+    request_max_bytes: Positive | None = None
+    """The largest request a run admits, in UTF-8 bytes (default: a quarter of the budget, so
+    the request can always be quoted whole as the next run's previous request)."""
+
+    @property
+    def request_limit(self) -> int:
+        return self.request_max_bytes or max(1, self.budget_bytes // 4)
 
 
 class ProviderConfig(_Section, frozen=True):
@@ -122,6 +130,9 @@ class HarnessConfig(_Section, frozen=True):
     followup.budget_bytes / 16), so a continuation checkpoint always has something to compact)."""
     reserve_tokens: NonNegative | None = None
     """pi's ``compaction.reserveTokens`` (default: min(16384, max(max_tokens, window / 4)))."""
+    storage_retry_s: NonNegativeSeconds = 30.0
+    """How long a run keeps retrying ledger writes that failed (a full disk, a lost connection)
+    before it ends with the error, naming where its answer is kept."""
     pi_settings: dict[str, Any] = {}
     """Merged (deeply) into every run's pi ``settings.json``,
     e.g. ``{retry = {baseDelayMs = 500}}``."""
@@ -189,6 +200,8 @@ class Config(_Section, frozen=True):
 def _validate(source: Path, prefix: str, kind: type[_S], data: Any) -> _S:
     try:
         return kind.model_validate(data)
+    except RecursionError:
+        raise ConfigError(f"{source}: {prefix or 'a value'}: nests too deeply") from None
     except msgspec.ValidationError as exc:
         problem, _, where = str(exc).partition(" - at `$")
         parts = [prefix, where.rstrip("`").lstrip(".")]
@@ -204,16 +217,34 @@ def load_config(path: str | Path | None = None) -> Config:
     exists, else the defaults."""
     explicit = path is not None or "TETHER_CONFIG" in os.environ
     chosen = Path(path or os.environ.get("TETHER_CONFIG") or "tether.toml")
-    if not chosen.exists():
+    try:
+        exists = chosen.exists()
+    except (OSError, ValueError) as exc:  # a NUL byte, a name too long
+        raise ConfigError(f"cannot use config path {str(chosen)!r}: {exc}") from exc
+    if not exists:
         if explicit:
             raise ConfigError(f"config file {chosen} does not exist")
         return Config()
     try:
-        data = tomllib.loads(chosen.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config {chosen}: {exc}") from exc
+        raw = chosen.read_bytes()
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {chosen}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{chosen}: not UTF-8 text (invalid byte at offset {exc.start})") from exc
+    return parse_config(text, chosen)
+
+
+def parse_config(text: str, chosen: Path) -> Config:
+    """The configuration in ``text`` (read from ``chosen``), or :class:`ConfigError`."""
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{chosen}: invalid TOML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"{chosen}: invalid TOML: arrays or tables nest too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise ConfigError(f"{chosen}: invalid TOML value: {exc}") from exc
     # Named sections one by one first, so an error names the agent or provider, not "[...]".
     for section, kind in (("providers", ProviderConfig), ("agents", AgentConfig)):
         entries = data.get(section)

@@ -2,6 +2,7 @@
 
     TetherError
     ├── ConfigError            bad or missing configuration (CLI exit 2)
+    ├── UsageError             a bad argument or request: an id, invalid UTF-8 (CLI exit 2)
     ├── LedgerError            the run ledger refused or failed an operation
     │   ├── NotFound           no such session, run or row
     │   ├── AlreadyExists      a session or run id that is taken
@@ -9,7 +10,14 @@
     │   ├── RunNotActive       the run is not running (finished, failed, queued …)
     │   ├── SessionRefusing    the session refuses new prompts until an operator clears it
     │   ├── SessionBusy        the session has a live run and the caller would not wait
-    │   └── InterchangeError   a JSONL ledger file is malformed (names file, line, problem)
+    │   ├── InterchangeError   a JSONL ledger file is malformed (names file, line, problem;
+    │   │                      CLI exit 2)
+    │   ├── BadLedgerUrl       the ledger URL names no ledger tether can open (CLI exit 2)
+    │   ├── InvalidId          an id (session, run, actor, agent) that is empty, not printable
+    │   │                      or holds a newline (also a UsageError: CLI exit 2)
+    │   └── StorageError       the database under the ledger failed (locked, full, read-only,
+    │                          permission, connection lost, corrupt); names the ledger and what
+    │                          to do
     ├── HarnessError           driving pi failed (startup, transport, protocol)
     ├── ModelError             the embedded model server is missing, failed to start or to stop
     └── Refused                a follow-up view was refused (tether.followup.Refused; carries
@@ -23,17 +31,21 @@ from __future__ import annotations
 
 __all__ = [
     "AlreadyExists",
+    "BadLedgerUrl",
     "ConfigError",
     "FencedOut",
     "HarnessError",
     "InterchangeError",
+    "InvalidId",
     "LedgerError",
     "ModelError",
     "NotFound",
     "RunNotActive",
     "SessionBusy",
     "SessionRefusing",
+    "StorageError",
     "TetherError",
+    "UsageError",
 ]
 
 
@@ -43,6 +55,10 @@ class TetherError(Exception):
 
 class ConfigError(TetherError):
     """The configuration is missing, unreadable or invalid."""
+
+
+class UsageError(TetherError):
+    """A bad argument or request: the command was asked for something it cannot take."""
 
 
 class LedgerError(TetherError):
@@ -94,6 +110,19 @@ class InterchangeError(LedgerError):
         self.source = source
         self.line = line
         self.problem = problem
+
+
+class BadLedgerUrl(LedgerError):
+    """The ledger URL names no ledger tether can open (a configuration error)."""
+
+
+class InvalidId(LedgerError, UsageError):
+    """An id (session, run, actor, agent) that is empty, not printable or holds a newline."""
+
+
+class StorageError(LedgerError):
+    """The database under the ledger failed: locked, full, read-only, a permission, a lost
+    connection, a corrupt record. The message names the ledger and what to do."""
 
 
 class HarnessError(TetherError):

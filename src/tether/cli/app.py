@@ -62,7 +62,10 @@ def load_command(name: str) -> Any:
         group = typer.main.get_group(obj)
         group.name = name
         return group
-    single = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
+    # help text is plain: "[followup]" in an option's help is not rich markup
+    single = typer.Typer(
+        pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None
+    )
     single.command(name)(obj)
     return typer.main.get_command(single)
 
@@ -120,6 +123,7 @@ class _LazyGroup(TyperGroup):
 
 
 app = typer.Typer(
+    rich_markup_mode=None,  # help text is plain: "[followup]" is not markup
     name="tether",
     cls=_LazyGroup,
     help="Run pi coding agents on long-lived sessions, inside a fixed context budget.",

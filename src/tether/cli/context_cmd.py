@@ -8,9 +8,13 @@ from typing import Annotated
 
 import typer
 
-from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.common import ConfigOpt, LedgerOpt
 from tether.cli.exits import Exit, command, err_console
-from tether.followup import Refusal, build_view
+from tether.config import load_config
+from tether.followup import FollowupView, Refusal, Refused, build_view
+from tether.followup.admission import admit_request
+from tether.ledger import open_ledger
+from tether.ledger.ids import check_id
 
 __all__ = ["context"]
 
@@ -38,7 +42,18 @@ def context(
 
     Example: tether context --session review-42 --agent reviewer --actor user:ana --json
     """
-    cfg, store = open_configured_ledger(config, ledger)
+    check_id("session", session)
+    check_id("agent", agent)
+    if actor is not None:
+        check_id("actor", actor)
+    cfg = load_config(config)
+    if request is not None:
+        try:
+            request = admit_request(request, cfg.followup)
+        except Refused as exc:
+            view: FollowupView | Refusal = Refusal(exc.reason, exc.detail)
+            _show(view, as_json)
+    store = open_ledger(ledger or cfg.ledger.url)
     with store:
         view = build_view(
             store,
@@ -50,6 +65,10 @@ def context(
             config=cfg.followup,
             grants=cfg.access.grants,
         )
+    _show(view, as_json)
+
+
+def _show(view: FollowupView | Refusal, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(view.to_json(), ensure_ascii=False) + "\n")
     else:

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
-from tether.errors import ConfigError, InterchangeError, SessionRefusing, TetherError
+from tether.errors import (
+    BadLedgerUrl,
+    ConfigError,
+    InterchangeError,
+    SessionRefusing,
+    StorageError,
+    TetherError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -60,17 +68,32 @@ def translate_errors() -> Iterator[None]:
     try:
         yield
     except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error:[/] {escape(str(exc))}")
+        err_console.print(f"[bold red]configuration error:[/] {escape(_one_line(str(exc)))}")
+        raise typer.Exit(Exit.USAGE) from None
+    except BadLedgerUrl as exc:
+        err_console.print(f"[bold red]configuration error:[/] {escape(_one_line(str(exc)))}")
         raise typer.Exit(Exit.USAGE) from None
     except InterchangeError as exc:
-        err_console.print(f"[bold red]bad ledger file:[/] {escape(str(exc))}; nothing was written")
-        raise typer.Exit(Exit.ERROR) from None
+        err_console.print(
+            f"[bold red]bad ledger file:[/] {escape(_one_line(str(exc)))}; nothing was written"
+        )
+        raise typer.Exit(Exit.USAGE) from None
+    except UsageError as exc:
+        err_console.print(f"[bold red]usage error:[/] {escape(_one_line(str(exc)))}")
+        raise typer.Exit(Exit.USAGE) from None
     except SessionRefusing as exc:
-        err_console.print(f"[bold red]refused:[/] {escape(str(exc))}")
+        err_console.print(f"[bold red]refused:[/] {escape(_one_line(str(exc)))}")
         raise typer.Exit(Exit.REFUSED) from None
-    except TetherError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
+    except StorageError as exc:
+        err_console.print(f"[bold red]ledger error:[/] {escape(_one_line(str(exc)))}")
         raise typer.Exit(Exit.ERROR) from None
+    except TetherError as exc:
+        err_console.print(f"[bold red]error:[/] {escape(_one_line(str(exc)))}")
+        raise typer.Exit(Exit.ERROR) from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) if "\n" in text else text
 
 
 def command(fn: Callable[..., None]) -> Callable[..., None]:

@@ -17,13 +17,20 @@ from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import command
 from tether.ledger import Row, RowKind, open_ledger
 from tether.ledger.copy import copy_sessions
+from tether.ledger.ids import check_id
 from tether.ledger.jsonl import dump_session, load_file, row_record
 
 ledger_app = typer.Typer(
-    help="Move sessions in and out of the ledger as JSON Lines.", no_args_is_help=True
+    rich_markup_mode=None,  # help text is plain: "[followup]" is not markup
+    help="Move sessions in and out of the ledger as JSON Lines.",
+    no_args_is_help=True,
 )
-session_app = typer.Typer(help="Operate on one session.", no_args_is_help=True)
-console = Console(highlight=False)
+session_app = typer.Typer(
+    rich_markup_mode=None,  # help text is plain: "[followup]" is not markup
+    help="Operate on one session.",
+    no_args_is_help=True,
+)
+console = Console(highlight=False, soft_wrap=True)
 
 
 @ledger_app.command("load")
@@ -57,6 +64,7 @@ def dump(
 
     Example: tether ledger dump --session s1 > s1.jsonl
     """
+    check_id("session", session)
     _, store = open_configured_ledger(config, ledger)
     with store:
         dump_session(store, session, sys.stdout)
@@ -117,7 +125,7 @@ def _summary(row: Row, width: int = 90) -> str:
 @command
 def log(
     session: Annotated[str, typer.Option("--session", "-s", help="Session id.")],
-    limit: Annotated[int, typer.Option(help="Show at most the last N rows.")] = 200,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most the last N rows.")] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON record per line.")] = False,
     config: ConfigOpt = None,
     ledger: LedgerOpt = None,
@@ -126,6 +134,7 @@ def log(
 
     Example: tether log --session s1
     """
+    check_id("session", session)
     _, store = open_configured_ledger(config, ledger)
     with store:
         store.get_session(session)
@@ -206,6 +215,7 @@ def clear(
 
     Example: tether session clear s1
     """
+    check_id("session", session)
     _, store = open_configured_ledger(config, ledger)
     with store:
         store.set_refusing(session, None)

@@ -28,10 +28,11 @@ from tether.model.process import (
 )
 
 model_app = typer.Typer(
+    rich_markup_mode=None,  # help text is plain: "[followup]" is not markup
     help="The embedded local model (SmolLM2-135M on llama.cpp), served on 127.0.0.1.",
     no_args_is_help=True,
 )
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 StateDirOpt = Annotated[
     Path,

@@ -7,15 +7,16 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import anyio
 import typer
 
-from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.common import ConfigOpt, LedgerOpt
 from tether.cli.exits import Exit, command, err_console, out_console
 from tether.cli.exits import escape as esc
-from tether.errors import HarnessError, SessionBusy, SessionRefusing
+from tether.config import load_config
+from tether.errors import HarnessError, SessionBusy, SessionRefusing, StorageError
 from tether.events import (
     Compacted,
     Compacting,
@@ -31,11 +32,13 @@ from tether.events import (
     Waiting,
 )
 from tether.followup import Refused
+from tether.followup.admission import admit_request
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
 from tether.harness.turn import CheckpointStatus
-from tether.ledger import Ledger, RunStatus
+from tether.ledger import Ledger, RunStatus, open_ledger
+from tether.ledger.ids import check_id
 from tether.pi.errors import PiNotInstalled
 from tether.pi.install import PiInstall, find_pi
 
@@ -193,6 +196,13 @@ async def _run(
     return result[0]
 
 
+def _refused(reason: str, detail: str, as_json: bool) -> NoReturn:
+    if as_json:
+        out_console.out(json.dumps({"status": "refused", "reason": reason, "detail": detail}))
+    err_console.print(f"[bold red]refused ({reason}):[/] {esc(detail)}")
+    raise typer.Exit(Exit.REFUSED)
+
+
 @command
 def run(
     request: Annotated[str, typer.Argument(help="The request for the agent ('-' reads stdin).")],
@@ -223,16 +233,23 @@ def run(
 
     Example: tether run --session s1 --agent reviewer "Review the last commit"
     """
-    text = sys.stdin.read() if request == "-" else request
-    if not text.strip():
-        err_console.print("[bold red]usage error:[/] the request is empty")
-        raise typer.Exit(Exit.USAGE)
+    # Admission comes first: a bad id or request writes nothing, not even a new ledger file.
+    check_id("session", session)
+    check_id("agent", agent)
+    check_id("actor", actor)
+    cfg = load_config(config)
+    try:
+        # stdin is read up to one byte past the limit: a huge pipe is refused, not held
+        raw = sys.stdin.buffer.read(cfg.followup.request_limit + 1) if request == "-" else request
+        text = admit_request(raw, cfg.followup)
+    except Refused as exc:
+        _refused(exc.reason.value, exc.detail, as_json)
     try:
         pi = find_pi()  # before the ledger is opened: nothing is created when pi is missing
     except PiNotInstalled as exc:
         err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
         raise typer.Exit(Exit.USAGE) from None
-    cfg, store = open_configured_ledger(config, ledger)
+    store = open_ledger(ledger or cfg.ledger.url)
     req = RunRequest(
         session=session,
         agent=agent,
@@ -246,29 +263,17 @@ def run(
         with store:
             outcome = anyio.run(_run, store, cfg, req, show, pi, not no_wait)
     except Refused as exc:
-        if as_json:
-            out_console.out(
-                json.dumps({"status": "refused", "reason": exc.reason.value, "detail": exc.detail})
-            )
-        err_console.print(f"[bold red]refused ({exc.reason.value}):[/] {esc(exc.detail)}")
-        raise typer.Exit(Exit.REFUSED) from None
+        _refused(exc.reason.value, exc.detail, as_json)
     except SessionRefusing as exc:
-        if as_json:
-            out_console.out(
-                json.dumps({"status": "refused", "reason": "session_refusing", "detail": str(exc)})
-            )
-        err_console.print(f"[bold red]refused (session_refusing):[/] {esc(str(exc))}")
-        raise typer.Exit(Exit.REFUSED) from None
+        _refused("session_refusing", str(exc), as_json)
     except SessionBusy as exc:
-        if as_json:
-            out_console.out(
-                json.dumps({"status": "refused", "reason": exc.reason, "detail": str(exc)})
-            )
-        err_console.print(f"[bold red]refused ({exc.reason}):[/] {esc(str(exc))}")
-        raise typer.Exit(Exit.REFUSED) from None
+        _refused(exc.reason, str(exc), as_json)
     except PiNotInstalled as exc:
         err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
         raise typer.Exit(Exit.USAGE) from None
+    except StorageError as exc:  # before pi started: the run (if any) is ended, or kept
+        err_console.print(f"[bold red]ledger error:[/] {esc(' '.join(str(exc).split()))}")
+        raise typer.Exit(Exit.RUN_FAILED) from None
     except HarnessError as exc:
         err_console.print(f"[bold red]not run:[/] {esc(str(exc))}")
         raise typer.Exit(Exit.RUN_FAILED) from None

@@ -41,6 +41,9 @@ class RefusalReason(enum.StrEnum):
     """The requesting actor is not admitted to the previous request."""
     SESSION_REFUSING = "session_refusing"
     """The session refuses new prompts until an operator clears it."""
+    REQUEST_TOO_LARGE = "request_too_large"
+    """The new request is over ``[followup] request_max_bytes`` (DESIGN §3.5): admitted, it
+    could not be quoted whole as the next run's previous request."""
 
 
 class GapWhy(enum.StrEnum):

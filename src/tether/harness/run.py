@@ -51,6 +51,7 @@ from tether.errors import (
     RunNotActive,
     SessionBusy,
     SessionRefusing,
+    StorageError,
 )
 from tether.events import (
     EventBus,
@@ -63,10 +64,12 @@ from tether.events import (
 )
 from tether.files import private_file
 from tether.followup import FollowupView, Refusal, build_view
+from tether.followup.admission import admit_request
 from tether.harness import placement as custody_place
 from tether.harness.pump import RunState, follow
 from tether.harness.rundir import check_workdir, make_run_dir, runs_dir
 from tether.harness.stops import StopControl, Stopped, StopReason, race_clock
+from tether.harness.stranded import keep_stranded_end, record_stranded_ends
 from tether.harness.turn import (
     NOT_NEEDED,
     CheckpointResult,
@@ -110,6 +113,9 @@ __all__ = [
 
 T = TypeVar("T")
 
+# Between two tries of a ledger write that failed (a full disk, a lost connection).
+_STORAGE_PAUSE_S = 0.5
+
 
 async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a blocking ledger call in a worker thread (the ledger API is synchronous)."""
@@ -146,6 +152,7 @@ async def execute_run(
     the session's live run (DESIGN §3.7: one live run per session, FIFO; expired leases on the
     session are reconciled first), and run when its turn comes (:func:`run_claimed`)."""
     config.agent(request.agent)
+    admit_request(request.text, config.followup)  # before any write (DESIGN §3.5)
     provider_keys(config, request.agent)  # a missing key refuses before any write
     check_workdir(
         request.workdir or config.workdir(request.agent),
@@ -158,6 +165,7 @@ async def execute_run(
     bus = EventBus(list(subscribers))
 
     session = await in_thread(ledger.ensure_session, request.session)
+    await in_thread(record_stranded_ends, ledger, runs_dir(config))
     await _reconcile(ledger, config, request.session)
     if session.refusing:
         raise _refusing(session.id, session.refusing)
@@ -468,6 +476,9 @@ class _Driver:
         """The harness's own failure (a helper task, the final mirror pass): it wins."""
         self.resuming = False
         """Taking over a run whose harness was lost (pi was prompted by the lost harness)."""
+        self.storage_retry_s = config.harness.storage_retry_s
+        self.storage_retries = 0
+        """Ledger writes that failed and were tried again (a full disk, a lost connection)."""
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -639,9 +650,12 @@ class _Driver:
         finally:
             with anyio.CancelScope(shield=True):
                 try:
-                    await mirror.sync(final=True)
+                    await self._storage_retried(functools.partial(mirror.sync, final=True))
                 except (FencedOut, RunNotActive) as exc:
                     self.failure = self.failure or Stopped.fenced(exc)
+                except StorageError as exc:
+                    session_file = self.run_dir / "session.jsonl"
+                    self.failure = self.failure or self._storage_failure(exc, session_file)
         return await self._conclude(
             mirror,
             log_path,
@@ -692,7 +706,7 @@ class _Driver:
                     self._guard,
                     follow(records, self.state, bus=self.bus, stop=self.stop, mirror=mirror),
                 )
-                tg.start_soon(self._guard, mirror.run())
+                tg.start_soon(self._guard, self._keep_mirroring(mirror))
                 tg.start_soon(self._guard, self._heartbeat(transport))
                 tg.start_soon(self._watch_deadline)
                 tg.start_soon(self._announce_stop)
@@ -720,6 +734,36 @@ class _Driver:
                         checkpoint, late = await self._checkpoint(client, transport, mirror)
                 tg.cancel_scope.cancel()
         return task, checkpoint, late
+
+    async def _keep_mirroring(self, mirror: Mirror) -> None:
+        """Mirror as pi writes. A ledger that cannot be written does not stop pi: the entries
+        stay in pi's session file, and the next pass (or the final one) writes them."""
+        while True:
+            try:
+                await mirror.run()
+            except StorageError:
+                self.storage_retries += 1
+                await anyio.sleep(_STORAGE_PAUSE_S)
+
+    async def _storage_retried(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call`` again while the ledger cannot be written, up to ``storage_retry_s``."""
+        deadline = time.monotonic() + self.storage_retry_s
+        while True:
+            try:
+                return await call()
+            except StorageError:
+                if time.monotonic() + _STORAGE_PAUSE_S > deadline:
+                    raise
+                self.storage_retries += 1
+                await anyio.sleep(_STORAGE_PAUSE_S)
+
+    def _storage_failure(self, exc: StorageError, session_file: Path) -> Stopped:
+        return Stopped(
+            StopReason.STORAGE_ERROR,
+            True,
+            detail=f"the ledger could not be written ({exc}); the run's messages, its answer "
+            f"included, are kept in pi's session file {session_file}",
+        )
 
     async def _guard(self, coro: Awaitable[None]) -> None:
         """Run a helper task; a failure in it stops pi and is reported, never lost."""
@@ -805,7 +849,12 @@ class _Driver:
         ``abort`` (pi aborts the summary and answers ``compact``); a hard stop cancels the step
         and kills pi. Returns the result and the stop that landed meanwhile, if any."""
         assert self.checkpoint_step is not None
-        await mirror.sync()
+        try:
+            await self._storage_retried(mirror.sync)
+        except StorageError:
+            # The turn's rows are not all in the ledger: no checkpoint can cover them. The
+            # final pass tries the rows again; the checkpoint is cancelled.
+            return CheckpointResult.refused(ReceiptReason.CANCELLED), None
         turn = SettledTurn(
             client=client,
             ledger=self.ledger,
@@ -836,6 +885,10 @@ class _Driver:
                 except (FencedOut, RunNotActive) as exc:
                     self.failure = self.failure or Stopped.fenced(exc)
                     result = CheckpointResult.refused(ReceiptReason.CANCELLED)
+                except StorageError:
+                    # the task turn is done: a ledger that fails now costs the checkpoint only
+                    self.storage_retries += 1
+                    result = CheckpointResult.refused(ReceiptReason.CANCELLED)
                 tg.cancel_scope.cancel()
         if result is None:  # cut off by a hard stop
             await transport.kill()
@@ -857,6 +910,13 @@ class _Driver:
         self.bus.emit(StopRequested(reason=str(self.stop.reason), hard=self.stop.hard))
 
     # -- the end ---------------------------------------------------------------------------------
+
+    async def _record_end(
+        self, status: RunStatus, extra: dict[str, Any], refusing: str | None
+    ) -> None:
+        await in_thread(self.ledger.end_run, self.fence, status, extra=extra)
+        if refusing:
+            await in_thread(self.ledger.set_refusing, self.fence.session, refusing)
 
     def _with_stderr(self, message: str | None, reason: StopReason, diagnostics: str) -> str | None:
         tail = [line for line in diagnostics.splitlines() if line.strip()][-3:]
@@ -909,17 +969,31 @@ class _Driver:
             extra["extension_errors"] = state.extension_errors[:10]
         if mirror.problems:
             extra["mirror_problems"] = mirror.problems[:10]
+        if self.storage_retries:
+            extra["storage_retries"] = self.storage_retries
         if found.stop_reason is not StopReason.FENCED_OUT:
+            refusing = checkpoint.refuse_session
+            if escalated:
+                refusing = (
+                    f"pi's idle was not confirmed when run {self.fence.run} stopped "
+                    f"({found.stop_reason.value})"
+                )
             with anyio.CancelScope(shield=True):
-                await in_thread(self.ledger.end_run, self.fence, found.status, extra=extra)
-                refusing = checkpoint.refuse_session
-                if escalated:
-                    refusing = (
-                        f"pi's idle was not confirmed when run {self.fence.run} stopped "
-                        f"({found.stop_reason.value})"
+                try:
+                    await self._storage_retried(
+                        functools.partial(self._record_end, found.status, extra, refusing)
                     )
-                if refusing:
-                    await in_thread(self.ledger.set_refusing, self.fence.session, refusing)
+                except StorageError as exc:
+                    # No run is left running: the end waits in the runs directory, and the
+                    # next run on this ledger records it.
+                    where = keep_stranded_end(
+                        runs_dir(self.config), self.fence, found.status, extra, refusing
+                    )
+                    error = (
+                        f"{error or f'the ledger could not be written ({exc})'}; the run's end "
+                        f"could not be recorded either: it is kept in {where}, and the next run "
+                        "records it"
+                    )
         if not keep:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         return RunOutcome(

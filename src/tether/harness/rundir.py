@@ -13,6 +13,7 @@ from pathlib import Path
 from tether.config import Config
 from tether.errors import ConfigError
 from tether.files import private_dir
+from tether.harness.stranded import UNRECORDED_DIR
 from tether.ledger import Ledger, RunStatus
 
 __all__ = ["Pruned", "check_workdir", "make_run_dir", "prune_runs", "runs_dir"]
@@ -73,8 +74,8 @@ def prune_runs(config: Config, ledger: Ledger, *, older_than_s: float) -> Pruned
     if not root.is_dir():
         return Pruned(removed, live)
     for path in sorted(root.iterdir()):
-        if not path.is_dir() or path.stat().st_mtime > cutoff:
-            continue
+        if not path.is_dir() or path.stat().st_mtime > cutoff or path.name == UNRECORDED_DIR:
+            continue  # (run ends the ledger could not take wait there to be recorded)
         run = ledger.run(path.name)
         if run is not None and run.status in (RunStatus.RUNNING, RunStatus.QUEUED):
             live.append(path)

@@ -49,6 +49,9 @@ class StopReason(enum.StrEnum):
     """pi's output broke the protocol."""
     FENCED_OUT = "fenced_out"
     """Another owner claimed the run; this harness stopped writing."""
+    STORAGE_ERROR = "storage_error"
+    """The ledger could not be written for longer than ``harness.storage_retry_s`` (a full disk,
+    a revoked permission, a server that stayed away); the answer is kept in pi's session file."""
 
     @property
     def is_soft(self) -> bool:
@@ -74,7 +77,11 @@ class Stopped:
     @property
     def is_failure(self) -> bool:
         """The harness stopped the run because it could not go on (not someone's stop)."""
-        return self.reason in (StopReason.PROTOCOL_ERROR, StopReason.FENCED_OUT)
+        return self.reason in (
+            StopReason.PROTOCOL_ERROR,
+            StopReason.FENCED_OUT,
+            StopReason.STORAGE_ERROR,
+        )
 
 
 class StopControl:

@@ -5,7 +5,7 @@ ledger = open_ledger("sqlite:///var/lib/tether/ledger.db")   # or "postgresql://
 
 from __future__ import annotations
 
-from tether.errors import LedgerError
+from tether.errors import BadLedgerUrl, LedgerError
 from tether.ledger.models import (
     ENDED_STATUSES,
     Fence,
@@ -62,6 +62,6 @@ def open_ledger(url: str) -> Ledger:
 
         ledger: Ledger = PostgresLedger(url)
         return ledger
-    raise LedgerError(
+    raise BadLedgerUrl(
         f"unknown ledger URL {url!r}: use memory:, sqlite:///PATH or postgresql://USER@HOST/DB"
     )

@@ -36,15 +36,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from tether.errors import LedgerError
+from tether.errors import BadLedgerUrl, LedgerError, StorageError
 from tether.ledger.sql import Cursor, SqlLedger
 
 __all__ = ["FTS_DOCUMENT", "FTS_MAX_CHARS", "MIGRATIONS", "SCHEMA_VERSION", "PostgresLedger"]
@@ -139,8 +141,23 @@ _VERSION_TABLE = "tether_schema"
 _MIGRATE_LOCK = (
     "SELECT pg_advisory_xact_lock(hashtext('tether.ledger.migrate:' || current_schema()))"
 )
+# The pool logs each dead connection it discards as a warning; tether reports what matters
+# itself (a ConnectionLost that outlasts the retries), so a CLI's stderr stays one line.
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
+
 _POOL_MAX = 10
 _CONNECT_TIMEOUT_S = 10
+RETRY_WINDOW_S = 30.0
+"""How long an operation keeps retrying after its connection was lost (a restarted server, a
+terminated backend, a failover) before the loss is reported."""
+
+# SQLSTATEs of a connection that the server ended or refused: the operation may be retried on a
+# new connection. (Class 08 is "connection exception".)
+_CONNECTION_LOST = {"57P01", "57P02", "57P03"}
+
+
+class ConnectionLost(StorageError):
+    """The connection to the PostgreSQL ledger was lost; the operation may be retried."""
 
 
 @functools.lru_cache(maxsize=512)
@@ -191,13 +208,16 @@ class PostgresLedger(SqlLedger):
     """The ledger on PostgreSQL, through a pool of autocommit connections; write transactions
     are opened explicitly (READ COMMITTED; see the module docstring for why that suffices)."""
 
-    def __init__(self, url: str, *, pool_max: int = _POOL_MAX) -> None:
+    def __init__(
+        self, url: str, *, pool_max: int = _POOL_MAX, retry_window_s: float = RETRY_WINDOW_S
+    ) -> None:
         self.url = url
         self._where = _redacted(url)
+        self.retry_window_s = retry_window_s
         try:
             params = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
-            raise LedgerError(f"not a PostgreSQL ledger URL: {exc}") from exc
+            raise BadLedgerUrl(f"not a PostgreSQL ledger URL: {exc}") from exc
         kwargs: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in params:
             kwargs["connect_timeout"] = _CONNECT_TIMEOUT_S
@@ -205,10 +225,18 @@ class PostgresLedger(SqlLedger):
             with psycopg.connect(url, **kwargs) as conn:
                 self._migrate(conn)
         except psycopg.OperationalError as exc:
-            raise LedgerError(
-                f"cannot reach the PostgreSQL ledger at {self._where}: {exc}; check that the "
-                "server runs and the URL's user may connect"
+            raise StorageError(
+                f"cannot reach the PostgreSQL ledger at {self._where}: {_one_line(exc)}; check "
+                "that the server runs and the URL's user may connect"
             ) from exc
+        except psycopg.errors.DuplicateTable as exc:
+            raise LedgerError(
+                f"the schema of {self._where} holds tables of another program "
+                f"({_one_line(exc)}) and no tether schema version; name a schema of its own in "
+                "the URL (options=-csearch_path%3D…)"
+            ) from exc
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
         self._pool = ConnectionPool(
             url,
             kwargs=kwargs,
@@ -227,7 +255,14 @@ class PostgresLedger(SqlLedger):
                     "schema first (CREATE SCHEMA …) or fix the URL's options=-csearch_path%3D…"
                 )
             conn.execute(_MIGRATE_LOCK)
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {_VERSION_TABLE} (version INTEGER NOT NULL)")
+            # Look before creating: CREATE … IF NOT EXISTS needs the CREATE privilege even when
+            # the table exists, and a user granted only the tables must still open the ledger.
+            exists = conn.execute(
+                "SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = %s",
+                (_VERSION_TABLE,),
+            ).fetchone()
+            if exists is None:
+                conn.execute(f"CREATE TABLE {_VERSION_TABLE} (version INTEGER NOT NULL)")
             row = conn.execute(f"SELECT version FROM {_VERSION_TABLE}").fetchone()
             version = 0 if row is None else int(row[0])
             if version > SCHEMA_VERSION:
@@ -244,20 +279,50 @@ class PostgresLedger(SqlLedger):
             elif version != SCHEMA_VERSION:
                 conn.execute(f"UPDATE {_VERSION_TABLE} SET version = %s", (SCHEMA_VERSION,))
 
+    def _error(self, exc: psycopg.Error, conn: psycopg.Connection[Any] | None = None) -> Exception:
+        """psycopg's error as tether's: what happened to which ledger, and what to do."""
+        state = exc.sqlstate or ""
+        where = f"the PostgreSQL ledger at {self._where}"
+        if (
+            (conn is not None and conn.broken)
+            or state.startswith("08")
+            or state in _CONNECTION_LOST
+        ):
+            return ConnectionLost(
+                f"the connection to {where} was lost ({_one_line(exc)}); check that the server "
+                "runs, then retry"
+            )
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return StorageError(
+                f"{where} refused: {_one_line(exc)}; grant the URL's user SELECT, INSERT and "
+                "UPDATE on tether's tables (or use the user that owns them)"
+            )
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            return StorageError(
+                f"{where} is read-only ({_one_line(exc)}); reads work, writes need the primary"
+            )
+        if state.startswith("53"):  # insufficient resources: disk full, out of memory
+            return StorageError(f"{where} is out of resources ({_one_line(exc)}); free space")
+        if isinstance(exc, psycopg.DataError):
+            # e.g. a NUL character, which PostgreSQL text cannot hold (SQLite can).
+            return StorageError(f"{where} refused a value: {_one_line(exc)}")
+        return StorageError(f"{where} failed: {_one_line(exc)}")
+
     @contextlib.contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        conn: psycopg.Connection[Any] | None = None
         try:
             with self._pool.connection() as conn:
                 yield conn
         except PoolTimeout as exc:
-            raise LedgerError(
-                f"no connection to the PostgreSQL ledger at {self._where}: {exc}"
+            raise ConnectionLost(
+                f"no connection to the PostgreSQL ledger at {self._where}: {_one_line(exc)}; "
+                "check that the server runs and accepts connections"
             ) from exc
-        except psycopg.OperationalError as exc:
-            raise LedgerError(f"the PostgreSQL ledger at {self._where} failed: {exc}") from exc
-        except psycopg.DataError as exc:
-            # e.g. a NUL character, which PostgreSQL text cannot hold (SQLite can).
-            raise LedgerError(f"the PostgreSQL ledger refused a value: {exc}") from exc
+        except psycopg.Error as exc:
+            if self._is_unique_violation(exc):
+                raise  # the operations turn it into AlreadyExists, or dedupe on it
+            raise self._error(exc, conn) from exc
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Cursor]:
@@ -284,3 +349,59 @@ class PostgresLedger(SqlLedger):
 
     def close(self) -> None:
         self._pool.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _retried(method: _F) -> _F:
+    """Run ``method`` again on a new connection when its connection was lost, until the
+    ledger's retry window ends. Safe for writes: a transaction either committed or rolled back,
+    and appends are idempotent by pi entry id (and a run's request row by the run), so a retry
+    after a lost acknowledgement never duplicates a row."""
+
+    @functools.wraps(method)
+    def wrapper(self: PostgresLedger, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + self.retry_window_s
+        delay = 0.05
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except ConnectionLost:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    return wrapper  # type: ignore[return-value]
+
+
+for _name in (
+    "create_session",
+    "session",
+    "sessions",
+    "last_seq",
+    "set_refusing",
+    "create_run",
+    "run",
+    "runs",
+    "claim_run",
+    "append",
+    "end_run",
+    "update_run_extra",
+    "add_note",
+    "notes",
+    "all_notes",
+    "row",
+    "latest_compaction",
+    "last_ended_run",
+    "ended_runs",
+    "run_first_seq",
+    "rows_range",
+    "tail",
+):
+    setattr(PostgresLedger, _name, _retried(getattr(SqlLedger, _name)))

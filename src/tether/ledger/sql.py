@@ -23,7 +23,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from tether.errors import AlreadyExists, FencedOut, NotFound, RunNotActive, SessionRefusing
+from tether.errors import (
+    AlreadyExists,
+    FencedOut,
+    NotFound,
+    RunNotActive,
+    SessionRefusing,
+    StorageError,
+)
+from tether.ledger.ids import check_id
 from tether.ledger.models import (
     ENDED_STATUSES,
     Fence,
@@ -41,7 +49,7 @@ from tether.ledger.models import (
 from tether.ledger.text import row_text
 from tether.sizes import canonical_json, measure
 
-__all__ = ["Cursor", "SqlLedger"]
+__all__ = ["Cursor", "DuplicateEntry", "Importer", "SqlLedger"]
 
 # Notes travel whole into every follow-up, so their reads are bounded by count and bytes.
 DEFAULT_NOTES_COUNT = 32
@@ -49,8 +57,9 @@ DEFAULT_NOTES_BYTES = 16_000
 # A tail read takes rows newest first in pages of this many.
 TAIL_PAGE = 256
 DEFAULT_TAIL_ROWS = 20_000
-# Imported rows are written in batches of this many.
+# Imported rows are written in batches of this many, or of this many bytes of bodies.
 _IMPORT_CHUNK = 1000
+_IMPORT_CHUNK_BYTES = 8 * 1024 * 1024
 
 _ROW_COLS = "session, seq, run, actor, kind, body, sources, bytes, media_bytes, entry_id, extra"
 _RUN_COLS = "id, session, agent, status, request_seq, started, ended, epoch, extra"
@@ -69,18 +78,41 @@ class Cursor(Protocol):
 
 
 def _loads(text: str | None) -> dict[str, Any]:
-    return json.loads(text) if text and text != "{}" else {}
+    if not text or text == "{}":
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise StorageError(
+            f"the ledger holds a corrupt record: an 'extra' field is not JSON ({exc}); "
+            "restore the ledger from a backup"
+        ) from exc
+    if not isinstance(value, dict):
+        raise StorageError("the ledger holds a corrupt record: an 'extra' field is not an object")
+    return value
 
 
 def _row(r: Sequence[Any]) -> Row:
+    try:
+        body = json.loads(r[5])
+        sources = tuple(json.loads(r[6])) if r[6] != "[]" else ()
+        kind = RowKind(r[4])
+        if not isinstance(body, dict):
+            raise ValueError("the body is not a JSON object")
+    except (ValueError, TypeError, RecursionError) as exc:
+        # Rows are written only as canonical JSON: this one was changed outside tether.
+        raise StorageError(
+            f"row {r[1]} of session {r[0]!r} is corrupt ({exc}); it was changed outside "
+            "tether: restore it from a backup or a `tether ledger dump`"
+        ) from exc
     return Row(
         session=r[0],
         seq=r[1],
         run=r[2],
         actor=r[3],
-        kind=RowKind(r[4]),
-        body=json.loads(r[5]),
-        sources=tuple(json.loads(r[6])) if r[6] != "[]" else (),
+        kind=kind,
+        body=body,
+        sources=sources,
         bytes=r[7],
         media_bytes=r[8],
         entry_id=r[9],
@@ -181,6 +213,7 @@ class SqlLedger(abc.ABC):
     def create_session(
         self, session_id: str, *, created: str | None = None, extra: dict[str, Any] | None = None
     ) -> Session:
+        check_id("session", session_id)
         s = Session(id=session_id, created=created or now_iso(), extra=extra or {})
         try:
             with self._tx() as c:
@@ -257,7 +290,8 @@ class SqlLedger(abc.ABC):
         """A queued run. Refused while the session is refusing prompts."""
         import uuid
 
-        rid = run_id or f"r-{uuid.uuid4().hex[:12]}"
+        check_id("agent", agent)
+        rid = check_id("run", run_id) if run_id is not None else f"r-{uuid.uuid4().hex[:12]}"
         try:
             with self._tx() as c:
                 c.execute("SELECT refusing FROM sessions WHERE id = ?", (session_id,))
@@ -588,8 +622,21 @@ class SqlLedger(abc.ABC):
             raise ValueError("a run has exactly one request row")
         if not rows:
             return []
+        for new in rows:
+            check_id("actor", new.actor)
         with self._tx() as c:
             self._check_fence(c, fence)
+            if request:
+                # A run has one request row: a second request append is a retry whose first
+                # attempt committed (its acknowledgement lost with the connection).
+                c.execute(
+                    f"SELECT {_ROW_COLS} FROM rows WHERE session = ? AND seq = "
+                    "(SELECT request_seq FROM runs WHERE id = ?)",
+                    (fence.session, fence.run),
+                )
+                found = c.fetchone()
+                if found is not None:
+                    return [_row(found)]
             existing: dict[str, Row] = {}
             ids = [r.entry_id for r in rows if r.entry_id is not None]
             if ids:
@@ -710,6 +757,7 @@ class SqlLedger(abc.ABC):
     # -- notes -------------------------------------------------------------------------------
 
     def add_note(self, session_id: str, agent: str, text: str, *, at: str | None = None) -> Note:
+        check_id("agent", agent)
         note = Note(session=session_id, agent=agent, text=text, at=at or now_iso())
         with self._tx() as c:
             c.execute(
@@ -879,6 +927,15 @@ class SqlLedger(abc.ABC):
 
     # -- interchange import --------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def importer(self) -> Iterator[Importer]:
+        """One write transaction that takes records as they come (``ledger load`` streams a file
+        through it): committed when the block ends, rolled back when it raises."""
+        with self._tx() as c:
+            imp = Importer(self, c)
+            yield imp
+            imp.finish()
+
     def import_records(
         self,
         sessions: Sequence[Session],
@@ -967,3 +1024,124 @@ class SqlLedger(abc.ABC):
                     canonical_json(n.extra),
                 ),
             )
+
+
+class DuplicateEntry(Exception):
+    """An imported row repeats a pi entry id of its session (``line`` is the row's)."""
+
+    def __init__(self, line: int, session: str, entry_id: str) -> None:
+        super().__init__(f"entry {entry_id!r} appears twice in session {session!r}")
+        self.line = line
+
+
+class Importer:
+    """Writes interchange records inside one transaction, rows in bounded batches, and answers
+    the questions a loader asks about what the ledger (and this transaction) already holds."""
+
+    def __init__(self, ledger: SqlLedger, cursor: Cursor) -> None:
+        self._ledger = ledger
+        self._c = cursor
+        self._rows: list[tuple[Any, ...]] = []
+        self._bytes = 0
+        self._last: dict[str, int] = {}
+        self._lines: list[int] = []
+
+    def last_seq(self, session_id: str) -> int | None:
+        """The session's last seq, None when the ledger has no such session."""
+        if session_id in self._last:
+            return self._last[session_id]
+        self._c.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,))
+        r = self._c.fetchone()
+        return None if r is None else int(r[0])
+
+    def run_session(self, run_id: str) -> str | None:
+        """The session of a run the ledger holds, None when it holds no such run."""
+        self._c.execute("SELECT session FROM runs WHERE id = ?", (run_id,))
+        r = self._c.fetchone()
+        return None if r is None else str(r[0])
+
+    def session(self, s: Session) -> None:
+        self._c.execute(
+            "INSERT INTO sessions (id, created, refusing, extra) VALUES (?, ?, ?, ?)",
+            (s.id, s.created, s.refusing, canonical_json(s.extra)),
+        )
+        self._last[s.id] = 0
+
+    def run(self, run: Run) -> None:
+        self._c.execute(
+            "INSERT INTO runs (id, session, agent, status, request_seq, started, "
+            "ended, epoch, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run.id,
+                run.session,
+                run.agent,
+                run.status.value,
+                run.request_seq,
+                run.started,
+                run.ended,
+                run.epoch,
+                canonical_json(run.extra),
+            ),
+        )
+
+    def row(self, row: Row, line: int = 0) -> None:
+        """Queue a row (written a batch at a time); ``line`` names it in a DuplicateEntry."""
+        new = NewRow(
+            actor=row.actor,
+            kind=row.kind,
+            body=row.body,
+            sources=row.sources,
+            entry_id=row.entry_id,
+            extra=row.extra,
+        )
+        encoded = encode_row(row.session, row.seq, row.run, new)
+        self._rows.append(encoded)
+        self._lines.append(line)
+        self._bytes += len(encoded[5]) + len(encoded[11])
+        self._last[row.session] = row.seq
+        if len(self._rows) >= _IMPORT_CHUNK or self._bytes >= _IMPORT_CHUNK_BYTES:
+            self._flush()
+
+    def note(self, n: Note) -> None:
+        self._c.execute(
+            "INSERT INTO notes (session, agent, text, at, bytes, extra) VALUES (?, ?, ?, ?, ?, ?)",
+            (n.session, n.agent, n.text, n.at, len(n.text.encode()), canonical_json(n.extra)),
+        )
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._check_entries()
+            self._c.executemany(_INSERT_ROW, self._rows)
+            self._rows = []
+            self._lines = []
+            self._bytes = 0
+
+    def _check_entries(self) -> None:
+        """pi entry ids are unique in a session (appends are idempotent on them): a batch may
+        repeat none, within itself or of the rows stored before it (one query per session)."""
+        first: dict[tuple[str, str], int] = {}
+        for encoded, line in zip(self._rows, self._lines, strict=True):
+            sid, eid = encoded[0], encoded[9]
+            if eid is None:
+                continue
+            if (sid, eid) in first:
+                raise DuplicateEntry(line, sid, eid)
+            first[(sid, eid)] = line
+        by_session: dict[str, list[str]] = {}
+        for sid, eid in first:
+            by_session.setdefault(sid, []).append(eid)
+        for sid, ids in by_session.items():
+            marks = ", ".join("?" for _ in ids)
+            self._c.execute(
+                f"SELECT entry_id FROM rows WHERE session = ? AND entry_id IN ({marks}) LIMIT 1",
+                (sid, *ids),
+            )
+            taken = self._c.fetchone()
+            if taken is not None:
+                raise DuplicateEntry(first[(sid, taken[0])], sid, taken[0])
+
+    def finish(self) -> None:
+        self._flush()
+        for sid, last in self._last.items():
+            if last:
+                self._c.execute("UPDATE sessions SET last_seq = ? WHERE id = ?", (last, sid))

@@ -6,10 +6,11 @@ import contextlib
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
-from tether.errors import LedgerError
+from tether.errors import BadLedgerUrl, LedgerError, StorageError
 from tether.files import private_dir, private_file
 from tether.ledger.sql import Cursor, SqlLedger
 
@@ -119,13 +120,68 @@ def _enter_wal(conn: sqlite3.Connection) -> None:
         time.sleep(0.01)
 
 
+# What SQLite's primary result codes mean to someone running tether, and what to do about them.
+_ADVICE = {
+    "SQLITE_BUSY": "it stayed locked by another process for over {busy:.0f} s; retry when that "
+    "process is done, or stop it",
+    "SQLITE_LOCKED": "it stayed locked by another process for over {busy:.0f} s; retry when that "
+    "process is done, or stop it",
+    "SQLITE_FULL": "the disk (or the ledger's size limit) is full; free space, then retry",
+    "SQLITE_READONLY": "it is read-only (the file, its directory or its filesystem); reads work, "
+    "writes need write access",
+    "SQLITE_CANTOPEN": "it cannot be opened; check that the path exists and is accessible",
+    "SQLITE_PERM": "permission was denied; check the access rights of the file and its directory",
+    "SQLITE_AUTH": "permission was denied; check the access rights of the file and its directory",
+    "SQLITE_NOTADB": "it is not a SQLite database; point the ledger URL at a tether ledger or a "
+    "new file",
+    "SQLITE_CORRUPT": "the database file is corrupt; restore it from a backup (or `tether ledger "
+    "copy` what still reads into a new ledger)",
+    "SQLITE_IOERR": "the disk reported an I/O error; check the disk and free space, then retry",
+}
+_ACCESS = ("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH")
+
+
+def _primary(exc: sqlite3.Error) -> str:
+    """The primary result code's name: SQLITE_READONLY_DBMOVED → SQLITE_READONLY."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if not name and "locked" in str(exc):
+        return "SQLITE_BUSY"
+    return "_".join(name.split("_")[:2])
+
+
+def _check_not_foreign(conn: sqlite3.Connection, path: str) -> None:
+    """A database without tether's schema version must be empty: a foreign database is
+    refused, never written into."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] != 0:
+        return
+    names = [
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' "
+            "AND name NOT LIKE 'sqlite_%' ORDER BY name LIMIT 6"
+        )
+    ]
+    if names:
+        shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
+        raise LedgerError(
+            f"{path} is a SQLite database but not a tether ledger (it holds tables {shown}); "
+            "give tether a new file, or the path of its own ledger"
+        )
+
+
 class SQLiteLedger(SqlLedger):
     """One connection, serialized by a lock; WAL lets other processes read while it writes, and
-    ``BEGIN IMMEDIATE`` makes every write transaction take the write lock up front."""
+    ``BEGIN IMMEDIATE`` makes every write transaction take the write lock up front.
+
+    sqlite3's errors are translated here, at the edge, into :class:`StorageError` naming the
+    file and what to do. A ledger that cannot be written (a read-only file, directory or
+    filesystem) is opened read-only: reads work, writes fail with that error."""
 
     # Without statistics SQLite may walk rows_sizes (session, seq, bytes) backwards and filter
     # on kind, reading every row of the session: pin the partial index of compactions.
     _compactions_hint = "INDEXED BY rows_compactions"
+
+    read_only = False
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -136,34 +192,102 @@ class SQLiteLedger(SqlLedger):
             # relative to the working directory.
             raw = url.removeprefix("sqlite:")
             raw = "/" + raw.lstrip("/") if raw.startswith("//") else raw
+            if not raw or "\x00" in raw:
+                raise BadLedgerUrl(f"not a SQLite ledger URL: {url!r} (it names no file)")
             self.path = Path(raw).resolve()
             target = str(self.path)
-            if not self.path.parent.exists():
-                private_dir(self.path.parent)
-            # SQLite gives its -wal and -shm files the database file's mode.
-            private_file(self.path)
         else:
-            raise LedgerError(
+            raise BadLedgerUrl(
                 f"not a SQLite ledger URL: {url!r} "
                 "(use sqlite:///ABSOLUTE/PATH, sqlite:RELATIVE/PATH or memory:)"
             )
+        self._target = target
+        self._lock = threading.RLock()
+        self._conn = self._open(target)
         try:
-            self._conn = sqlite3.connect(
+            self._migrate()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _error(self, exc: sqlite3.Error) -> LedgerError:
+        code = _primary(exc)
+        advice = _ADVICE.get(code)
+        where = "the in-memory ledger" if self.path is None else f"the SQLite ledger {self.path}"
+        if advice is None:
+            return StorageError(f"{where} failed: {exc}")
+        return StorageError(f"{where} failed ({exc}): {advice.format(busy=BUSY_TIMEOUT_S)}")
+
+    def _open(self, target: str) -> sqlite3.Connection:
+        if self.path is not None:
+            # Private (0700 directory, 0600 file: SQLite gives its -wal and -shm files the
+            # database file's mode). A ledger we may not change is still read: SQLite says
+            # what it cannot do.
+            with contextlib.suppress(OSError):
+                if not self.path.parent.exists():
+                    private_dir(self.path.parent)
+                private_file(self.path)
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(
                 target, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
             )
             if target != ":memory:":
-                _enter_wal(self._conn)
-            self._conn.execute("PRAGMA foreign_keys = ON")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
+                _check_not_foreign(conn, target)  # before WAL, which would change the file
+                _enter_wal(conn)
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            return conn
+        except LedgerError:
+            if conn is not None:
+                conn.close()
+            raise
         except sqlite3.Error as exc:
-            raise LedgerError(f"cannot open SQLite ledger at {target}: {exc}") from exc
-        self._lock = threading.RLock()
-        self._migrate()
+            if conn is not None:
+                conn.close()
+            if _primary(exc) not in _ACCESS or not Path(target).is_file():
+                raise self._error(exc) from exc
+            first = exc
+        # Cannot write it: open it for reading. `mode=ro` serves a read-only file in a writable
+        # directory; a read-only filesystem cannot hold WAL's shared-memory file, which only
+        # `immutable=1` does without (the ledger cannot change under us: nobody can write it).
+        for flags in ("mode=ro", "immutable=1"):
+            wal = Path(f"{target}-wal")
+            if flags == "immutable=1" and wal.exists() and wal.stat().st_size > 0:
+                # immutable=1 would not see the changes still in the WAL file
+                raise StorageError(
+                    f"the SQLite ledger {target} cannot be written, and its latest changes are "
+                    f"still in {wal}, which cannot be read without write access; open it once "
+                    "with write access (any tether command) to fold them in"
+                ) from first
+            ro: sqlite3.Connection | None = None
+            try:
+                ro = sqlite3.connect(
+                    f"file:{urllib.parse.quote(target)}?{flags}",
+                    uri=True,
+                    timeout=BUSY_TIMEOUT_S,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                ro.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            except sqlite3.Error:
+                if ro is not None:
+                    ro.close()
+                continue
+            self.read_only = True
+            return ro
+        raise self._error(first) from first
 
     def _migrate(self) -> None:
         with self._lock:
-            if self._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == SCHEMA_VERSION:
                 return
+            if self.read_only:
+                raise StorageError(
+                    f"the SQLite ledger {self.path} is read-only and has schema version "
+                    f"{version}, not {SCHEMA_VERSION}: open it once with write access to migrate it"
+                )
             # Several processes may open a new ledger at once: the version is read again under
             # the write lock, so exactly one of them migrates.
             with self._tx() as c:
@@ -181,15 +305,22 @@ class SQLiteLedger(SqlLedger):
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Cursor]:
         with self._lock:
-            cur = self._conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._conn.cursor()
+                cur.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
             try:
                 yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            else:
                 cur.execute("COMMIT")
+            except BaseException as exc:
+                # SQLite may have rolled back already (a full disk, an I/O error)
+                if self._conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        cur.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error) and not self._is_unique_violation(exc):
+                    raise self._error(exc) from exc
+                raise
             finally:
                 cur.close()
 
@@ -199,6 +330,8 @@ class SQLiteLedger(SqlLedger):
             cur = self._conn.cursor()
             try:
                 yield cur
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
             finally:
                 cur.close()
 

@@ -32,6 +32,7 @@ import anyio
 import anyio.to_thread
 
 from tether.access import Obligations
+from tether.errors import LedgerError
 from tether.events import EventBus, RowsMirrored
 from tether.ledger import Fence, Ledger, NewRow, Row, RowKind
 from tether.mirror.entries import (
@@ -159,6 +160,26 @@ class Mirror:
             return written
 
     async def _sync(self, final: bool) -> list[Row]:
+        # A write that fails (a full disk, a lost ledger) leaves the mirror as it was before
+        # this pass: the next pass reads the same entries again, and the rows already written
+        # by this one are skipped by their entry ids.
+        saved = (
+            self._tail.offset,
+            len(self._order),
+            self._held,
+            list(self._omitted),
+            self._request,
+            self.omitted_attempts,
+        )
+        try:
+            return await self._pass(final)
+        except LedgerError:
+            offset, order, self._held, self._omitted, self._request, self.omitted_attempts = saved
+            self._tail.offset = offset
+            del self._order[order:]
+            raise
+
+    async def _pass(self, final: bool) -> list[Row]:
         batch = _Pending([], [])
         written: list[Row] = []
         for entry in self._tail.read():

@@ -5,13 +5,14 @@ HarnessError
 ├── PiStartupFailed    pi exited or failed before it took the prompt
 ├── TransportClosed    pi's stdio closed (the process died or was stopped)
 └── ProtocolError      pi answered out of protocol (a rejected command, a bad record)
+    └── BadLine        a line of pi's output that is not a protocol record (also a ValueError)
 """
 
 from __future__ import annotations
 
 from tether.errors import HarnessError
 
-__all__ = ["PiNotInstalled", "PiStartupFailed", "ProtocolError", "TransportClosed"]
+__all__ = ["BadLine", "PiNotInstalled", "PiStartupFailed", "ProtocolError", "TransportClosed"]
 
 
 class PiNotInstalled(HarnessError):
@@ -28,3 +29,9 @@ class TransportClosed(HarnessError):
 
 class ProtocolError(HarnessError):
     """pi sent something the harness cannot use, or rejected a command."""
+
+
+class BadLine(ProtocolError, ValueError):
+    """A line of pi's output is not a protocol record: not UTF-8, not JSON, not an object, or
+    beyond what JSON should carry (nesting, number size, line length). A ``ValueError`` too, so
+    readers that treat such lines as stray output keep doing so."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tether.pi.errors import BadLine
+
 __all__ = ["LineSplitter", "decode", "encode"]
 
 
@@ -23,7 +25,8 @@ class LineSplitter:
         self._buf += data
         if b"\n" not in data:
             if len(self._buf) > self._max:
-                raise ValueError(f"a line longer than {self._max} bytes without a newline")
+                self._buf.clear()  # the line is dropped: reading goes on at the next one
+                raise BadLine(f"a line longer than {self._max} bytes without a newline")
             return []
         *lines, rest = bytes(self._buf).split(b"\n")
         self._buf = bytearray(rest)
@@ -43,8 +46,17 @@ def encode(record: dict[str, Any]) -> bytes:
 
 
 def decode(line: bytes) -> dict[str, Any]:
-    """A record, or ``ValueError`` when the line is not a JSON object."""
-    value = json.loads(line.decode("utf-8"))
+    """A record, or :class:`BadLine` (a ``ValueError``) when the line is not a JSON object."""
+    try:
+        value = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BadLine(f"not UTF-8 (invalid byte at offset {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise BadLine(f"not JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise BadLine("JSON nested too deeply to read") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise BadLine(f"not a JSON record: {exc}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+        raise BadLine(f"a JSON {type(value).__name__}, not an object")
     return value

@@ -8,6 +8,7 @@ it must not mirror again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Sequence
@@ -31,9 +32,12 @@ def new_entry_id(taken: set[str]) -> str:
 
 
 def _iso(ms: Any) -> str:
-    when = (
-        datetime.fromtimestamp(ms / 1000, UTC) if isinstance(ms, int | float) else datetime.now(UTC)
-    )
+    when = datetime.now(UTC)
+    if isinstance(ms, int | float) and not isinstance(ms, bool):
+        # a timestamp no date can hold (NaN, 1e23 from a row written before loads checked
+        # them) is the entry's time of writing instead: a date pi can parse
+        with contextlib.suppress(ValueError, OverflowError, OSError):
+            when = datetime.fromtimestamp(ms / 1000, UTC)
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

@@ -1,0 +1,83 @@
+"""A run's end that the ledger could not take, kept until it can (issue 12: no run is left
+``running`` by a storage error).
+
+When even ``end_run`` fails for longer than ``harness.storage_retry_s`` (the disk stays full,
+the server stays away), the harness writes the end it meant to record into
+``RUNS_DIR/unrecorded/RUN.json``; the next run on that ledger records it, under the run's own
+fence (a newer owner's claim wins, and the file is dropped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+from tether.errors import FencedOut, NotFound, RunNotActive, StorageError
+from tether.ledger import Fence, Ledger, RunStatus
+
+__all__ = ["UNRECORDED_DIR", "keep_stranded_end", "record_stranded_ends"]
+
+UNRECORDED_DIR = "unrecorded"
+
+
+def _dir(runs_dir: Path) -> Path:
+    return runs_dir / UNRECORDED_DIR
+
+
+def keep_stranded_end(
+    runs_dir: Path,
+    fence: Fence,
+    status: RunStatus,
+    extra: dict[str, Any],
+    refusing: str | None,
+) -> str:
+    """Keep the end; returns where it is (or why it could not be kept, as words)."""
+    path = _dir(runs_dir) / f"{fence.run}.json"
+    record = {
+        "run": fence.run,
+        "session": fence.session,
+        "epoch": fence.epoch,
+        "status": status.value,
+        "extra": extra,
+        "refusing": refusing,
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        return f"nowhere ({path} could not be written: {exc.strerror}; the run stays running)"
+    return str(path)
+
+
+def record_stranded_ends(ledger: Ledger, runs_dir: Path) -> int:
+    """Record the ends kept by earlier runs; returns how many were recorded. Ends that the
+    ledger still cannot take stay where they are."""
+    folder = _dir(runs_dir)
+    if not folder.is_dir():
+        return 0
+    recorded = 0
+    for path in sorted(folder.glob("*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            fence = Fence(run=record["run"], session=record["session"], epoch=int(record["epoch"]))
+            status = RunStatus(record["status"])
+            extra = dict(record["extra"])
+            refusing = record.get("refusing")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours to judge: left for an operator
+        try:
+            ledger.end_run(fence, status, extra=extra)
+            if refusing:
+                ledger.set_refusing(fence.session, refusing)
+        except (FencedOut, RunNotActive, NotFound):
+            pass  # another owner ended it, or it is gone: nothing left to record
+        except StorageError:
+            return recorded  # still cannot write: the next run tries again
+        with contextlib.suppress(OSError):
+            path.unlink()
+        recorded += 1
+    return recorded

@@ -1,0 +1,196 @@
+"""``tether run`` admits its request and ids before anything is written (DESIGN §3.5), and a
+session loaded in the interchange shape can be followed up (DESIGN §3.1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from provider import Reply, ScriptedProvider
+from test_cli_run import write_config
+from tether.ledger import RunStatus, open_ledger
+
+TETHER = [sys.executable, "-m", "tether"]
+
+
+def tether(
+    tmp: Path, *args: str | bytes, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [*TETHER, *args], capture_output=True, input=stdin, cwd=tmp, timeout=120, env=os.environ
+    )
+
+
+def _nothing_written(tmp: Path) -> None:
+    db = tmp / "ledger.db"
+    if db.exists():  # the ledger file may exist from an earlier step: it holds nothing new
+        with open_ledger(f"sqlite://{db}") as store:
+            assert store.sessions() == []
+    assert not (tmp / "runs").exists()
+
+
+def _one_line(result: subprocess.CompletedProcess[bytes]) -> str:
+    err = result.stderr.decode()
+    assert "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_a_request_that_is_not_utf8_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    base = ["run", "--config", str(cfg), "-s", "s1", "-a", "rev"]
+    argv = tether(tmp_path, *base, b"caf\xe9 \xff")
+    assert argv.returncode == 2
+    assert "not valid UTF-8" in _one_line(argv)
+    piped = tether(tmp_path, *base, "-", stdin=b"review \xc3\x28 this")
+    assert piped.returncode == 2
+    assert "not valid UTF-8" in _one_line(piped)
+    _nothing_written(tmp_path)
+
+
+def test_a_request_over_the_limit_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    big = "x" * 60_001  # the default limit: a quarter of the 240,000-byte budget
+    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", big)
+    assert done.returncode == 3
+    out = json.loads(done.stdout)
+    assert out["status"] == "refused"
+    assert out["reason"] == "request_too_large"
+    assert "60001" in out["detail"]
+    piped = tether(
+        tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "-", stdin=b"y" * 5_000_000
+    )
+    assert piped.returncode == 3
+    assert "request_too_large" in _one_line(piped)
+    _nothing_written(tmp_path)
+    # the limit is configurable
+    cfg.write_text(
+        cfg.read_text().replace("[harness]", "[followup]\nrequest_max_bytes = 10\n\n[harness]")
+    )
+    small = tether(
+        tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "eleven byte"
+    )
+    assert small.returncode == 3
+    assert json.loads(small.stdout)["reason"] == "request_too_large"
+    _nothing_written(tmp_path)
+
+
+def test_context_refuses_a_request_over_the_limit(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    done = tether(
+        tmp_path,
+        "context",
+        "--config",
+        str(cfg),
+        "-s",
+        "s1",
+        "-a",
+        "rev",
+        "--json",
+        "--request",
+        "z" * 70_000,
+    )
+    assert done.returncode == 3
+    assert json.loads(done.stdout)["reason"] == "request_too_large"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("-s", ""),
+        ("-s", "a\nb"),
+        ("-s", "tab\tid"),
+        ("-a", ""),
+        ("--actor", ""),
+        ("--actor", "user:\x1b[31m"),
+    ],
+)
+def test_bad_ids_exit_2_and_write_nothing(tmp_path: Path, flag: str, value: str) -> None:
+    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    args = {"-s": "s1", "-a": "rev", "--actor": "user:ana"}
+    args[flag] = value
+    flat = [x for pair in args.items() for x in pair]
+    done = tether(tmp_path, "run", "--config", str(cfg), *flat, "go")
+    assert done.returncode == 2
+    assert "id" in _one_line(done)
+    _nothing_written(tmp_path)
+
+
+def test_a_loaded_session_without_pi_defaults_can_be_followed_up(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    """The DESIGN §3.1 shape: an assistant message without usage or stopReason. pi's
+    compaction reads usage.totalTokens of every assistant message; the load fills it."""
+    p = scripted_provider([Reply("follow-up answer")])
+    cfg = write_config(tmp_path, p.url)
+    lines = [
+        {"type": "session", "id": "s1", "created": "2026-11-29T10:00:00Z"},
+        {
+            "type": "run",
+            "id": "r1",
+            "session": "s1",
+            "agent": "rev",
+            "status": "finished",
+            "request_seq": 1,
+            "started": None,
+            "ended": None,
+        },
+        {
+            "type": "row",
+            "session": "s1",
+            "seq": 1,
+            "run": "r1",
+            "actor": "user:ana",
+            "sources": [],
+            "message": {
+                "role": "user",
+                "content": [{"type": "text", "text": "What is 2+2?"}],
+                "timestamp": 1764410401000,
+            },
+        },
+        {
+            "type": "row",
+            "session": "s1",
+            "seq": 2,
+            "run": "r1",
+            "actor": "agent:rev",
+            "sources": [],
+            # pi reads usage.totalTokens of a timestamped assistant message: without the
+            # defaults filled, pi fails ("reading 'totalTokens'")
+            "message": {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "4"}],
+                "timestamp": 1764410402000,
+            },
+        },
+    ]
+    f = tmp_path / "s1.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    loaded = tether(tmp_path, "ledger", "load", "--config", str(cfg), str(f))
+    assert loaded.returncode == 0, loaded.stderr
+    done = tether(
+        tmp_path,
+        "run",
+        "--config",
+        str(cfg),
+        "-s",
+        "s1",
+        "-a",
+        "rev",
+        "--actor",
+        "user:ana",
+        "--json",
+        "and 3+3?",
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    out = json.loads(done.stdout)
+    assert out["status"] == "finished"
+    assert out["answer"] == "follow-up answer"
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
+        assert store.get_run(out["run"]).status is RunStatus.FINISHED

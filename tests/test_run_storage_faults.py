@@ -1,0 +1,256 @@
+"""Storage faults during ``tether run`` (issue 12): a full filesystem, a revoked permission and a
+terminated backend, each mid-run, with the real pi and the scripted provider. Afterwards the
+ledger is consistent (dense seqs, the run ended, the answer kept) and the next run works."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pg import TEST_URL, fresh_schema_url
+from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
+from tether.ledger import Ledger, RunStatus, open_ledger
+
+TETHER = [sys.executable, "-m", "tether"]
+
+
+def write_config(tmp: Path, provider_url: str, ledger_url: str, retry_s: float = 30) -> Path:
+    (tmp / "work").mkdir(exist_ok=True)
+    path = tmp / "tether.toml"
+    path.write_text(
+        f"""
+[ledger]
+url = "{ledger_url}"
+
+[providers.local]
+base_url = "{provider_url}"
+context_window = 8192
+max_tokens = 1024
+
+[agents.rev]
+provider = "local"
+model = "scripted"
+deadline_s = 60
+workdir = "work"
+
+[harness]
+runs_dir = "{tmp}/runs"
+storage_retry_s = {retry_s}
+pi_settings = {{ retry = {{ baseDelayMs = 20 }} }}
+"""
+    )
+    return path
+
+
+def run(tmp: Path, cfg: Path, request: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TETHER, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", request],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        timeout=180,
+        env=os.environ,
+    )
+
+
+def _consistent(ledger: Ledger) -> None:
+    """Dense seqs from 1, every run ended."""
+    last = ledger.last_seq("s1")
+    assert [r.seq for r in ledger.iter_rows("s1")] == list(range(1, last + 1))
+    for r in ledger.runs("s1"):
+        assert r.status is not RunStatus.RUNNING, r
+
+
+def _texts(ledger: Ledger) -> list[str]:
+    out = []
+    for row in ledger.iter_rows("s1"):
+        content = row.body.get("content")
+        if isinstance(content, list):
+            out += [b.get("text", "") for b in content if b.get("type") == "text"]
+    return out
+
+
+def _answering(fault: Callable[[], None], answer: str = "the answer") -> list[Step | Any]:
+    """A tool call, then (as pi asks for the answer) the fault, then the answer."""
+
+    def second(request: RecordedRequest) -> Step:
+        fault()
+        return Reply(answer)
+
+    return [Reply(tool_calls=[ToolCall("bash", {"command": "echo hi"})]), second]
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(where: Path) -> Path:
+    ballast = where / "ballast"
+    with ballast.open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return ballast
+
+
+def test_a_disk_full_for_a_while_delays_the_answer_and_loses_nothing(
+    tmp_path: Path, small_fs: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    def fault() -> None:
+        ballast = _fill(small_fs)
+        threading.Timer(1.5, ballast.unlink).start()  # an operator frees space
+
+    p = scripted_provider(_answering(fault))
+    cfg = write_config(tmp_path, p.url, f"sqlite:{small_fs}/ledger.db")
+    done = run(tmp_path, cfg, "go")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["status"] == "finished"
+    assert out["answer"] == "the answer"
+    with open_ledger(f"sqlite:{small_fs}/ledger.db") as ledger:
+        _consistent(ledger)
+        assert _texts(ledger)[-1] == "the answer"  # the answer reached the ledger
+        assert ledger.get_run(out["run"]).extra["storage_retries"] >= 1  # the fault did happen
+    again = run(tmp_path, cfg, "next")
+    assert again.returncode == 4  # the script is exhausted: the provider fails, not the ledger
+    assert json.loads(again.stdout)["status"] == "failed"
+
+
+def test_a_disk_that_stays_full_ends_the_run_and_names_where_the_answer_is(
+    tmp_path: Path, small_fs: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    ballasts: list[Path] = []
+    p = scripted_provider([*_answering(lambda: ballasts.append(_fill(small_fs))), Reply("next")])
+    cfg = write_config(tmp_path, p.url, f"sqlite:{small_fs}/ledger.db", retry_s=1)
+    done = run(tmp_path, cfg, "go")
+    assert done.returncode == 4
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    out = json.loads(done.stdout)
+    assert out["answer"] == "the answer"  # printed: the ledger could not take it
+    stranded = tmp_path / "runs" / "unrecorded" / f"{out['run']}.json"
+    assert str(stranded) in out["error"]  # not even the run's end fit: it waits there
+    assert stranded.exists()
+    assert out["status"] == "failed"
+    assert out["stop_reason"] == "storage_error"
+    session_file = tmp_path / "runs" / out["run"] / "session.jsonl"
+    assert str(session_file) in out["error"]
+    assert "the answer" in session_file.read_text()  # kept where the error says
+    # space again: the next run records the stranded run's end, then runs
+    ballasts[0].unlink()
+    again = run(tmp_path, cfg, "next")
+    assert again.returncode == 0, again.stderr
+    assert not stranded.exists()
+    with open_ledger(f"sqlite:{small_fs}/ledger.db") as ledger:
+        _consistent(ledger)
+        first = ledger.get_run(out["run"])
+        assert first.status is RunStatus.FAILED
+        assert first.extra["answer"] == "the answer"
+        assert first.extra["stop_reason"] == "storage_error"
+
+
+@pytest.fixture
+def limited_pg() -> Iterator[tuple[str, str, str]]:
+    """(ledger URL as a non-superuser role, the role, the schema): a superuser ignores
+    privileges, so the revoked one is a plain role's."""
+    role = f"tether_{uuid.uuid4().hex[:10]}"
+    with fresh_schema_url() as admin_url:
+        schema = admin_url.split("search_path%3D")[-1]
+        open_ledger(admin_url).close()
+        with psycopg.connect(TEST_URL, autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {role} LOGIN")
+            admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+            admin.execute(
+                f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role}"
+            )
+        try:
+            yield admin_url.replace("postgresql://postgres@", f"postgresql://{role}@"), role, schema
+        finally:
+            with psycopg.connect(TEST_URL, autocommit=True) as admin:
+                admin.execute(f"DROP OWNED BY {role}")
+                admin.execute(f"DROP ROLE {role}")
+
+
+def test_a_revoked_permission_mid_run_ends_the_run_with_the_answer_kept(
+    tmp_path: Path,
+    limited_pg: tuple[str, str, str],
+    scripted_provider: Callable[..., ScriptedProvider],
+) -> None:
+    url, role, schema = limited_pg
+
+    def revoke() -> None:
+        with psycopg.connect(TEST_URL, autocommit=True) as admin:
+            admin.execute(f"REVOKE INSERT ON {schema}.rows FROM {role}")
+
+    p = scripted_provider([*_answering(revoke), Reply("the next answer")])
+    cfg = write_config(tmp_path, p.url, url, retry_s=1)
+    done = run(tmp_path, cfg, "go")
+    assert done.returncode == 4
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    out = json.loads(done.stdout)
+    assert out["answer"] == "the answer"
+    assert out["stop_reason"] == "storage_error"
+    assert "permission denied" in out["error"]
+    with open_ledger(url) as ledger:
+        _consistent(ledger)  # ended although rows could not be written: runs may be updated
+        ended = ledger.get_run(out["run"])
+        assert ended.status is RunStatus.FAILED
+        assert ended.extra["answer"] == "the answer"
+    with psycopg.connect(TEST_URL, autocommit=True) as admin:
+        admin.execute(f"GRANT INSERT ON {schema}.rows TO {role}")
+    again = run(tmp_path, cfg, "next")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["answer"] == "the next answer"
+    with open_ledger(url) as ledger:
+        _consistent(ledger)
+
+
+def test_a_terminated_backend_mid_run_is_reconnected_and_the_answer_written(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    marker = f"tether-test-{uuid.uuid4().hex[:8]}"
+    terminated: list[int] = []
+
+    def terminate() -> None:
+        with psycopg.connect(TEST_URL, autocommit=True) as admin:
+            row = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                (marker,),
+            ).fetchone()
+        terminated.append(int(row[0]) if row else 0)
+
+    p = scripted_provider(_answering(terminate))
+    with fresh_schema_url() as base:
+        url = f"{base}&application_name={marker}"
+        cfg = write_config(tmp_path, p.url, url)
+        done = run(tmp_path, cfg, "go")
+        assert terminated[0] >= 1  # the run's connections were cut
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        assert out["answer"] == "the answer"
+        with open_ledger(url) as ledger:
+            _consistent(ledger)
+            assert _texts(ledger)[-1] == "the answer"
+            assert ledger.get_run(out["run"]).status is RunStatus.FINISHED
