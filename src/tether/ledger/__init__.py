@@ -16,6 +16,7 @@ from tether.ledger.models import (
     RowKind,
     Run,
     RunStatus,
+    SearchHit,
     Session,
     TailRead,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "RowKind",
     "Run",
     "RunStatus",
+    "SearchHit",
     "Session",
     "TailRead",
     "open_ledger",

@@ -23,7 +23,7 @@ __all__ = ["LoadReport", "dump_session", "load_file", "load_lines", "parse_lines
 _SESSION_KEYS = {"type", "id", "created", "refusing"}
 _RUN_KEYS = {"type", "id", "session", "agent", "status", "request_seq", "started", "ended", "epoch"}
 _ROW_KEYS = {"type", "session", "seq", "run", "actor", "sources", "entry", *RowKind}
-_NOTE_KEYS = {"type", "session", "agent", "text", "at"}
+_NOTE_KEYS = {"type", "session", "agent", "text", "at", "actor", "run", "sources"}
 
 
 @dataclass
@@ -208,6 +208,11 @@ def parse_lines(lines: Iterable[bytes], source: str, ledger: SqlLedger | None = 
             text_value = obj.get("text")
             if not isinstance(text_value, str):
                 fail("'text' must be a string")
+            note_sources = obj.get("sources", [])
+            if not isinstance(note_sources, list) or not all(
+                isinstance(s, str) for s in note_sources
+            ):
+                fail("'sources' must be a list of strings")
             out.notes.append(
                 Note(
                     session=sid,
@@ -215,6 +220,9 @@ def parse_lines(lines: Iterable[bytes], source: str, ledger: SqlLedger | None = 
                     text=text_value,
                     at=_str(obj, "at", fail),
                     extra=_extra(obj, _NOTE_KEYS),
+                    actor=_str(obj, "actor", fail, optional=True),
+                    run=_str(obj, "run", fail, optional=True),
+                    sources=tuple(note_sources),
                 )
             )
         else:
@@ -308,6 +316,9 @@ def note_record(n: Note) -> dict[str, Any]:
         "agent": n.agent,
         "text": n.text,
         "at": n.at,
+        **({"actor": n.actor} if n.actor is not None else {}),
+        **({"run": n.run} if n.run is not None else {}),
+        **({"sources": list(n.sources)} if n.sources else {}),
     }
 
 

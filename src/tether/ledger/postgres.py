@@ -45,7 +45,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from tether.errors import LedgerError
-from tether.ledger.sql import Cursor, SqlLedger
+from tether.ledger.sql import ROW_COLUMNS, Cursor, SqlLedger
 
 __all__ = ["FTS_DOCUMENT", "FTS_MAX_CHARS", "MIGRATIONS", "SCHEMA_VERSION", "PostgresLedger"]
 
@@ -119,8 +119,15 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX rows_by_run ON rows (run, seq);",
     # 3: the tail reads row sizes before bodies (SqlLedger.tail); this index covers that scan.
     "CREATE INDEX rows_sizes ON rows (session, seq, bytes);",
+    # 4: a note names the actor of the run that wrote it, the run, and the sources it carries.
+    """
+    ALTER TABLE notes ADD COLUMN actor TEXT COLLATE "C";
+    ALTER TABLE notes ADD COLUMN run TEXT COLLATE "C";
+    ALTER TABLE notes ADD COLUMN sources TEXT COLLATE "C" NOT NULL DEFAULT '[]';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+_R_COLS = ", ".join(f"r.{col}" for col in ROW_COLUMNS)
 
 _VERSION_TABLE = "tether_schema"
 # The advisory lock that serializes migrations: one per schema, so ledgers in different
@@ -257,6 +264,25 @@ class PostgresLedger(SqlLedger):
     def _read(self) -> Iterator[Cursor]:
         with self._connection() as conn, conn.cursor() as cur:
             yield _PgCursor(cur)
+
+    def _search_query(
+        self, words: Sequence[str], session_id: str, limit: int, offset: int, snippet_chars: int
+    ) -> tuple[str, list[Any]]:
+        # Any of the words (each a plainto_tsquery, so no query syntax reaches the parser),
+        # matched through the GIN index on FTS_DOCUMENT; ranked, limited, and only then given
+        # a headline (ts_headline re-parses a row's text, so it runs for the hits alone).
+        query = " || ".join("plainto_tsquery('simple', ?)" for _ in words)
+        words_per = max(8, min(60, snippet_chars // 7))
+        sql = (
+            f"WITH hits AS (SELECT r.id, ts_rank({FTS_DOCUMENT}, {query}) AS rank "
+            f"FROM rows r WHERE {FTS_DOCUMENT} @@ ({query}) AND r.session = ? "
+            "ORDER BY rank DESC, r.seq LIMIT ? OFFSET ?) "
+            f"SELECT {_R_COLS}, ts_headline('simple', left(r.text, {FTS_MAX_CHARS}), "
+            f"{query}, ?) FROM hits JOIN rows r ON r.id = hits.id ORDER BY hits.rank DESC, r.seq"
+        )
+        options = f"MaxWords={words_per}, MinWords={words_per // 2}, StartSel=\"\", StopSel=\"\""
+        params = [*words, *words, session_id, limit, offset, *words, options]
+        return sql, params
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)
