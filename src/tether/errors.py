@@ -10,6 +10,7 @@
     │   ├── SessionRefusing    the session refuses new prompts until an operator clears it
     │   └── InterchangeError   a JSONL ledger file is malformed (names file, line, problem)
     ├── HarnessError           driving pi failed (startup, transport, protocol)
+    ├── RecallError            a recall or note request is malformed or over its bound (exit 2)
     ├── ModelError             the embedded model server is missing, failed to start or to stop
     └── Refused                a follow-up view was refused (tether.followup.Refused; carries
                                a RefusalReason)
@@ -29,6 +30,7 @@ __all__ = [
     "LedgerError",
     "ModelError",
     "NotFound",
+    "RecallError",
     "RunNotActive",
     "SessionRefusing",
     "TetherError",
@@ -79,6 +81,10 @@ class InterchangeError(LedgerError):
 
 class HarnessError(TetherError):
     """Driving pi failed: it did not start, its transport broke, or it spoke out of protocol."""
+
+
+class RecallError(TetherError):
+    """A recall or note request is malformed (no words, a reversed range) or over its bound."""
 
 
 class ModelError(TetherError):

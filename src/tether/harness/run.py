@@ -51,6 +51,8 @@ from tether.followup import FollowupView, Refusal, build_view
 from tether.harness.pump import RunState, follow
 from tether.harness.rundir import check_workdir, make_run_dir, runs_dir
 from tether.harness.stops import StopControl, Stopped, StopReason, race_clock
+from tether.harness.tools import EXTENSION_PATH as TOOLS_EXTENSION
+from tether.harness.tools import TOOL_NAMES, ToolServer
 from tether.harness.turn import (
     NOT_NEEDED,
     CheckpointResult,
@@ -339,6 +341,15 @@ class _Driver:
             obligations=self.obligations,
         )
         log_path = self.run_dir / "pi.log"
+        tools = ToolServer(
+            ledger=self.ledger,
+            grants=self.config.access.grants,
+            fence=self.fence,
+            agent=self.request.agent,
+            actor=self.request.actor,
+            obligations=self.obligations,
+            run_dir=self.run_dir,
+        )
         task: TaskEnd = PiFailed(StopReason.STARTUP_FAILED, "pi was not started")
         checkpoint, late = NOT_NEEDED, None
         exit_status: int | None = None
@@ -351,12 +362,19 @@ class _Driver:
                     provider=self.agent.provider,
                     model=self.agent.model,
                     effort=self.agent.effort,
-                    tools=self.agent.tools,
+                    # `--tools` is an allowlist that unregisters every tool it does not name,
+                    # extension tools included: recall and note are named whatever the agent's
+                    # list holds.
+                    tools=list(dict.fromkeys((*self.agent.tools, *TOOL_NAMES))),
                     system_prompt=self.agent.system_prompt,
-                    extensions=(*channel.extensions, *self.request.extensions),
+                    extensions=tuple(
+                        dict.fromkeys(
+                            (*channel.extensions, *self.request.extensions, TOOLS_EXTENSION)
+                        )
+                    ),
                 )
                 env = pi_env(
-                    {**agent_dir.env, **channel.env},
+                    {**agent_dir.env, **channel.env, **tools.env},
                     self.pi,
                     tmpdir=self.run_dir / "tmp",
                     agent_env=self.agent.env,
@@ -374,6 +392,7 @@ class _Driver:
                 ):
                     # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
                     keeper.start_soon(self._kill_on_hard_stop, transport)
+                    await keeper.start(tools.serve)  # recall and note (DESIGN §3.9)
                     try:
                         task, checkpoint, late = await self._with_pi(transport, mirror)
                     finally:

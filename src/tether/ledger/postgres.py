@@ -266,7 +266,13 @@ class PostgresLedger(SqlLedger):
             yield _PgCursor(cur)
 
     def _search_query(
-        self, words: Sequence[str], session_id: str, limit: int, offset: int, snippet_chars: int
+        self,
+        words: Sequence[str],
+        session_id: str,
+        seqs: tuple[int, int],
+        limit: int,
+        offset: int,
+        snippet_chars: int,
     ) -> tuple[str, list[Any]]:
         # Any of the words (each a plainto_tsquery, so no query syntax reaches the parser),
         # matched through the GIN index on FTS_DOCUMENT; ranked, limited, and only then given
@@ -276,12 +282,13 @@ class PostgresLedger(SqlLedger):
         sql = (
             f"WITH hits AS (SELECT r.id, ts_rank({FTS_DOCUMENT}, {query}) AS rank "
             f"FROM rows r WHERE {FTS_DOCUMENT} @@ ({query}) AND r.session = ? "
+            "AND r.seq >= ? AND r.seq <= ? "
             "ORDER BY rank DESC, r.seq LIMIT ? OFFSET ?) "
             f"SELECT {_R_COLS}, ts_headline('simple', left(r.text, {FTS_MAX_CHARS}), "
             f"{query}, ?) FROM hits JOIN rows r ON r.id = hits.id ORDER BY hits.rank DESC, r.seq"
         )
-        options = f"MaxWords={words_per}, MinWords={words_per // 2}, StartSel=\"\", StopSel=\"\""
-        params = [*words, *words, session_id, limit, offset, *words, options]
+        options = f'MaxWords={words_per}, MinWords={words_per // 2}, StartSel="", StopSel=""'
+        params = [*words, *words, session_id, *seqs, limit, offset, *words, options]
         return sql, params
 
     def _is_unique_violation(self, exc: BaseException) -> bool:

@@ -563,16 +563,25 @@ class SqlLedger(abc.ABC):
 
     @abc.abstractmethod
     def _search_query(
-        self, words: Sequence[str], session_id: str, limit: int, offset: int, snippet_chars: int
+        self,
+        words: Sequence[str],
+        session_id: str,
+        seqs: tuple[int, int],
+        limit: int,
+        offset: int,
+        snippet_chars: int,
     ) -> tuple[str, list[Any]]:
-        """The dialect's ranked search over one session (the statement and its parameters):
-        columns are :data:`_ROW_COLS` of ``rows`` and then a snippet, best ranked first."""
+        """The dialect's ranked search over one session's rows with ``seqs[0] <= seq <=
+        seqs[1]`` (the statement and its parameters): columns are :data:`_ROW_COLS` of
+        ``rows`` and then a snippet, best ranked first."""
 
     def search(
         self,
         session_id: str,
         words: Sequence[str],
         *,
+        first: int = 1,
+        last: int = 2**62,
         limit: int = 8,
         offset: int = 0,
         snippet_chars: int = 400,
@@ -584,7 +593,9 @@ class SqlLedger(abc.ABC):
         words = [w for w in dict.fromkeys(m.lower() for w in words for m in _WORD.findall(w))]
         if not words:
             return []
-        sql, params = self._search_query(words, session_id, limit, offset, snippet_chars)
+        sql, params = self._search_query(
+            words, session_id, (first, last), limit, offset, snippet_chars
+        )
         with self._read() as c:
             c.execute(sql, params)
             return [SearchHit(_row(r), r[11] or "") for r in c.fetchall()]

@@ -214,7 +214,13 @@ class SQLiteLedger(SqlLedger):
                 cur.close()
 
     def _search_query(
-        self, words: Sequence[str], session_id: str, limit: int, offset: int, snippet_chars: int
+        self,
+        words: Sequence[str],
+        session_id: str,
+        seqs: tuple[int, int],
+        limit: int,
+        offset: int,
+        snippet_chars: int,
     ) -> tuple[str, list[Any]]:
         # Each word a quoted FTS5 string (words hold only \w characters, so no quote to
         # escape), any of them matching; rank is FTS5's bm25.
@@ -223,9 +229,10 @@ class SQLiteLedger(SqlLedger):
         sql = (
             f"SELECT {_R_COLS}, snippet(rows_fts, 0, '', '', '…', ?) "
             "FROM rows_fts JOIN rows r ON r.id = rows_fts.rowid "
-            "WHERE rows_fts MATCH ? AND r.session = ? ORDER BY rank, r.seq LIMIT ? OFFSET ?"
+            "WHERE rows_fts MATCH ? AND r.session = ? AND r.seq >= ? AND r.seq <= ? "
+            "ORDER BY rank, r.seq LIMIT ? OFFSET ?"
         )
-        return sql, [tokens, match, session_id, limit, offset]
+        return sql, [tokens, match, session_id, *seqs, limit, offset]
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
