@@ -53,7 +53,15 @@ __all__ = ["FTS_DOCUMENT", "FTS_MAX_CHARS", "MIGRATIONS", "SCHEMA_VERSION", "Pos
 # The worst text measured (two-character CJK words, all distinct) takes 4.7 bytes of tsvector
 # per character, so the first 100,000 characters of a row are indexed: at most ~470 KB.
 FTS_MAX_CHARS = 100_000
-FTS_DOCUMENT = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
+# PostgreSQL's parser keeps paths, host names and file names whole ("kv/quokka", "app.yaml"),
+# where SQLite's unicode61 splits them: the characters that join them become spaces first, so a
+# word inside them is found on both backends.
+_FTS_JOINERS = "/.:@=\\"
+FTS_DOCUMENT = (
+    f"to_tsvector('simple', translate(left(text, {FTS_MAX_CHARS}), "
+    f"'{_FTS_JOINERS}', '{' ' * (len(_FTS_JOINERS))}'))"
+)
+_FTS_DOCUMENT_V1 = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
 
 # Each entry migrates from version i to i + 1. Append, never edit: a ledger on disk replays them.
 # Bodies, extras and timestamps are TEXT exactly as SQLite stores them (canonical JSON, the
@@ -103,7 +111,7 @@ MIGRATIONS: list[str] = [
     );
     CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL;
     CREATE INDEX rows_compactions ON rows (session, seq) WHERE kind = 'compaction';
-    CREATE INDEX rows_fts ON rows USING gin ({FTS_DOCUMENT});
+    CREATE INDEX rows_fts ON rows USING gin ({_FTS_DOCUMENT_V1});
     CREATE TABLE notes (
         id       BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         session  TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
@@ -124,6 +132,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE notes ADD COLUMN actor TEXT COLLATE "C";
     ALTER TABLE notes ADD COLUMN run TEXT COLLATE "C";
     ALTER TABLE notes ADD COLUMN sources TEXT COLLATE "C" NOT NULL DEFAULT '[]';
+    """,
+    # 5: recall's index splits paths and host names into their words (FTS_DOCUMENT).
+    f"""
+    DROP INDEX rows_fts;
+    CREATE INDEX rows_fts ON rows USING gin ({FTS_DOCUMENT});
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
