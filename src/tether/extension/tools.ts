@@ -22,9 +22,10 @@
  */
 
 import { createConnection } from "node:net";
-import { Type } from "@earendil-works/pi-ai";
 import type { ExtensionAPI } from "@earendil-works/pi-coding-agent";
 import { defineTool } from "@earendil-works/pi-coding-agent";
+// pi resolves `typebox` for every extension (its loader aliases it), as its docs import it.
+import { Type } from "typebox";
 
 export const SOCKET_ENV = "TETHER_TOOLS_SOCKET";
 export const TOKEN_ENV = "TETHER_TOOLS_TOKEN";
