@@ -63,7 +63,9 @@ def seed(ledger: Ledger, *, secret_sources: tuple[str, ...] = ()) -> Row:
 def run(
     ledger: Ledger, config: Config, text: str, tmp: Path, *, actor: str = "user:ana"
 ) -> RunOutcome:
-    request = RunRequest(session="s1", agent="rev", text=text, actor=actor, workdir=tmp)
+    work = tmp / "work"  # beside the ledger and the run directories, never around them
+    work.mkdir(exist_ok=True)
+    request = RunRequest(session="s1", agent="rev", text=text, actor=actor, workdir=work)
 
     async def go() -> RunOutcome:
         return await execute_run(ledger, config, request)
@@ -249,3 +251,24 @@ def test_recall_calls_with_bad_arguments_get_an_error_the_model_can_act_on(
     assert 'recall({"query":' in bare
     assert "2000-byte limit" in long_note
     assert store.notes("s1", "rev") == []
+
+
+def test_the_agents_tools_never_see_the_capability(
+    tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    seed(store)
+    probe = 'echo "token=[$TETHER_TOOLS_TOKEN] socket=[$TETHER_TOOLS_SOCKET]"'
+    p = scripted_provider(
+        [
+            Reply(tool_calls=[ToolCall("bash", {"command": probe}, id="c1")]),
+            Reply(tool_calls=[ToolCall("recall", {"query": "vault"}, id="c2")]),
+            Reply("Done."),
+        ]
+    )
+    config = make_config(tmp_path, p.url, tools=["bash"])
+    outcome = run(store, config, "Look around", tmp_path)
+
+    assert outcome.status is RunStatus.FINISHED, outcome.error
+    [shown] = tool_results(p, 1)
+    assert "token=[] socket=[]" in shown
+    assert SECRET in tool_results(p, 2)[1], "the extension still reaches the harness"
