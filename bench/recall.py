@@ -109,19 +109,21 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="10^3, 10^4, 10^5 rows")
     parser.add_argument("--postgres", metavar="URL", help="also bench PostgreSQL at URL")
+    parser.add_argument("--no-sqlite", action="store_true", help="skip SQLite")
     args = parser.parse_args()
     sizes = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**5, 10**6]
 
-    with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite://{Path(tmp) / 'recall.db'}"
-        with open_ledger(url) as ledger:
-            conn = ledger._conn  # type: ignore[attr-defined]
+    if not args.no_sqlite:
+        with tempfile.TemporaryDirectory() as tmp:
+            url = f"sqlite://{Path(tmp) / 'recall.db'}"
+            with open_ledger(url) as ledger:
+                conn = ledger._conn  # type: ignore[attr-defined]
 
-            def like_sqlite(session: str) -> int:
-                sql = "SELECT seq FROM rows WHERE session = ? AND text LIKE ?"
-                return len(conn.execute(sql, (session, f"%{TERM}%")).fetchall())
+                def like_sqlite(session: str) -> int:
+                    sql = "SELECT seq FROM rows WHERE session = ? AND text LIKE ?"
+                    return len(conn.execute(sql, (session, f"%{TERM}%")).fetchall())
 
-            bench("sqlite", ledger, sizes, like_sqlite)
+                bench("sqlite", ledger, sizes, like_sqlite)
 
     if args.postgres:
         schema = f"bench_{uuid.uuid4().hex[:12]}"
