@@ -61,6 +61,8 @@ FTS_DOCUMENT = (
     f"to_tsvector('simple', translate(left(text, {FTS_MAX_CHARS}), "
     f"'{_FTS_JOINERS}', '{' ' * (len(_FTS_JOINERS))}'))"
 )
+# A search ranks at most this many matches of a session (ranking re-parses each row's text).
+RANK_CANDIDATES = 1000
 _FTS_DOCUMENT_V1 = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
 
 # Each entry migrates from version i to i + 1. Append, never edit: a ledger on disk replays them.
@@ -287,21 +289,39 @@ class PostgresLedger(SqlLedger):
         offset: int,
         snippet_chars: int,
     ) -> tuple[str, list[Any]]:
-        # Any of the words (each a plainto_tsquery, so no query syntax reaches the parser),
-        # matched through the GIN index on FTS_DOCUMENT; ranked, limited, and only then given
-        # a headline (ts_headline re-parses a row's text, so it runs for the hits alone).
+        # Any of the words (each a plainto_tsquery, so no query syntax reaches the parser).
+        # The match alone is materialized first, so it can only be answered by the GIN index on
+        # FTS_DOCUMENT, whatever the statistics (without them the planner walks the session's
+        # rows and parses every one). Ranking re-parses a row's text, so at most RANK_CANDIDATES
+        # matches of the session (the newest) are ranked; ts_headline runs for the hits alone.
         query = " || ".join("plainto_tsquery('simple', ?)" for _ in words)
         words_per = max(8, min(60, snippet_chars // 7))
         sql = (
-            f"WITH hits AS (SELECT r.id, ts_rank({FTS_DOCUMENT}, {query}) AS rank "
-            f"FROM rows r WHERE {FTS_DOCUMENT} @@ ({query}) AND r.session = ? "
-            "AND r.seq >= ? AND r.seq <= ? "
-            "ORDER BY rank DESC, r.seq LIMIT ? OFFSET ?) "
+            f"WITH matched AS MATERIALIZED (SELECT id FROM rows WHERE {FTS_DOCUMENT} @@ "
+            f"({query})), "
+            # Each match is looked up by id (OFFSET 0 keeps the lateral subquery apart, so the
+            # planner cannot turn it into a walk over the session's rows).
+            "candidates AS (SELECT c.id, c.seq, c.text FROM matched, LATERAL "
+            "(SELECT r.id, r.seq, r.session, r.text FROM rows r WHERE r.id = matched.id "
+            "OFFSET 0) c WHERE c.session = ? AND c.seq >= ? AND c.seq <= ? "
+            "ORDER BY c.seq DESC LIMIT ?), "
+            f"hits AS (SELECT id, seq, ts_rank({FTS_DOCUMENT}, {query}) AS rank FROM candidates "
+            "ORDER BY rank DESC, seq LIMIT ? OFFSET ?) "
             f"SELECT {_R_COLS}, ts_headline('simple', left(r.text, {FTS_MAX_CHARS}), "
             f"{query}, ?) FROM hits JOIN rows r ON r.id = hits.id ORDER BY hits.rank DESC, r.seq"
         )
         options = f'MaxWords={words_per}, MinWords={words_per // 2}, StartSel="", StopSel=""'
-        params = [*words, *words, session_id, *seqs, limit, offset, *words, options]
+        params = [
+            *words,
+            session_id,
+            *seqs,
+            RANK_CANDIDATES,
+            *words,
+            limit,
+            offset,
+            *words,
+            options,
+        ]
         return sql, params
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
