@@ -103,7 +103,6 @@ class ToolServer:
             self._private_dir = Path(tempfile.mkdtemp(prefix="tether-tools-"))  # 0700
             path = self._private_dir / "tools.sock"
         self.path = path.resolve()
-        self.calls: dict[ToolName, int] = dict.fromkeys(ToolName, 0)
 
     @property
     def env(self) -> dict[str, str]:
@@ -159,7 +158,6 @@ class ToolServer:
         args = request.get("args")
         if not isinstance(args, dict):
             args = {}
-        self.calls[tool] += 1
         try:
             if tool is ToolName.RECALL:
                 return await self._recall(args)

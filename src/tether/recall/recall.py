@@ -372,6 +372,24 @@ def read_range(
     pages = 0
     # The worst case of what the end of the answer adds (a continuation call), kept free.
     reserve = 96
+    # Sizes are added up as rows are taken (each form: the answer without rows, plus each row
+    # and its separator), not measured again for every row.
+    used = [0, 0]
+    bare: list[int] = []  # the sizes of the answer without rows, for the withheld so far
+    bare_for = -1
+
+    def fits(item: RecalledRow) -> bool:
+        nonlocal bare, bare_for
+        if bare_for != len(withheld):
+            empty = build([], withheld, None)
+            bare, bare_for = [_size(empty.to_text()), _json_size(empty.to_json())], len(withheld)
+        sep = 1 if taken else 0
+        cost = [_size(item.to_text()) + sep, _json_size(item.to_json()) + sep]
+        if all(bare[i] + used[i] + cost[i] + reserve <= MAX_ANSWER_BYTES for i in (0, 1)):
+            used[0], used[1] = used[0] + cost[0], used[1] + cost[1]
+            return True
+        return False
+
     while at <= top and nxt is None:
         if pages == _RANGE_PAGES:
             nxt = at
@@ -385,28 +403,22 @@ def read_range(
                 withheld.append(row.seq)
                 continue
             item = RecalledRow(row.seq, row.actor, _role(row), row_text(row.kind, row.body))
-            trial = build([*taken, item], withheld, None)
-            if _size(trial.to_text()) + reserve <= MAX_ANSWER_BYTES and (
-                _json_size(trial.to_json()) + reserve <= MAX_ANSWER_BYTES
-            ):
+            if fits(item):
                 taken.append(item)
                 shown.append(row)
                 continue
             if not taken:  # a row alone too big: show as much of it as fits
-                budget = MAX_ANSWER_BYTES - _size(build([], withheld, None).to_text()) - 400
+                budget = MAX_ANSWER_BYTES - 400
                 while budget > 0:
                     cut = RecalledRow(
                         item.seq, item.actor, item.role, _cut(item.text, budget), True
                     )
-                    trial = build([cut], withheld, None)
-                    if _size(trial.to_text()) + reserve <= MAX_ANSWER_BYTES and (
-                        _json_size(trial.to_json()) + reserve <= MAX_ANSWER_BYTES
-                    ):
+                    if fits(cut):
                         taken.append(cut)
                         shown.append(row)
                         break
                     budget = budget * 4 // 5
-                nxt = row.seq + 1 if row.seq < hi else None
+                nxt = row.seq + 1
             else:
                 nxt = row.seq
             break
@@ -415,6 +427,11 @@ def read_range(
     if nxt is not None and nxt > hi:
         nxt = None
     answer = build(taken, [s for s in withheld if nxt is None or s < nxt], nxt)
+    while taken and not _fits(answer):  # the sums above are exact; this only guards them
+        taken.pop()
+        shown.pop()
+        nxt = taken[-1].seq + 1 if taken else lo
+        answer = build(taken, [s for s in withheld if s < nxt], nxt)
     return _with_sources(answer, shown)
 
 
