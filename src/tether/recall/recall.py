@@ -62,10 +62,10 @@ class RecallMode(enum.StrEnum):
 
 
 def _role(row: Row) -> str:
+    """pi's role for a message (a tool's result names its tool in the actor, ``tool:bash``);
+    the kind for a compaction or a receipt."""
     if row.kind is RowKind.MESSAGE:
-        role = row.role or "message"
-        tool = row.body.get("toolName")
-        return f"{role}:{tool}" if role == "toolResult" and isinstance(tool, str) else role
+        return row.role or "message"
     return row.kind.value
 
 
