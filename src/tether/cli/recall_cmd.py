@@ -50,8 +50,9 @@ def recall(
     Rows the actor is not admitted to are named by seq, never shown. With --from/--to and a
     QUERY, the search covers only that range. Every answer is at most 16,000 bytes.
 
-    Examples: tether recall -s review-42 --actor user:ana "deploy password"
-              tether recall -s review-42 --from 10 --to 41 --json
+    Example: tether recall -s review-42 --actor user:ana "deploy password"
+
+    Example: tether recall -s review-42 --from 10 --to 41 --json
     """
     cfg, store = open_configured_ledger(config, ledger)
     try:
