@@ -27,6 +27,7 @@ FLOORS: dict[str, int] = {
     "pi": 3,
     "model": 3,
     "runtime": 3,
+    "recall": 3,
     # 4: pi's entries into the ledger
     "mirror": 4,
     # 5: one run's lifecycle; pi session files in and out

@@ -19,6 +19,7 @@
     │                          permission, connection lost, corrupt); names the ledger and what
     │                          to do
     ├── HarnessError           driving pi failed (startup, transport, protocol)
+    ├── RecallError            a recall or note request is malformed or over its bound (exit 2)
     ├── ModelError             the embedded model server is missing, failed to start or to stop
     └── Refused                a follow-up view was refused (tether.followup.Refused; carries
                                a RefusalReason)
@@ -40,6 +41,7 @@ __all__ = [
     "LedgerError",
     "ModelError",
     "NotFound",
+    "RecallError",
     "RunNotActive",
     "SessionBusy",
     "SessionRefusing",
@@ -127,6 +129,10 @@ class StorageError(LedgerError):
 
 class HarnessError(TetherError):
     """Driving pi failed: it did not start, its transport broke, or it spoke out of protocol."""
+
+
+class RecallError(TetherError):
+    """A recall or note request is malformed (no words, a reversed range) or over its bound."""
 
 
 class ModelError(TetherError):

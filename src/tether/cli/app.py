@@ -34,6 +34,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "model_app",
         "The embedded local model (SmolLM2-135M on llama.cpp), served on 127.0.0.1.",
     ),
+    "recall": (
+        "recall_cmd",
+        "recall",
+        "Search a session's retained rows, or read rows FROM..TO, as ACTOR may see them.",
+    ),
+    "note": ("recall_cmd", "note_app", "Notes an agent keeps for its later runs on a session."),
     "import": ("interop_cmd", "import_app", "Bring sessions of other tools into the ledger."),
     "export": ("interop_cmd", "export_app", "Write ledger sessions in other tools' formats."),
     "recover": (

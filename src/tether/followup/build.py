@@ -139,9 +139,12 @@ def read_inputs(
     run, req = found if found is not None else (None, None)
     comp = reads.latest_compaction(session)
     notes = tuple(
-        reads.notes(
+        # A note carries the sources its run was given: admission applies to it like a row.
+        n
+        for n in reads.notes(
             session, agent, max_count=config.notes_max_count, max_bytes=config.notes_max_bytes
         )
+        if admission.admits(n.sources)
     )
     covers = coverage(comp)
     admitted_comp = comp if comp is not None and admission.admits(comp.sources) else None

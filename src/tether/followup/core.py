@@ -733,6 +733,8 @@ def finish(
         sources.update(comp.sources)
     if req_row is not None:
         sources.update(req_row.sources)
+    for note in inp.notes:
+        sources.update(note.sources)
     for plan in plans:
         sources.update(plan.sources)
     checkpoint = None

@@ -70,6 +70,8 @@ from tether.harness.pump import RunState, follow
 from tether.harness.rundir import check_workdir, make_run_dir, runs_dir
 from tether.harness.stops import StopControl, Stopped, StopReason, race_clock
 from tether.harness.stranded import keep_stranded_end, record_stranded_ends
+from tether.harness.tools import EXTENSION_PATH as TOOLS_EXTENSION
+from tether.harness.tools import TOOL_NAMES, ToolServer
 from tether.harness.turn import (
     NOT_NEEDED,
     CheckpointResult,
@@ -537,6 +539,7 @@ class _Driver:
         offset, known = write_session_file(
             session_file, session_id=self.fence.run, cwd=workdir, messages=entries
         )
+        tools = self._tools()
         # What a harness that takes this run over needs to go on mirroring it (DESIGN §3.7).
         custody_place.save_run_state(
             self.run_dir,
@@ -547,6 +550,8 @@ class _Driver:
                 "deadline_at": time.time() + max(0.0, self.deadline - self.clock.now()),
                 "view": view_record,
                 "sources": sorted(self.obligations.sources),
+                "tools_token": tools.token,
+                "tools_path": str(tools.path),
             },
         )
         mirror = self._mirror(session_file, offset, known, request_seq)
@@ -559,12 +564,17 @@ class _Driver:
                 provider=self.agent.provider,
                 model=self.agent.model,
                 effort=self.agent.effort,
-                tools=self.agent.tools,
+                # `--tools` is an allowlist that unregisters every tool it does not name,
+                # extension tools included: recall and note are named whatever the agent's
+                # list holds.
+                tools=list(dict.fromkeys((*self.agent.tools, *TOOL_NAMES))),
                 system_prompt=self.agent.system_prompt,
-                extensions=(*channel.extensions, *self.request.extensions),
+                extensions=tuple(
+                    dict.fromkeys((*channel.extensions, *self.request.extensions, TOOLS_EXTENSION))
+                ),
             )
             env = pi_env(
-                {**agent_dir.env, **channel.env},
+                {**agent_dir.env, **channel.env, **tools.env},
                 self.pi,
                 tmpdir=self.run_dir / "tmp",
                 agent_env=self.agent.env,
@@ -588,7 +598,7 @@ class _Driver:
                     grace_s=self.grace,
                     pass_fds=channel.pass_fds,
                 )
-            return await self._drive_pi(opener, mirror, log_path, view_record)
+            return await self._drive_pi(opener, mirror, log_path, view_record, tools)
 
     def _mirror(
         self, session_file: Path, offset: int, known: dict[str, int | None], request_seq: int
@@ -621,7 +631,26 @@ class _Driver:
             int(saved["request_seq"]),
         )
         opener = KeeperTransport.attach(self.run_dir, placement, grace_s=self.grace)
-        return await self._drive_pi(opener, mirror, self.run_dir / "pi.log", saved.get("view"))
+        # pi knows the tools socket and token it was started with: serve those again.
+        tools = None
+        if saved.get("tools_token") and saved.get("tools_path"):
+            tools = self._tools(token=saved["tools_token"], path=Path(saved["tools_path"]))
+        return await self._drive_pi(
+            opener, mirror, self.run_dir / "pi.log", saved.get("view"), tools
+        )
+
+    def _tools(self, *, token: str | None = None, path: Path | None = None) -> ToolServer:
+        return ToolServer(
+            ledger=self.ledger,
+            grants=self.config.access.grants,
+            fence=self.fence,
+            agent=self.request.agent,
+            actor=self.request.actor,
+            obligations=self.obligations,
+            run_dir=self.run_dir,
+            token=token,
+            path=path,
+        )
 
     async def _drive_pi(
         self,
@@ -629,6 +658,7 @@ class _Driver:
         mirror: Mirror,
         log_path: Path,
         view_record: dict[str, Any] | None,
+        tools: ToolServer | None,
     ) -> RunOutcome:
         task: TaskEnd = PiFailed(StopReason.STARTUP_FAILED, "pi was not started")
         checkpoint, late = NOT_NEEDED, None
@@ -638,6 +668,8 @@ class _Driver:
             async with opener as transport, anyio.create_task_group() as keeper:
                 # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
                 keeper.start_soon(self._kill_on_hard_stop, transport)
+                if tools is not None:
+                    await keeper.start(tools.serve)  # recall and note (DESIGN §3.9)
                 try:
                     task, checkpoint, late = await self._with_pi(transport, mirror)
                 finally:

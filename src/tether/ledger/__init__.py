@@ -17,6 +17,7 @@ from tether.ledger.models import (
     RowKind,
     Run,
     RunStatus,
+    SearchHit,
     Session,
     TailRead,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "RowKind",
     "Run",
     "RunStatus",
+    "SearchHit",
     "Session",
     "TailRead",
     "open_ledger",

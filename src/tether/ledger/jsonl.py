@@ -55,7 +55,7 @@ _MAX_INT_DIGITS = 308
 _SESSION_KEYS = {"type", "id", "created", "refusing"}
 _RUN_KEYS = {"type", "id", "session", "agent", "status", "request_seq", "started", "ended", "epoch"}
 _ROW_KEYS = {"type", "session", "seq", "run", "actor", "sources", "entry", *RowKind}
-_NOTE_KEYS = {"type", "session", "agent", "text", "at"}
+_NOTE_KEYS = {"type", "session", "agent", "text", "at", "actor", "run", "sources"}
 # A lone surrogate can only arrive as a \u escape (raw bytes were checked as UTF-8 already).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -196,7 +196,16 @@ def _record(obj: dict[str, Any]) -> ParsedRecord:
         )
     assert isinstance(rec, NoteRecord)
     extra = _extra(obj, _NOTE_KEYS)
-    return Note(session=rec.session, agent=rec.agent, text=rec.text, at=rec.at, extra=extra)
+    return Note(
+        session=rec.session,
+        agent=rec.agent,
+        text=rec.text,
+        at=rec.at,
+        extra=extra,
+        actor=rec.actor,
+        run=rec.run,
+        sources=tuple(rec.sources),
+    )
 
 
 def _extra(obj: dict[str, Any], known: set[str]) -> dict[str, Any]:
@@ -403,6 +412,9 @@ def note_record(n: Note) -> dict[str, Any]:
         "agent": n.agent,
         "text": n.text,
         "at": n.at,
+        **({"actor": n.actor} if n.actor is not None else {}),
+        **({"run": n.run} if n.run is not None else {}),
+        **({"sources": list(n.sources)} if n.sources else {}),
     }
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "RowKind",
     "Run",
     "RunStatus",
+    "SearchHit",
     "Session",
     "TailRead",
     "now_iso",
@@ -170,6 +171,18 @@ class Note:
     text: str
     at: str
     extra: dict[str, Any] = field(default_factory=dict)
+    actor: str | None = None
+    """The actor of the run that wrote it (the requester the agent worked for)."""
+    run: str | None = None
+    sources: tuple[str, ...] = ()
+    """The run's obligations when it wrote the note: admission applies to a note like a row."""
+
+
+class SearchHit(NamedTuple):
+    """A row that a full-text search found, with a snippet of its text around the match."""
+
+    row: Row
+    snippet: str
 
 
 @dataclass(frozen=True, slots=True)

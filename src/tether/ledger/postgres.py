@@ -47,7 +47,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from tether.errors import BadLedgerUrl, LedgerError, StorageError
-from tether.ledger.sql import Cursor, SqlLedger
+from tether.ledger.sql import ROW_COLUMNS, Cursor, SqlLedger
 
 __all__ = ["FTS_DOCUMENT", "FTS_MAX_CHARS", "MIGRATIONS", "SCHEMA_VERSION", "PostgresLedger"]
 
@@ -55,7 +55,17 @@ __all__ = ["FTS_DOCUMENT", "FTS_MAX_CHARS", "MIGRATIONS", "SCHEMA_VERSION", "Pos
 # The worst text measured (two-character CJK words, all distinct) takes 4.7 bytes of tsvector
 # per character, so the first 100,000 characters of a row are indexed: at most ~470 KB.
 FTS_MAX_CHARS = 100_000
-FTS_DOCUMENT = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
+# PostgreSQL's parser keeps paths, host names and file names whole ("kv/quokka", "app.yaml"),
+# where SQLite's unicode61 splits them: the characters that join them become spaces first, so a
+# word inside them is found on both backends.
+_FTS_JOINERS = "/.:@=\\"
+FTS_DOCUMENT = (
+    f"to_tsvector('simple', translate(left(text, {FTS_MAX_CHARS}), "
+    f"'{_FTS_JOINERS}', '{' ' * (len(_FTS_JOINERS))}'))"
+)
+# A search ranks at most this many matches of a session (ranking re-parses each row's text).
+RANK_CANDIDATES = 1000
+_FTS_DOCUMENT_V1 = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
 
 # Each entry migrates from version i to i + 1. Append, never edit: a ledger on disk replays them.
 # Bodies, extras and timestamps are TEXT exactly as SQLite stores them (canonical JSON, the
@@ -105,7 +115,7 @@ MIGRATIONS: list[str] = [
     );
     CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL;
     CREATE INDEX rows_compactions ON rows (session, seq) WHERE kind = 'compaction';
-    CREATE INDEX rows_fts ON rows USING gin ({FTS_DOCUMENT});
+    CREATE INDEX rows_fts ON rows USING gin ({_FTS_DOCUMENT_V1});
     CREATE TABLE notes (
         id       BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         session  TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
@@ -132,8 +142,20 @@ MIGRATIONS: list[str] = [
     CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
     CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
     """,
+    # 5: a note names the actor of the run that wrote it, the run, and the sources it carries.
+    """
+    ALTER TABLE notes ADD COLUMN actor TEXT COLLATE "C";
+    ALTER TABLE notes ADD COLUMN run TEXT COLLATE "C";
+    ALTER TABLE notes ADD COLUMN sources TEXT COLLATE "C" NOT NULL DEFAULT '[]';
+    """,
+    # 6: recall's index splits paths and host names into their words (FTS_DOCUMENT).
+    f"""
+    DROP INDEX rows_fts;
+    CREATE INDEX rows_fts ON rows USING gin ({FTS_DOCUMENT});
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+_R_COLS = ", ".join(f"r.{col}" for col in ROW_COLUMNS)
 
 _VERSION_TABLE = "tether_schema"
 # The advisory lock that serializes migrations: one per schema, so ledgers in different
@@ -333,6 +355,50 @@ class PostgresLedger(SqlLedger):
     def _read(self) -> Iterator[Cursor]:
         with self._connection() as conn, conn.cursor() as cur:
             yield _PgCursor(cur)
+
+    def _search_query(
+        self,
+        words: Sequence[str],
+        session_id: str,
+        seqs: tuple[int, int],
+        limit: int,
+        offset: int,
+        snippet_chars: int,
+    ) -> tuple[str, list[Any]]:
+        # Any of the words (each a plainto_tsquery, so no query syntax reaches the parser).
+        # The match alone is materialized first, so it can only be answered by the GIN index on
+        # FTS_DOCUMENT, whatever the statistics (without them the planner walks the session's
+        # rows and parses every one). Ranking re-parses a row's text, so at most RANK_CANDIDATES
+        # matches of the session (the newest) are ranked; ts_headline runs for the hits alone.
+        query = " || ".join("plainto_tsquery('simple', ?)" for _ in words)
+        words_per = max(8, min(60, snippet_chars // 7))
+        sql = (
+            f"WITH matched AS MATERIALIZED (SELECT id FROM rows WHERE {FTS_DOCUMENT} @@ "
+            f"({query})), "
+            # Each match is looked up by id (OFFSET 0 keeps the lateral subquery apart, so the
+            # planner cannot turn it into a walk over the session's rows).
+            "candidates AS (SELECT c.id, c.seq, c.text FROM matched, LATERAL "
+            "(SELECT r.id, r.seq, r.session, r.text FROM rows r WHERE r.id = matched.id "
+            "OFFSET 0) c WHERE c.session = ? AND c.seq >= ? AND c.seq <= ? "
+            "ORDER BY c.seq DESC LIMIT ?), "
+            f"hits AS (SELECT id, seq, ts_rank({FTS_DOCUMENT}, {query}) AS rank FROM candidates "
+            "ORDER BY rank DESC, seq LIMIT ? OFFSET ?) "
+            f"SELECT {_R_COLS}, ts_headline('simple', left(r.text, {FTS_MAX_CHARS}), "
+            f"{query}, ?) FROM hits JOIN rows r ON r.id = hits.id ORDER BY hits.rank DESC, r.seq"
+        )
+        options = f'MaxWords={words_per}, MinWords={words_per // 2}, StartSel="", StopSel=""'
+        params = [
+            *words,
+            session_id,
+            *seqs,
+            RANK_CANDIDATES,
+            *words,
+            limit,
+            offset,
+            *words,
+            options,
+        ]
+        return sql, params
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)

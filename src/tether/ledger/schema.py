@@ -275,6 +275,9 @@ class NoteRecord(_Open):
     agent: Id
     text: str
     at: Text
+    actor: Id | None = None
+    run: Id | None = None
+    sources: list[Text] = []
 
 
 Record = Annotated[SessionRecord | RunRecord | RowRecord | NoteRecord, Field(discriminator="type")]

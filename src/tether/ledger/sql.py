@@ -18,6 +18,7 @@ import abc
 import contextlib
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ from tether.ledger.models import (
     RowKind,
     Run,
     RunStatus,
+    SearchHit,
     Session,
     TailRead,
     now_iso,
@@ -49,7 +51,7 @@ from tether.ledger.models import (
 from tether.ledger.text import row_text
 from tether.sizes import canonical_json, measure
 
-__all__ = ["Cursor", "DuplicateEntry", "Importer", "SqlLedger"]
+__all__ = ["ROW_COLUMNS", "Cursor", "DuplicateEntry", "Importer", "SqlLedger"]
 
 # Notes travel whole into every follow-up, so their reads are bounded by count and bytes.
 DEFAULT_NOTES_COUNT = 32
@@ -61,7 +63,22 @@ DEFAULT_TAIL_ROWS = 20_000
 _IMPORT_CHUNK = 1000
 _IMPORT_CHUNK_BYTES = 8 * 1024 * 1024
 
-_ROW_COLS = "session, seq, run, actor, kind, body, sources, bytes, media_bytes, entry_id, extra"
+ROW_COLUMNS = (
+    "session",
+    "seq",
+    "run",
+    "actor",
+    "kind",
+    "body",
+    "sources",
+    "bytes",
+    "media_bytes",
+    "entry_id",
+    "extra",
+)
+_ROW_COLS = ", ".join(ROW_COLUMNS)
+_WORD = re.compile(r"\w+")
+_NOTE_COLS = "agent, text, at, extra, actor, run, sources"
 _RUN_COLS = "id, session, agent, status, request_seq, started, ended, epoch, extra"
 _ENDED = "(" + ", ".join(f"'{s.value}'" for s in sorted(ENDED_STATUSES)) + ")"
 
@@ -117,6 +134,19 @@ def _row(r: Sequence[Any]) -> Row:
         media_bytes=r[8],
         entry_id=r[9],
         extra=_loads(r[10]),
+    )
+
+
+def _note(session_id: str, r: Sequence[Any]) -> Note:
+    return Note(
+        session=session_id,
+        agent=r[0],
+        text=r[1],
+        at=r[2],
+        extra=_loads(r[3]),
+        actor=r[4],
+        run=r[5],
+        sources=tuple(json.loads(r[6])) if r[6] != "[]" else (),
     )
 
 
@@ -756,16 +786,47 @@ class SqlLedger(abc.ABC):
 
     # -- notes -------------------------------------------------------------------------------
 
-    def add_note(self, session_id: str, agent: str, text: str, *, at: str | None = None) -> Note:
+    def add_note(
+        self,
+        session_id: str,
+        agent: str,
+        text: str,
+        *,
+        at: str | None = None,
+        actor: str | None = None,
+        run: str | None = None,
+        sources: Sequence[str] = (),
+    ) -> Note:
         check_id("agent", agent)
-        note = Note(session=session_id, agent=agent, text=text, at=at or now_iso())
+        note = Note(
+            session=session_id,
+            agent=agent,
+            text=text,
+            at=at or now_iso(),
+            actor=actor,
+            run=run,
+            sources=tuple(sorted(set(sources))),
+        )
         with self._tx() as c:
-            c.execute(
-                "INSERT INTO notes (session, agent, text, at, bytes, extra) "
-                "VALUES (?, ?, ?, ?, ?, '{}')",
-                (session_id, agent, text, note.at, len(text.encode("utf-8"))),
-            )
+            self._insert_note(c, note)
         return note
+
+    def _insert_note(self, c: Cursor, n: Note) -> None:
+        c.execute(
+            "INSERT INTO notes (session, agent, text, at, bytes, extra, actor, run, sources) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                n.session,
+                n.agent,
+                n.text,
+                n.at,
+                len(n.text.encode("utf-8")),
+                canonical_json(n.extra) if n.extra else "{}",
+                n.actor,
+                n.run,
+                canonical_json(list(n.sources)) if n.sources else "[]",
+            ),
+        )
 
     def notes(
         self,
@@ -778,27 +839,67 @@ class SqlLedger(abc.ABC):
         """The newest notes of an agent on a session that fit both bounds, oldest first."""
         with self._read() as c:
             c.execute(
-                "SELECT text, at, bytes, extra FROM notes WHERE session = ? AND agent = ? "
+                f"SELECT {_NOTE_COLS}, bytes FROM notes WHERE session = ? AND agent = ? "
                 "ORDER BY id DESC LIMIT ?",
                 (session_id, agent, max_count),
             )
             picked: list[Note] = []
             total = 0
-            for text, at, size, extra in c.fetchall():
-                if total + size > max_bytes:
+            for r in c.fetchall():
+                if total + r[-1] > max_bytes:
                     break
-                total += size
-                picked.append(Note(session_id, agent, text, at, _loads(extra)))
+                total += r[-1]
+                picked.append(_note(session_id, r))
         picked.reverse()
         return picked
 
     def all_notes(self, session_id: str) -> list[Note]:
         with self._read() as c:
             c.execute(
-                "SELECT agent, text, at, extra FROM notes WHERE session = ? ORDER BY id",
-                (session_id,),
+                f"SELECT {_NOTE_COLS} FROM notes WHERE session = ? ORDER BY id", (session_id,)
             )
-            return [Note(session_id, r[0], r[1], r[2], _loads(r[3])) for r in c.fetchall()]
+            return [_note(session_id, r) for r in c.fetchall()]
+
+    # -- full-text search (recall) ------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _search_query(
+        self,
+        words: Sequence[str],
+        session_id: str,
+        seqs: tuple[int, int],
+        limit: int,
+        offset: int,
+        snippet_chars: int,
+    ) -> tuple[str, list[Any]]:
+        """The dialect's ranked search over one session's rows with ``seqs[0] <= seq <=
+        seqs[1]`` (the statement and its parameters): columns are :data:`_ROW_COLS` of
+        ``rows`` and then a snippet, best ranked first."""
+
+    def search(
+        self,
+        session_id: str,
+        words: Sequence[str],
+        *,
+        first: int = 1,
+        last: int = 2**62,
+        limit: int = 8,
+        offset: int = 0,
+        snippet_chars: int = 400,
+    ) -> list[SearchHit]:
+        """Rows of a session whose text holds any of ``words`` (whole words, any case), best
+        ranked first, each with a snippet around the match. Words are passed as values, never
+        as query syntax; a word that is not made of letters, digits or ``_`` is split into
+        those it contains."""
+        words = [w for w in dict.fromkeys(m.lower() for w in words for m in _WORD.findall(w))]
+        if not words:
+            return []
+        sql, params = self._search_query(
+            words, session_id, (first, last), limit, offset, snippet_chars
+        )
+        with self._read() as c:
+            c.execute(sql, params)
+            return [SearchHit(_row(r), r[11] or "") for r in c.fetchall()]
 
     # -- bounded reads -----------------------------------------------------------------------
 
@@ -1012,18 +1113,7 @@ class SqlLedger(abc.ABC):
         for sid, last in by_session.items():
             c.execute("UPDATE sessions SET last_seq = ? WHERE id = ?", (last, sid))
         for n in notes:
-            c.execute(
-                "INSERT INTO notes (session, agent, text, at, bytes, extra) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    n.session,
-                    n.agent,
-                    n.text,
-                    n.at,
-                    len(n.text.encode("utf-8")),
-                    canonical_json(n.extra),
-                ),
-            )
+            self._insert_note(c, n)
 
 
 class DuplicateEntry(Exception):
@@ -1103,10 +1193,7 @@ class Importer:
             self._flush()
 
     def note(self, n: Note) -> None:
-        self._c.execute(
-            "INSERT INTO notes (session, agent, text, at, bytes, extra) VALUES (?, ?, ?, ?, ?, ?)",
-            (n.session, n.agent, n.text, n.at, len(n.text.encode()), canonical_json(n.extra)),
-        )
+        self._ledger._insert_note(self._c, n)
 
     def _flush(self) -> None:
         if self._rows:

@@ -7,12 +7,13 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from tether.errors import BadLedgerUrl, LedgerError, StorageError
 from tether.files import private_dir, private_file
-from tether.ledger.sql import Cursor, SqlLedger
+from tether.ledger.sql import ROW_COLUMNS, Cursor, SqlLedger
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
@@ -86,8 +87,29 @@ MIGRATIONS: list[str] = [
     CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
     CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
     """,
+    # 5: recall's full-text index: FTS5 over rows.text as external content (the text is stored
+    # once, in rows), kept in sync by triggers, so appends, imports and copies all index it.
+    """
+    CREATE VIRTUAL TABLE rows_fts USING fts5(
+        text, content = 'rows', content_rowid = 'id', tokenize = 'unicode61 remove_diacritics 2'
+    );
+    CREATE TRIGGER rows_fts_insert AFTER INSERT ON rows BEGIN
+        INSERT INTO rows_fts (rowid, text) VALUES (new.id, new.text);
+    END;
+    CREATE TRIGGER rows_fts_delete AFTER DELETE ON rows BEGIN
+        INSERT INTO rows_fts (rows_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    END;
+    INSERT INTO rows_fts (rows_fts) VALUES ('rebuild');
+    """,
+    # 6: a note names the actor of the run that wrote it, the run, and the sources it carries.
+    """
+    ALTER TABLE notes ADD COLUMN actor TEXT;
+    ALTER TABLE notes ADD COLUMN run TEXT;
+    ALTER TABLE notes ADD COLUMN sources TEXT NOT NULL DEFAULT '[]';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+_R_COLS = ", ".join(f"r.{col}" for col in ROW_COLUMNS)
 BUSY_TIMEOUT_S = 30.0
 
 
@@ -334,6 +356,27 @@ class SQLiteLedger(SqlLedger):
                 raise self._error(exc) from exc
             finally:
                 cur.close()
+
+    def _search_query(
+        self,
+        words: Sequence[str],
+        session_id: str,
+        seqs: tuple[int, int],
+        limit: int,
+        offset: int,
+        snippet_chars: int,
+    ) -> tuple[str, list[Any]]:
+        # Each word a quoted FTS5 string (words hold only \w characters, so no quote to
+        # escape), any of them matching; rank is FTS5's bm25.
+        match = " OR ".join(f'"{w}"' for w in words)
+        tokens = max(8, min(64, snippet_chars // 6))
+        sql = (
+            f"SELECT {_R_COLS}, snippet(rows_fts, 0, '', '', '…', ?) "
+            "FROM rows_fts JOIN rows r ON r.id = rows_fts.rowid "
+            "WHERE rows_fts MATCH ? AND r.session = ? AND r.seq >= ? AND r.seq <= ? "
+            "ORDER BY rank, r.seq LIMIT ? OFFSET ?"
+        )
+        return sql, [tokens, match, session_id, *seqs, limit, offset]
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)

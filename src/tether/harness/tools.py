@@ -1,0 +1,243 @@
+"""The harness's side of the ``recall`` and ``note`` tools (DESIGN §3.9): a Unix socket in the run
+directory (mode 0600) that answers the extension inside pi (``extension/tools.ts``), one JSON
+line each way per connection, for callers that present the run's capability token.
+
+    tools = ToolServer(ledger=…, grants=…, fence=…, agent=…, actor=…, obligations=…, run_dir=…)
+    env = {**env, **tools.env}        # the socket's path and the token, for pi
+    await task_group.start(tools.serve)
+
+pi never opens the ledger: every answer comes from :mod:`tether.recall` here, for the run's
+actor (admission applies), and every row shown adds its sources to the run's obligations, so
+the rows the run writes after a recall carry them (DESIGN §3.10).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import hmac
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from tether.access import Obligations
+from tether.errors import LedgerError, NotFound, RecallError
+from tether.ledger import Fence, Ledger
+from tether.recall import RecallAnswer, add_note, read_range, search
+
+__all__ = ["EXTENSION_PATH", "SOCKET_ENV", "TOKEN_ENV", "TOOL_NAMES", "ToolName", "ToolServer"]
+
+EXTENSION_PATH = Path(__file__).resolve().parent.parent / "extension" / "tools.ts"
+"""The tools extension, loaded into every run's pi (``--extension``) whatever the agent's tools."""
+
+SOCKET_ENV = "TETHER_TOOLS_SOCKET"
+TOKEN_ENV = "TETHER_TOOLS_TOKEN"
+MAX_REQUEST_BYTES = 64 * 1024
+# Unix socket paths are limited (108 bytes on Linux, with the NUL); a run directory deeper than
+# this gets its socket in a private directory of its own under the system's temporary directory.
+_MAX_SOCKET_PATH = 100
+
+T = TypeVar("T")
+
+
+class ToolName(enum.StrEnum):
+    RECALL = "recall"
+    NOTE = "note"
+
+
+TOOL_NAMES = tuple(ToolName)
+"""The tools every run's pi has, whatever the agent's ``tools`` list holds."""
+
+
+def _int(value: Any, name: str) -> int | None:
+    """An integer argument; small models sometimes send ``"10"`` for ``10``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise RecallError(f'"{name}" must be a row number, e.g. 10')
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    raise RecallError(f'"{name}" must be a row number, e.g. 10')
+
+
+class ToolServer:
+    """Answers one run's tool calls. Made before pi starts (pi needs :attr:`env`); serves from
+    ``serve`` in the run's task group until that is cancelled."""
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        grants: Mapping[str, Sequence[str]],
+        fence: Fence,
+        agent: str,
+        actor: str,
+        obligations: Obligations,
+        run_dir: Path,
+        token: str | None = None,
+        path: Path | None = None,
+    ) -> None:
+        """``token`` and ``path``: those of the server a resumed run's pi already knows."""
+        self.ledger = ledger
+        self.grants = grants
+        self.fence = fence
+        self.agent = agent
+        self.actor = actor
+        self.obligations = obligations
+        self.token = token or secrets.token_urlsafe(32)
+        self._private_dir: Path | None = None
+        if path is not None:
+            self.path = path
+            return
+        path = run_dir / "tools.sock"
+        if len(os.fsencode(path.resolve())) > _MAX_SOCKET_PATH:
+            self._private_dir = Path(tempfile.mkdtemp(prefix="tether-tools-"))  # 0700
+            path = self._private_dir / "tools.sock"
+        self.path = path.resolve()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What pi's environment needs for the extension to reach this server."""
+        return {SOCKET_ENV: str(self.path), TOKEN_ENV: self.token}
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen (the socket 0600), report started, answer until cancelled; then remove it."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        listener = await anyio.create_unix_listener(self.path)
+        try:
+            self.path.chmod(0o600)
+            async with listener:
+                task_status.started()
+                await listener.serve(self._handle)
+        finally:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            if self._private_dir is not None:
+                shutil.rmtree(self._private_dir, ignore_errors=True)
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            reader = BufferedByteReceiveStream(stream)
+            try:
+                line = await reader.receive_until(b"\n", MAX_REQUEST_BYTES)
+            except (anyio.IncompleteRead, anyio.DelimiterNotFound, anyio.BrokenResourceError):
+                return
+            reply = await self.answer(line)
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await stream.send(json.dumps(reply, ensure_ascii=False).encode("utf-8") + b"\n")
+
+    async def answer(self, line: bytes) -> dict[str, Any]:
+        """The reply to one request line (never raises for a bad request)."""
+        try:
+            request = json.loads(line)
+        except ValueError:
+            return {"ok": False, "error": "the request is not JSON"}
+        if not isinstance(request, dict):
+            return {"ok": False, "error": "the request is not an object"}
+        token = request.get("token")
+        if not isinstance(token, str) or not hmac.compare_digest(
+            token.encode("utf-8"), self.token.encode("utf-8")
+        ):
+            return {"ok": False, "error": "the capability token is not this run's"}
+        try:
+            tool = ToolName(str(request.get("tool")))
+        except ValueError:
+            return {"ok": False, "error": f"unknown tool {request.get('tool')!r}"}
+        args = request.get("args")
+        if not isinstance(args, dict):
+            args = {}
+        try:
+            if tool is ToolName.RECALL:
+                return await self._recall(args)
+            return await self._note(args)
+        except (RecallError, NotFound) as exc:
+            return {"ok": False, "error": str(exc)}
+        except LedgerError as exc:
+            return {"ok": False, "error": f"the ledger failed: {exc}; try again later"}
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+    async def _recall(self, args: dict[str, Any]) -> dict[str, Any]:
+        query = args.get("query")
+        if query is not None and not isinstance(query, str):
+            raise RecallError('"query" must be text, e.g. "deploy password"')
+        first, last = _int(args.get("from"), "from"), _int(args.get("to"), "to")
+        found: RecallAnswer
+        if query and query.strip():
+            found = await self._in_thread(
+                search,
+                self.ledger,
+                self.fence.session,
+                query,
+                actor=self.actor,
+                grants=self.grants,
+                first=first,
+                last=last,
+            )
+        elif first is not None or last is not None:
+            found = await self._in_thread(
+                read_range,
+                self.ledger,
+                self.fence.session,
+                first,
+                last,
+                actor=self.actor,
+                grants=self.grants,
+            )
+        else:
+            raise RecallError(
+                'give a "query" (words to search for) or "from" and "to" (row numbers), '
+                'e.g. recall({"query":"deploy password"}) or recall({"from":10,"to":41})'
+            )
+        # What the model is shown becomes part of what the run was given (DESIGN §3.10).
+        self.obligations.add(found.sources)
+        details: dict[str, Any] = {
+            "seqs": list(found.seqs),
+            "withheld": [[a, b] for a, b in found.withheld],
+        }
+        if found.next is not None:
+            details["next"] = found.next
+        return {"ok": True, "text": found.to_text(), "details": details}
+
+    async def _note(self, args: dict[str, Any]) -> dict[str, Any]:
+        text = args.get("text")
+        if not isinstance(text, str):
+            raise RecallError('"text" must be the note\'s text')
+        note = await self._in_thread(
+            add_note,
+            self.ledger,
+            self.fence.session,
+            self.agent,
+            text,
+            actor=self.actor,
+            run=self.fence.run,
+            sources=self.obligations.sources,
+        )
+        size = len(note.text.encode("utf-8"))
+        return {
+            "ok": True,
+            "text": (
+                f"Saved a note of {size} bytes. Later runs of agent {self.agent} on this "
+                "session will see it with their newest notes."
+            ),
+            "details": {"bytes": size},
+        }

@@ -1,0 +1,263 @@
+"""The recall API and notes on every ledger backend: ranked search over the whole session, exact
+ranges, admission, the byte bounds of every answer, the index kept in sync on append, import and
+copy, notes with their actor and sources; and the harness's tool socket."""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+import stat
+from pathlib import Path
+
+import anyio
+import pytest
+
+from followup_sessions import RunWriter
+from tether.access import Obligations
+from tether.config import FollowupConfig
+from tether.errors import RecallError
+from tether.followup import FollowupView, build_view
+from tether.harness.tools import ToolServer
+from tether.ledger import Ledger, open_ledger
+from tether.ledger.jsonl import dump_session, load_file
+from tether.recall import (
+    MAX_ANSWER_BYTES,
+    MAX_HITS,
+    MAX_SNIPPET_BYTES,
+    RecallAnswer,
+    add_note,
+    read_range,
+    search,
+)
+
+GRANTS = {"user:ana": ["repo:*"], "user:bob": []}
+
+
+def sizes(answer: RecallAnswer) -> tuple[int, int]:
+    text = len(answer.to_text().encode("utf-8"))
+    js = len(json.dumps(answer.to_json(), ensure_ascii=False, separators=(",", ":")).encode())
+    return text, js
+
+
+def history(ledger: Ledger) -> RunWriter:
+    """Request, a secret early, a checkpoint over it, more work after."""
+    w = RunWriter.start(ledger, "s1", "rev")
+    w.request("Look at the deploy")
+    w.say("Early: the rollback token is quokka-991.")
+    w.say("Private: the signing key lives in vault path kv/quokka.", sources=("repo:acme/keys",))
+    w.checkpoint("Summary: looked at the deploy.")
+    for i in range(5):
+        w.say(f"Later remark {i} about nothing in particular.")
+    w.end()
+    return w
+
+
+def test_search_reaches_rows_a_checkpoint_covers_and_ranks_them(ledger: Ledger) -> None:
+    w = history(ledger)
+    answer = search(ledger, "s1", "quokka rollback", actor="user:ana", grants=GRANTS)
+    seqs = [h.seq for h in answer.hits]
+    assert seqs[0] == w.rows[1].seq, "the row holding both words ranks first"
+    assert set(seqs) == {w.rows[1].seq, w.rows[2].seq}
+    assert "quokka-991" in answer.hits[0].snippet
+    assert answer.sources == ("repo:acme/keys",)
+    assert "[tether: quoted evidence" in answer.to_text()
+    assert search(ledger, "s1", "QUOKKA", actor="user:ana", grants=GRANTS).hits
+
+
+def test_search_names_withheld_rows_and_never_shows_them(ledger: Ledger) -> None:
+    w = history(ledger)
+    answer = search(ledger, "s1", "quokka", actor="user:bob", grants=GRANTS)
+    private = w.rows[2].seq
+    assert [h.seq for h in answer.hits] == [w.rows[1].seq]
+    assert answer.withheld == ((private, private),)
+    assert "kv/quokka" not in answer.to_text()
+    assert "kv/quokka" not in json.dumps(answer.to_json())
+    assert answer.sources == ()
+
+
+def test_search_takes_no_query_syntax(ledger: Ledger) -> None:
+    history(ledger)
+    for query in ['"unbalanced', "a OR NOT b*", "kv/quokka) AND (", "NEAR(x y)"]:
+        search(ledger, "s1", query, actor="user:ana", grants=GRANTS)
+    with pytest.raises(RecallError):
+        search(ledger, "s1", " ?! ", actor="user:ana", grants=GRANTS)
+
+
+def test_search_answers_stay_within_their_bounds(ledger: Ledger) -> None:
+    w = RunWriter.start(ledger, "s1", "rev")
+    w.request("Big rows")
+    for i in range(20):
+        w.say(f"needle {i} " + '\u00e9"\n' * 30_000)
+    w.end()
+    answer = search(ledger, "s1", "needle", actor=None, grants={})
+    assert len(answer.hits) == MAX_HITS
+    assert all(len(h.snippet.encode()) <= MAX_SNIPPET_BYTES for h in answer.hits)
+    assert max(sizes(answer)) <= MAX_ANSWER_BYTES
+
+
+def test_a_range_is_cut_at_the_bound_with_the_next_seq(ledger: Ledger) -> None:
+    w = RunWriter.start(ledger, "s1", "rev")
+    w.request("Many rows")
+    for i in range(60):
+        w.say(f"row text {i} " + "x" * 700)
+    w.end()
+    answer = read_range(ledger, "s1", 2, 61, actor=None, grants={})
+    assert max(sizes(answer)) <= MAX_ANSWER_BYTES
+    assert answer.next is not None
+    assert [r.seq for r in answer.rows] == list(range(2, answer.next))
+    assert f'recall({{"from":{answer.next},"to":61}})' in answer.to_text()
+    rest = read_range(ledger, "s1", answer.next, 61, actor=None, grants={})
+    assert rest.rows[0].seq == answer.next
+
+
+def test_a_row_too_big_for_an_answer_is_cut_and_flagged(ledger: Ledger) -> None:
+    w = RunWriter.start(ledger, "s1", "rev")
+    w.request("One huge row")
+    big = w.say("start " + "\U0001f600" * 20_000)
+    w.say("after")
+    w.end()
+    answer = read_range(ledger, "s1", big.seq, big.seq + 1, actor=None, grants={})
+    assert max(sizes(answer)) <= MAX_ANSWER_BYTES
+    assert answer.rows[0].truncated
+    assert answer.rows[0].text.startswith("start ")
+    assert answer.next == big.seq + 1
+
+
+def test_a_range_names_withheld_rows_and_past_the_end(ledger: Ledger) -> None:
+    w = history(ledger)
+    private = w.rows[2].seq
+    last = ledger.last_seq("s1")
+    answer = read_range(ledger, "s1", 1, last + 5, actor="user:bob", grants=GRANTS)
+    assert private not in [r.seq for r in answer.rows]
+    # The checkpoint after it carries the sources of what it covers: withheld like it.
+    assert answer.withheld == ((private, private + 1),)
+    assert f"The session has rows 1–{last}." in answer.to_text()
+    assert "kv/quokka" not in answer.to_text()
+    with pytest.raises(RecallError):
+        read_range(ledger, "s1", 5, 2, actor=None, grants={})
+
+
+def test_the_index_follows_imports_and_dumps(ledger: Ledger, tmp_path: Path) -> None:
+    history(ledger)
+    out = io.StringIO()
+    dump_session(ledger, "s1", out)
+    dumped = (
+        out.getvalue().replace('"id":"s1"', '"id":"s2"').replace('"session":"s1"', '"session":"s2"')
+    )
+    dumped = "\n".join(line for line in dumped.splitlines() if '"type":"run"' not in line).replace(
+        '"run":"', '"was_run":"'
+    )
+    (tmp_path / "s2.jsonl").write_text(dumped + "\n")
+    load_file(ledger, tmp_path / "s2.jsonl")
+    hits = search(ledger, "s2", "rollback", actor=None, grants={}).hits
+    assert [h.snippet for h in hits] == ["Early: the rollback token is quokka-991."]
+    assert search(ledger, "s1", "rollback", actor=None, grants={}).hits[0].seq == 2
+
+
+def test_an_existing_sqlite_ledger_is_indexed_when_it_migrates(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    with open_ledger(f"sqlite://{db}") as ledger:
+        history(ledger)
+    conn = sqlite3.connect(db)
+    with conn:  # back to schema 4 (custody's): no full-text table, no note columns
+        conn.execute("DROP TRIGGER rows_fts_insert")
+        conn.execute("DROP TRIGGER rows_fts_delete")
+        conn.execute("DROP TABLE rows_fts")
+        for col in ("actor", "run", "sources"):
+            conn.execute(f"ALTER TABLE notes DROP COLUMN {col}")
+        conn.execute("PRAGMA user_version = 4")
+    conn.close()
+    with open_ledger(f"sqlite://{db}") as ledger:
+        assert search(ledger, "s1", "rollback", actor=None, grants={}).hits[0].seq == 2
+
+
+def test_notes_are_bounded_attributed_and_admitted(ledger: Ledger) -> None:
+    history(ledger)
+    with pytest.raises(RecallError, match="2000-byte limit"):
+        add_note(ledger, "s1", "rev", "é" * 1001)
+    with pytest.raises(RecallError):
+        add_note(ledger, "s1", "rev", "  \n")
+    add_note(ledger, "s1", "rev", "open note", actor="user:ana", run="r-1")
+    add_note(
+        ledger, "s1", "rev", "from keys", actor="user:ana", run="r-2", sources=("repo:acme/keys",)
+    )
+    notes = ledger.notes("s1", "rev")
+    assert [(n.text, n.actor, n.run, n.sources) for n in notes] == [
+        ("open note", "user:ana", "r-1", ()),
+        ("from keys", "user:ana", "r-2", ("repo:acme/keys",)),
+    ]
+
+    def view(actor: str) -> FollowupView:
+        found = build_view(
+            ledger, session="s1", agent="rev", actor=actor, config=FollowupConfig(), grants=GRANTS
+        )
+        assert isinstance(found, FollowupView)
+        return found
+
+    ana, bob = view("user:ana"), view("user:bob")
+    ana_text, bob_text = json.dumps(ana.to_json()), json.dumps(bob.to_json())
+    assert "from keys" in ana_text
+    assert "repo:acme/keys" in ana.sources
+    assert "open note" in bob_text
+    assert "from keys" not in bob_text
+    out = io.StringIO()
+    dump_session(ledger, "s1", out)
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    dumped = [r for r in records if r["type"] == "note"]
+    assert dumped[1]["actor"] == "user:ana"
+    assert dumped[1]["sources"] == ["repo:acme/keys"]
+
+
+def test_the_tool_socket_is_private_and_asks_for_the_token(tmp_path: Path) -> None:
+    with open_ledger(f"sqlite://{tmp_path}/l.db") as ledger:
+        w = history(ledger)
+        run = ledger.create_run("s1", "rev")
+        fence = ledger.claim_run(run.id)
+        obligations = Obligations()
+        server = ToolServer(
+            ledger=ledger,
+            grants=GRANTS,
+            fence=fence,
+            agent="rev",
+            actor="user:ana",
+            obligations=obligations,
+            run_dir=tmp_path / "run",
+        )
+        (tmp_path / "run").mkdir()
+
+        async def call(payload: dict[str, object]) -> dict[str, object]:
+            async with await anyio.connect_unix(server.path) as stream:
+                await stream.send(json.dumps(payload).encode() + b"\n")
+                data = b""
+                while not data.endswith(b"\n"):
+                    data += await stream.receive()
+            reply: dict[str, object] = json.loads(data)
+            return reply
+
+        async def go() -> list[dict[str, object]]:
+            async with anyio.create_task_group() as tg:
+                await tg.start(server.serve)
+                assert stat.S_IMODE(server.path.stat().st_mode) == 0o600
+                replies = [
+                    await call({"token": "nope", "tool": "recall", "args": {"query": "quokka"}}),
+                    await call(
+                        {"token": server.token, "tool": "recall", "args": {"query": "quokka"}}
+                    ),
+                    await call({"token": server.token, "tool": "forget", "args": {}}),
+                    await call(
+                        {"token": server.token, "tool": "recall", "args": {"from": "2", "to": 3}}
+                    ),
+                ]
+                tg.cancel_scope.cancel()
+            return replies
+
+        refused, found, unknown, ranged = anyio.run(go)
+        assert refused == {"ok": False, "error": "the capability token is not this run's"}
+        assert found["ok"] is True
+        assert "quokka-991" in str(found["text"])
+        assert unknown["ok"] is False
+        assert "kv/quokka" in str(ranged["text"])
+        assert obligations.sources == ("repo:acme/keys",)
+        assert not server.path.exists(), "the socket is removed when the run ends"
+        assert w.rows
