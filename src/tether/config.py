@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tether.errors import ConfigError
 
@@ -25,6 +25,7 @@ __all__ = [
     "HarnessConfig",
     "LedgerConfig",
     "ProviderConfig",
+    "ServiceConfig",
     "load_config",
 ]
 
@@ -98,6 +99,33 @@ class AccessConfig(_Section):
     """actor -> source patterns (fnmatch) it is admitted to."""
 
 
+class ServiceConfig(_Section):
+    """``tether serve`` and ``tether worker`` (DESIGN §3.8)."""
+
+    tokens: dict[str, str] = Field(default_factory=dict)
+    """SHA-256 hex of a bearer token -> the actor its requests act as (``"…hex…" = "user:ana"``)."""
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    poll_s: float = Field(0.2, gt=0)
+    """How often an idle worker looks for queued runs (and a stream for new rows)."""
+    drain_s: float = Field(30, ge=0)
+    """On SIGTERM, how long live runs may go on before they are handed over (lease released)."""
+    relay_wait_s: float = Field(5, ge=0)
+    """How long a ``steer``/``follow_up`` request waits for the worker holding the live run to
+    take it before it is answered as queued (it then becomes the session's next run)."""
+
+    @field_validator("tokens")
+    @classmethod
+    def _digests(cls, tokens: dict[str, str]) -> dict[str, str]:
+        for digest in tokens:
+            if len(digest) != 64 or any(ch not in "0123456789abcdef" for ch in digest):
+                raise ValueError(
+                    f"key {digest[:12]!r}… is not the SHA-256 hex of a token (64 lowercase hex "
+                    "characters: `printf %s TOKEN | sha256sum`)"
+                )
+        return tokens
+
+
 class Config(_Section):
     ledger: LedgerConfig = LedgerConfig()
     followup: FollowupConfig = FollowupConfig()
@@ -105,6 +133,7 @@ class Config(_Section):
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
     access: AccessConfig = AccessConfig()
     harness: HarnessConfig = HarnessConfig()
+    service: ServiceConfig = ServiceConfig()
     path: Path | None = None
     """Where this configuration was read from (None for the defaults)."""
 

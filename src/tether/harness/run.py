@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -47,6 +48,7 @@ from tether.errors import FencedOut, LedgerError, RunNotActive, SessionRefusing
 from tether.events import EventBus, PiStarted, RunEnded, RunStarted, StopRequested, Subscriber
 from tether.followup import FollowupView, Refusal, build_view
 from tether.harness.pump import RunState, follow
+from tether.harness.relay import LivePi, RelayHook
 from tether.harness.stops import StopControl, Stopped, StopReason, race_clock
 from tether.harness.turn import (
     NOT_NEEDED,
@@ -87,6 +89,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def runs_dir(config: Config) -> Path:
@@ -122,6 +125,7 @@ async def execute_run(
     subscribers: Sequence[Subscriber] = (),
     checkpoint: CheckpointStep | None = None,
     pi: PiInstall | None = None,
+    relay: RelayHook | None = None,
 ) -> RunOutcome:
     """Run one task turn. Raises ``ConfigError``, ``PiNotInstalled``, ``SessionRefusing`` or
     ``Refused`` before anything is written; every later failure ends the run (failed or
@@ -159,6 +163,7 @@ async def execute_run(
         deadline=clock.now() + agent.deadline_s,
         checkpoint=checkpoint,
         key_env=key_env,
+        relay=relay,
     )
     try:
         outcome = await driver.drive(view)
@@ -244,6 +249,7 @@ class _Driver:
         deadline: float,
         checkpoint: CheckpointStep | None,
         key_env: dict[str, str],
+        relay: RelayHook | None = None,
     ) -> None:
         self.ledger = ledger
         self.config = config
@@ -258,6 +264,8 @@ class _Driver:
         self.deadline = deadline
         self.checkpoint_step = checkpoint
         self.key_env = key_env
+        self.relay = relay
+        self.actors = Actors(user=request.actor, agent=request.agent)
         self.grace = config.harness.stop_grace_s
         self.state = RunState()
         self.prompted = False
@@ -327,7 +335,7 @@ class _Driver:
             self.ledger,
             self.fence,
             session_file=session_file,
-            actors=Actors(user=self.request.actor, agent=self.request.agent),
+            actors=self.actors,
             start_offset=offset,
             known=known,
             request=(self.request.text, request_seq),
@@ -406,7 +414,14 @@ class _Driver:
                 tg.start_soon(self._guard, mirror.run())
                 tg.start_soon(self._watch_deadline)
                 tg.start_soon(self._announce_stop)
+                live = LivePi(client, self.actors, run=self.fence.run, session=self.fence.session)
+                relaying = anyio.CancelScope()
+                if self.relay is not None:
+                    tg.start_soon(self._relay, self.relay, live, relaying)
                 task = await self._task_turn(client, transport)
+                # Nothing more goes into pi once the turn settled (the checkpoint may follow).
+                live.close()
+                relaying.cancel()
                 checkpoint, late = NOT_NEEDED, None
                 if (
                     isinstance(task, PiSettled)
@@ -417,6 +432,14 @@ class _Driver:
                     checkpoint, late = await self._checkpoint(client, transport, mirror)
                 tg.cancel_scope.cancel()
         return task, checkpoint, late
+
+    async def _relay(self, hook: RelayHook, live: LivePi, scope: anyio.CancelScope) -> None:
+        """The relay hook, while the turn is live; its failure loses a delivery, not the run."""
+        with scope:
+            try:
+                await hook(live)
+            except Exception:
+                log.exception("the relay of run %s failed; the run goes on", self.fence.run)
 
     async def _guard(self, coro: Awaitable[None]) -> None:
         """Run a helper task; a failure in it stops pi and is reported, never lost."""
