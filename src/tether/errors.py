@@ -8,6 +8,7 @@
     │   ├── FencedOut          a stale fence: another owner claimed the run since
     │   ├── RunNotActive       the run is not running (finished, failed, queued …)
     │   ├── SessionRefusing    the session refuses new prompts until an operator clears it
+    │   ├── SessionBusy        the session has a live run and the caller would not wait
     │   └── InterchangeError   a JSONL ledger file is malformed (names file, line, problem)
     ├── HarnessError           driving pi failed (startup, transport, protocol)
     ├── ModelError             the embedded model server is missing, failed to start or to stop
@@ -30,6 +31,7 @@ __all__ = [
     "ModelError",
     "NotFound",
     "RunNotActive",
+    "SessionBusy",
     "SessionRefusing",
     "TetherError",
 ]
@@ -65,6 +67,23 @@ class RunNotActive(LedgerError):
 
 class SessionRefusing(LedgerError):
     """The session refuses new prompts until an operator clears it (``tether session clear``)."""
+
+
+class SessionBusy(LedgerError):
+    """The session has a live run (or runs queued before this one) and the caller asked not to
+    wait (``tether run --no-wait``; DESIGN §3.7). Printed as
+    ``{"status":"refused","reason":"session_busy"}``, exit 3."""
+
+    reason = "session_busy"
+
+    def __init__(self, session: str, live: str | None) -> None:
+        self.session = session
+        self.live = live
+        """The run that holds the session (None when only queued runs are ahead)."""
+        holder = f"run {live} is live on it" if live else "runs are queued on it"
+        super().__init__(
+            f"session {session!r} is busy: {holder}; wait for it (drop --no-wait) or try later"
+        )
 
 
 class InterchangeError(LedgerError):

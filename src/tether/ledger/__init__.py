@@ -9,6 +9,7 @@ from tether.errors import LedgerError
 from tether.ledger.models import (
     ENDED_STATUSES,
     Fence,
+    Lease,
     NewRow,
     Note,
     ReceiptReason,
@@ -24,6 +25,7 @@ from tether.ledger.sql import SqlLedger
 __all__ = [
     "ENDED_STATUSES",
     "Fence",
+    "Lease",
     "Ledger",
     "NewRow",
     "Note",

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "ENDED_STATUSES",
     "Fence",
+    "Lease",
     "NewRow",
     "Note",
     "ReceiptReason",
@@ -91,6 +92,24 @@ class Fence:
     run: str
     session: str
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A live run's custody (DESIGN §3.7): who holds it, until when, and where pi runs."""
+
+    run: str
+    session: str
+    epoch: int
+    owner: str | None
+    expires: float | None
+    """Wall-clock seconds (``time.time()``) after which the lease counts as expired."""
+    placement: dict[str, Any] | None
+    """``{"host", "harness_pid", "harness_start", "pi_pid", "pi_start", "keeper_pid",
+    "keeper_start", "run_dir"}`` as the holder last recorded it; None before pi started."""
+
+    def expired(self, now: float) -> bool:
+        return self.expires is None or self.expires <= now
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,6 +119,17 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX rows_by_run ON rows (run, seq);",
     # 3: the tail reads row sizes before bodies (SqlLedger.tail); this index covers that scan.
     "CREATE INDEX rows_sizes ON rows (session, seq, bytes);",
+    # 4: session custody (DESIGN §3.7): leases, placements, idempotent requests, the queue.
+    """
+    ALTER TABLE runs ADD COLUMN lease_expires DOUBLE PRECISION;
+    ALTER TABLE runs ADD COLUMN owner TEXT COLLATE "C";
+    ALTER TABLE runs ADD COLUMN placement TEXT COLLATE "C";
+    ALTER TABLE runs ADD COLUMN request_id TEXT COLLATE "C";
+    CREATE UNIQUE INDEX runs_by_request ON runs (session, request_id)
+        WHERE request_id IS NOT NULL;
+    CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
+    CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -260,6 +271,16 @@ class PostgresLedger(SqlLedger):
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)
+
+    def _lock_session(self, c: Cursor, session_id: str, *, wait: bool = True) -> bool:
+        # A transaction-scoped advisory lock per session serializes claims on it across
+        # processes and hosts without touching the run and session rows that appends lock.
+        key = "tether.custody:" + session_id
+        if wait:
+            c.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema() || ?))", (key,))
+            return True
+        c.execute("SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || ?))", (key,))
+        return bool(c.fetchone()[0])
 
     def close(self) -> None:
         self._pool.close()

@@ -18,6 +18,7 @@ import abc
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ from tether.errors import AlreadyExists, FencedOut, NotFound, RunNotActive, Sess
 from tether.ledger.models import (
     ENDED_STATUSES,
     Fence,
+    Lease,
     NewRow,
     Note,
     Row,
@@ -99,6 +101,17 @@ def _run(r: Sequence[Any]) -> Run:
     )
 
 
+def _lease(r: Sequence[Any]) -> Lease:
+    return Lease(
+        run=r[0],
+        session=r[1],
+        epoch=int(r[2]),
+        owner=r[3],
+        expires=float(r[4]) if r[4] is not None else None,
+        placement=json.loads(r[5]) if r[5] else None,
+    )
+
+
 def encode_row(session: str, seq: int, run: str | None, row: NewRow) -> tuple[Any, ...]:
     """The stored tuple of a row: its body as canonical JSON, measured once, here."""
     body = canonical_json(row.body)
@@ -147,6 +160,12 @@ class SqlLedger(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    def _lock_session(self, c: Cursor, session_id: str, *, wait: bool = True) -> bool:
+        """Serialize custody changes on a session inside the current write transaction; False
+        when ``wait`` is off and another transaction holds it. SQLite's ``BEGIN IMMEDIATE``
+        already serializes every write transaction, so there is nothing more to take."""
+        return True
 
     def __enter__(self) -> SqlLedger:
         return self
@@ -340,6 +359,206 @@ class SqlLedger(abc.ABC):
                 raise NotFound(f"no run {run_id!r}")
             raise RunNotActive(f"run {run_id!r} is {found.status.value}; it cannot be claimed")
         return Fence(run=run_id, session=r[0], epoch=int(r[1]))
+
+    # -- custody (DESIGN §3.7) ------------------------------------------------------------------
+
+    def enqueue_run(
+        self,
+        session_id: str,
+        agent: str,
+        *,
+        actor: str,
+        text: str,
+        request_id: str | None = None,
+        run_id: str | None = None,
+    ) -> tuple[Run, bool]:
+        """A ``queued`` run carrying its request in ``extra["request"]`` (the request row is
+        written when the run starts), the session created on first use. The same
+        ``(session, request_id)`` again returns ``(that run, False)`` and writes nothing.
+        Refused (``SessionRefusing``) while the session refuses prompts."""
+        import uuid
+
+        self.ensure_session(session_id)
+        rid = run_id or f"r-{uuid.uuid4().hex[:12]}"
+        extra = {"request": {"text": text, "actor": actor, "request_id": request_id}}
+        try:
+            with self._tx() as c:
+                c.execute("SELECT refusing FROM sessions WHERE id = ?", (session_id,))
+                s = c.fetchone()
+                if s is None:
+                    raise NotFound(f"no session {session_id!r}")
+                if s[0]:
+                    raise SessionRefusing(
+                        f"session {session_id!r} refuses new prompts: {s[0]}; "
+                        f"after checking it, clear it with `tether session clear {session_id}`"
+                    )
+                c.execute(
+                    "INSERT INTO runs (id, session, agent, status, epoch, extra, request_id) "
+                    "VALUES (?, ?, ?, 'queued', 0, ?, ?)",
+                    (rid, session_id, agent, canonical_json(extra), request_id),
+                )
+        except Exception as exc:
+            if not self._is_unique_violation(exc):
+                raise
+            if request_id is not None:
+                with self._read() as c:
+                    c.execute(
+                        f"SELECT {_RUN_COLS} FROM runs WHERE session = ? AND request_id = ?",
+                        (session_id, request_id),
+                    )
+                    r = c.fetchone()
+                if r is not None:
+                    return _run(r), False
+            raise AlreadyExists(f"run {rid!r} already exists") from exc
+        return (
+            Run(id=rid, session=session_id, agent=agent, status=RunStatus.QUEUED, extra=extra),
+            True,
+        )
+
+    def _claim_in(
+        self, c: Cursor, session_id: str, run_id: str | None, owner: str, lease_s: float
+    ) -> Fence | None:
+        """Inside a transaction holding the session's custody lock: claim the session's
+        oldest queued run (or ``run_id`` if it is the oldest) when no run of it is live."""
+        c.execute(
+            "SELECT id FROM runs WHERE session = ? AND status = 'running' LIMIT 1", (session_id,)
+        )
+        if c.fetchone() is not None:
+            return None
+        c.execute(
+            "SELECT id FROM runs WHERE session = ? AND status = 'queued' ORDER BY ord LIMIT 1",
+            (session_id,),
+        )
+        first = c.fetchone()
+        if first is None or (run_id is not None and first[0] != run_id):
+            return None
+        c.execute(
+            "UPDATE runs SET epoch = epoch + 1, status = 'running', started = ?, owner = ?, "
+            "lease_expires = ? WHERE id = ? AND status = 'queued' RETURNING epoch",
+            (now_iso(), owner, time.time() + lease_s, first[0]),
+        )
+        r = c.fetchone()
+        return Fence(run=first[0], session=session_id, epoch=int(r[0])) if r else None
+
+    def claim_next(
+        self,
+        *,
+        owner: str,
+        lease_s: float,
+        session: str | None = None,
+        run_id: str | None = None,
+    ) -> Fence | None:
+        """Atomically take the oldest queued run (FIFO by creation) of a session that has no
+        live run: it becomes ``running`` with a new epoch and a lease held by ``owner``. With
+        ``run_id``, that run only, and only when it is first in its session's queue and the
+        session is free. None when there is nothing to take."""
+        if run_id is not None:
+            found = self.run(run_id)
+            if found is None:
+                raise NotFound(f"no run {run_id!r}")
+            if found.status is not RunStatus.QUEUED:
+                raise RunNotActive(f"run {run_id!r} is {found.status.value}, not queued")
+            session = found.session
+        if session is not None:
+            with self._tx() as c:
+                self._lock_session(c, session)
+                return self._claim_in(c, session, run_id, owner, lease_s)
+        with self._read() as c:
+            # Candidates: the head of each free session's queue, oldest first.
+            c.execute(
+                "SELECT q.session FROM runs q WHERE q.status = 'queued' AND NOT EXISTS "
+                "(SELECT 1 FROM runs l WHERE l.session = q.session AND l.status = 'running') "
+                "GROUP BY q.session ORDER BY MIN(q.ord) LIMIT 64"
+            )
+            candidates = [r[0] for r in c.fetchall()]
+        for sid in candidates:
+            with self._tx() as c:
+                # Another worker holding this session's lock is claiming it: skip, as
+                # FOR UPDATE SKIP LOCKED would.
+                if not self._lock_session(c, sid, wait=False):
+                    continue
+                fence = self._claim_in(c, sid, None, owner, lease_s)
+            if fence is not None:
+                return fence
+        return None
+
+    def heartbeat(
+        self, fence: Fence, *, lease_s: float, placement: dict[str, Any] | None = None
+    ) -> None:
+        """Extend the lease by ``lease_s`` from now and record the placement (fenced: raises
+        ``FencedOut`` when a newer owner holds the run, ``RunNotActive`` when it ended)."""
+        with self._tx() as c:
+            if placement is None:
+                self._check_fence(c, fence, "lease_expires = ?", (time.time() + lease_s,))
+            else:
+                self._check_fence(
+                    c,
+                    fence,
+                    "lease_expires = ?, placement = ?",
+                    (time.time() + lease_s, canonical_json(placement)),
+                )
+
+    def lease(self, run_id: str) -> Lease | None:
+        """The custody record of a running run (None when the run is not running)."""
+        with self._read() as c:
+            c.execute(
+                "SELECT id, session, epoch, owner, lease_expires, placement FROM runs "
+                "WHERE id = ? AND status = 'running'",
+                (run_id,),
+            )
+            r = c.fetchone()
+        return _lease(r) if r else None
+
+    def live_runs(self, *, session: str | None = None) -> list[Run]:
+        """Running runs (of one session, or all), oldest first."""
+        where, params = ("AND session = ?", (session,)) if session is not None else ("", ())
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_RUN_COLS} FROM runs WHERE status = 'running' {where} ORDER BY ord",
+                params,
+            )
+            return [_run(r) for r in c.fetchall()]
+
+    def queued_runs(self, session_id: str, *, limit: int = 1000) -> list[Run]:
+        """A session's queued runs, in the order they will run."""
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_RUN_COLS} FROM runs WHERE session = ? AND status = 'queued' "
+                "ORDER BY ord LIMIT ?",
+                (session_id, limit),
+            )
+            return [_run(r) for r in c.fetchall()]
+
+    def expired_leases(self, *, now: float | None = None) -> list[Run]:
+        """Live runs whose lease has expired (or was never taken: a run claimed with
+        ``claim_run`` holds no lease and counts as expired)."""
+        now = time.time() if now is None else now
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_RUN_COLS} FROM runs WHERE status = 'running' "
+                "AND (lease_expires IS NULL OR lease_expires <= ?) ORDER BY ord",
+                (now,),
+            )
+            return [_run(r) for r in c.fetchall()]
+
+    def take_over(self, run_id: str, *, epoch: int, owner: str, lease_s: float) -> Fence | None:
+        """Claim a running run whose custody is being reconciled, only if its epoch is still
+        ``epoch`` (compare and swap: of several reconcilers exactly one wins). The new owner
+        holds a fresh lease; the old placement stays until the new owner records its own."""
+        with self._tx() as c:
+            c.execute(
+                "UPDATE runs SET epoch = epoch + 1, owner = ?, lease_expires = ? "
+                "WHERE id = ? AND epoch = ? AND status = 'running' RETURNING session, epoch",
+                (owner, time.time() + lease_s, run_id, epoch),
+            )
+            r = c.fetchone()
+        return Fence(run=run_id, session=r[0], epoch=int(r[1])) if r else None
+
+    def cancel_queued(self, run_id: str) -> bool:
+        """Withdraw a run that never started (it wrote nothing): True when it was removed."""
+        with self._tx() as c:
+            c.execute("DELETE FROM runs WHERE id = ? AND status = 'queued'", (run_id,))
+            return c.rowcount == 1
 
     def _check_fence(
         self,

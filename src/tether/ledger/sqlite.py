@@ -73,6 +73,17 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX rows_by_run ON rows (run, seq);",
     # 3: the tail reads row sizes before bodies (SqlLedger.tail); this index covers that scan.
     "CREATE INDEX rows_sizes ON rows (session, seq, bytes);",
+    # 4: session custody (DESIGN §3.7): leases, placements, idempotent requests, the queue.
+    """
+    ALTER TABLE runs ADD COLUMN lease_expires REAL;
+    ALTER TABLE runs ADD COLUMN owner TEXT;
+    ALTER TABLE runs ADD COLUMN placement TEXT;
+    ALTER TABLE runs ADD COLUMN request_id TEXT;
+    CREATE UNIQUE INDEX runs_by_request ON runs (session, request_id)
+        WHERE request_id IS NOT NULL;
+    CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
+    CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 BUSY_TIMEOUT_S = 30.0

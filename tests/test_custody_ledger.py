@@ -1,0 +1,106 @@
+"""Session custody in the ledger (DESIGN §3.7), one conformance suite for every backend: the
+queue is a FIFO, a session has at most one live run, leases expire and are taken over once.
+The race of many processes on PostgreSQL is in tests/test_custody_race.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tether.errors import FencedOut, RunNotActive, SessionRefusing
+from tether.ledger import Ledger, RunStatus
+
+
+def test_enqueue_creates_the_session_and_a_queued_run_carrying_its_request(ledger: Ledger) -> None:
+    run, created = ledger.enqueue_run("s1", "rev", actor="user:ana", text="hi", request_id="k1")
+    assert created
+    assert ledger.session("s1") is not None
+    stored = ledger.get_run(run.id)
+    assert stored.status is RunStatus.QUEUED
+    assert stored.extra["request"] == {"text": "hi", "actor": "user:ana", "request_id": "k1"}
+    assert stored.request_seq is None
+    assert ledger.last_seq("s1") == 0  # no row until the run starts
+
+
+def test_the_same_request_id_returns_the_same_run_and_writes_nothing(ledger: Ledger) -> None:
+    first, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="hi", request_id="k1")
+    again, created = ledger.enqueue_run("s1", "rev", actor="user:bo", text="other", request_id="k1")
+    assert not created
+    assert again.id == first.id
+    assert again.extra["request"]["text"] == "hi"
+    assert len(ledger.runs("s1")) == 1
+    # The key is per session.
+    _, created = ledger.enqueue_run("s2", "rev", actor="user:ana", text="hi", request_id="k1")
+    assert created
+
+
+def test_enqueue_is_refused_while_the_session_refuses(ledger: Ledger) -> None:
+    ledger.ensure_session("s1")
+    ledger.set_refusing("s1", "checked later")
+    with pytest.raises(SessionRefusing):
+        ledger.enqueue_run("s1", "rev", actor="user:ana", text="hi")
+    assert ledger.runs("s1") == []
+
+
+def test_claims_follow_the_queue_one_live_run_per_session(ledger: Ledger) -> None:
+    a, _ = ledger.enqueue_run("s1", "rev", actor="u:a", text="1")
+    b, _ = ledger.enqueue_run("s1", "rev", actor="u:a", text="2")
+    c, _ = ledger.enqueue_run("s2", "rev", actor="u:a", text="3")
+    # b is not first in its queue.
+    assert ledger.claim_next(owner="w1", lease_s=30, run_id=b.id) is None
+    f1 = ledger.claim_next(owner="w1", lease_s=30)
+    assert f1 is not None and f1.run == a.id and f1.epoch == 1
+    # s1 is busy now: the next claim takes s2's run, then nothing.
+    f2 = ledger.claim_next(owner="w2", lease_s=30)
+    assert f2 is not None and f2.run == c.id
+    assert ledger.claim_next(owner="w3", lease_s=30) is None
+    assert ledger.claim_next(owner="w3", lease_s=30, run_id=b.id) is None
+    assert [r.id for r in ledger.live_runs(session="s1")] == [a.id]
+    assert [r.id for r in ledger.queued_runs("s1")] == [b.id]
+    ledger.end_run(f1, RunStatus.FINISHED)
+    f3 = ledger.claim_next(owner="w3", lease_s=30, run_id=b.id)
+    assert f3 is not None and f3.run == b.id
+    with pytest.raises(RunNotActive):
+        ledger.claim_next(owner="w3", lease_s=30, run_id=b.id)
+
+
+def test_heartbeat_extends_the_lease_and_records_the_placement(ledger: Ledger) -> None:
+    ledger.enqueue_run("s1", "rev", actor="u:a", text="1")
+    fence = ledger.claim_next(owner="w1", lease_s=0.2)
+    assert fence is not None
+    lease = ledger.lease(fence.run)
+    assert lease is not None and lease.owner == "w1" and lease.placement is None
+    placement = {"host": "h1", "pi_pid": 42, "pi_start": 1.5, "run_dir": "/x"}
+    ledger.heartbeat(fence, lease_s=60, placement=placement)
+    lease = ledger.lease(fence.run)
+    assert lease is not None and lease.placement == placement
+    assert lease.expires is not None and lease.expires > time.time() + 50
+    assert ledger.expired_leases() == []
+    assert [r.id for r in ledger.expired_leases(now=time.time() + 61)] == [fence.run]
+
+
+def test_an_expired_lease_is_taken_over_once_and_fences_out_the_old_owner(ledger: Ledger) -> None:
+    ledger.enqueue_run("s1", "rev", actor="u:a", text="1")
+    old = ledger.claim_next(owner="w1", lease_s=0.05)
+    assert old is not None
+    time.sleep(0.1)
+    assert [r.id for r in ledger.expired_leases()] == [old.run]
+    new = ledger.take_over(old.run, epoch=old.epoch, owner="w2", lease_s=30)
+    assert new is not None and new.epoch == old.epoch + 1
+    # A second reconciler that saw the same epoch loses.
+    assert ledger.take_over(old.run, epoch=old.epoch, owner="w3", lease_s=30) is None
+    with pytest.raises(FencedOut):
+        ledger.heartbeat(old, lease_s=30)
+    ledger.heartbeat(new, lease_s=30)
+    assert ledger.expired_leases() == []
+
+
+def test_a_queued_run_can_be_withdrawn_a_started_one_cannot(ledger: Ledger) -> None:
+    a, _ = ledger.enqueue_run("s1", "rev", actor="u:a", text="1")
+    b, _ = ledger.enqueue_run("s1", "rev", actor="u:a", text="2")
+    fence = ledger.claim_next(owner="w", lease_s=30)
+    assert fence is not None and fence.run == a.id
+    assert not ledger.cancel_queued(a.id)
+    assert ledger.cancel_queued(b.id)
+    assert ledger.run(b.id) is None
