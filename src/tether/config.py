@@ -21,6 +21,7 @@ __all__ = [
     "AccessConfig",
     "AgentConfig",
     "Config",
+    "CustodyConfig",
     "FollowupConfig",
     "HarnessConfig",
     "LedgerConfig",
@@ -94,6 +95,20 @@ class HarnessConfig(_Section):
     e.g. ``{retry = {baseDelayMs = 500}}``."""
 
 
+class CustodyConfig(_Section):
+    """Session custody (DESIGN §3.7)."""
+
+    lease_s: float = Field(30, gt=0)
+    """A live run's lease lasts this long after its last heartbeat (heartbeats come every
+    third of it)."""
+    detached: bool = True
+    """pi runs detached from the harness under a keeper (commands through a FIFO, events to a
+    file, both in the run directory), so a run outlives a lost harness. Off: pi is the
+    harness's child and dies with it."""
+    wait_poll_s: float = Field(0.2, gt=0)
+    """How often a waiting ``tether run`` asks whether its turn has come."""
+
+
 class AccessConfig(_Section):
     grants: dict[str, list[str]] = Field(default_factory=dict)
     """actor -> source patterns (fnmatch) it is admitted to."""
@@ -133,6 +148,7 @@ class Config(_Section):
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
     access: AccessConfig = AccessConfig()
     harness: HarnessConfig = HarnessConfig()
+    custody: CustodyConfig = CustodyConfig()
     service: ServiceConfig = ServiceConfig()
     path: Path | None = None
     """Where this configuration was read from (None for the defaults)."""

@@ -42,6 +42,7 @@ class LivePi:
         self._lock = anyio.Lock()
         self.run = run
         self.session = session
+        self.agent = actors.agent
         self.open = True
 
     def close(self) -> None:
