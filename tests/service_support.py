@@ -123,7 +123,9 @@ class Served:
     def output(self) -> str:
         return (self.tmp / self.log).read_text(errors="replace")
 
-    def post(self, session: str, text: str, token: str = "ana-token", **body: Any) -> httpx.Response:
+    def post(
+        self, session: str, text: str, token: str = "ana-token", **body: Any
+    ) -> httpx.Response:
         return self.client.post(
             f"/v1/sessions/{session}/requests",
             json={"agent": "rev", "text": text, **body},
@@ -150,7 +152,14 @@ class Served:
 def serve(tmp: Path, config: Path, *, workers: int = 1, log: str = "serve.log") -> Iterator[Served]:
     port = free_port()
     proc = tether_proc(
-        tmp, "serve", "--config", str(config), "--port", str(port), "--workers", str(workers),
+        tmp,
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
         log=log,
     )
     url = f"http://127.0.0.1:{port}"

@@ -29,6 +29,8 @@ FLOORS: dict[str, int] = {
     "mirror": 4,
     # 5: one run's lifecycle
     "harness": 5,
+    # 6: the service: HTTP API, event streams, workers
+    "service": 6,
     # 7: the ways in
     "cli": 7,
     "demo": 7,

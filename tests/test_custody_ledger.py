@@ -50,17 +50,21 @@ def test_claims_follow_the_queue_one_live_run_per_session(ledger: Ledger) -> Non
     # b is not first in its queue.
     assert ledger.claim_next(owner="w1", lease_s=30, run_id=b.id) is None
     f1 = ledger.claim_next(owner="w1", lease_s=30)
-    assert f1 is not None and f1.run == a.id and f1.epoch == 1
+    assert f1 is not None
+    assert f1.run == a.id
+    assert f1.epoch == 1
     # s1 is busy now: the next claim takes s2's run, then nothing.
     f2 = ledger.claim_next(owner="w2", lease_s=30)
-    assert f2 is not None and f2.run == c.id
+    assert f2 is not None
+    assert f2.run == c.id
     assert ledger.claim_next(owner="w3", lease_s=30) is None
     assert ledger.claim_next(owner="w3", lease_s=30, run_id=b.id) is None
     assert [r.id for r in ledger.live_runs(session="s1")] == [a.id]
     assert [r.id for r in ledger.queued_runs("s1")] == [b.id]
     ledger.end_run(f1, RunStatus.FINISHED)
     f3 = ledger.claim_next(owner="w3", lease_s=30, run_id=b.id)
-    assert f3 is not None and f3.run == b.id
+    assert f3 is not None
+    assert f3.run == b.id
     with pytest.raises(RunNotActive):
         ledger.claim_next(owner="w3", lease_s=30, run_id=b.id)
 
@@ -70,12 +74,16 @@ def test_heartbeat_extends_the_lease_and_records_the_placement(ledger: Ledger) -
     fence = ledger.claim_next(owner="w1", lease_s=0.2)
     assert fence is not None
     lease = ledger.lease(fence.run)
-    assert lease is not None and lease.owner == "w1" and lease.placement is None
+    assert lease is not None
+    assert lease.owner == "w1"
+    assert lease.placement is None
     placement = {"host": "h1", "pi_pid": 42, "pi_start": 1.5, "run_dir": "/x"}
     ledger.heartbeat(fence, lease_s=60, placement=placement)
     lease = ledger.lease(fence.run)
-    assert lease is not None and lease.placement == placement
-    assert lease.expires is not None and lease.expires > time.time() + 50
+    assert lease is not None
+    assert lease.placement == placement
+    assert lease.expires is not None
+    assert lease.expires > time.time() + 50
     assert ledger.expired_leases() == []
     assert [r.id for r in ledger.expired_leases(now=time.time() + 61)] == [fence.run]
 
@@ -87,7 +95,8 @@ def test_an_expired_lease_is_taken_over_once_and_fences_out_the_old_owner(ledger
     time.sleep(0.1)
     assert [r.id for r in ledger.expired_leases()] == [old.run]
     new = ledger.take_over(old.run, epoch=old.epoch, owner="w2", lease_s=30)
-    assert new is not None and new.epoch == old.epoch + 1
+    assert new is not None
+    assert new.epoch == old.epoch + 1
     # A second reconciler that saw the same epoch loses.
     assert ledger.take_over(old.run, epoch=old.epoch, owner="w3", lease_s=30) is None
     with pytest.raises(FencedOut):
@@ -100,7 +109,8 @@ def test_a_queued_run_can_be_withdrawn_a_started_one_cannot(ledger: Ledger) -> N
     a, _ = ledger.enqueue_run("s1", "rev", actor="u:a", text="1")
     b, _ = ledger.enqueue_run("s1", "rev", actor="u:a", text="2")
     fence = ledger.claim_next(owner="w", lease_s=30)
-    assert fence is not None and fence.run == a.id
+    assert fence is not None
+    assert fence.run == a.id
     assert not ledger.cancel_queued(a.id)
     assert ledger.cancel_queued(b.id)
     assert ledger.run(b.id) is None

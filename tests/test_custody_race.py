@@ -5,6 +5,7 @@ once, and each session's runs start in the order they were queued."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import time
@@ -65,7 +66,7 @@ def race(url: str, tmp_path: Path) -> None:
     try:
         for sid in (f"s{k}" for k in range(SESSIONS)):
             mine = sorted((s for s in spans if s[0] == sid), key=lambda s: s[2])
-            for before, after in zip(mine, mine[1:], strict=False):
+            for before, after in itertools.pairwise(mine):
                 assert before[3] <= after[2], f"{sid}: {before[1]} and {after[1]} overlapped"
             # FIFO: the order they started is the order they were queued.
             order = [r.id for r in ledger.runs(sid)]

@@ -143,7 +143,8 @@ def test_events_stream_and_resume_with_last_event_id(
         assert events[-1]["data"]["answer"] == "all done, the answer"
         rows = [e for e in events if e["event"] == "row"]
         seqs = [e["data"]["seq"] for e in rows]
-        assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 4
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert len(seqs) >= 4
         assert [e["id"] for e in rows] == [str(q) for q in seqs]
         assert "running" in [e["data"]["status"] for e in events if e["event"] == "status"]
         # The worker is in this process: text deltas and tool calls stream too.
@@ -185,7 +186,8 @@ def test_two_requests_on_a_session_run_one_after_the_other(
         assert c["status"] == "finished"
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
         r1, r2 = ledger.runs("s1")
-        assert r1.ended is not None and r2.started is not None
+        assert r1.ended is not None
+        assert r2.started is not None
         assert r1.ended <= r2.started, "the second run started before the first ended"
         assert r2.extra["view"]["previous_request"]["run"] == first
     assert live["most"] == 2, "the other session's run went on beside them"

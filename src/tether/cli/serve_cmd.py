@@ -20,7 +20,9 @@ log = logging.getLogger("tether.service")
 
 
 def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def _exit_handing_over(handed: list[Fence]) -> None:
@@ -42,7 +44,9 @@ def serve(
     ] = None,
     workers: Annotated[
         int,
-        typer.Option("--workers", min=0, help="Runs executed at once inside this process (0: none)."),
+        typer.Option(
+            "--workers", min=0, help="Runs executed at once inside this process (0: none)."
+        ),
     ] = 0,
     config: ConfigOpt = None,
     ledger: LedgerOpt = None,

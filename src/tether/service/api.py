@@ -216,9 +216,7 @@ def _answer(run: Run, request_id: str | None) -> RequestOut:
     response_model=RequestOut,
     summary="Queue a request on a session, or deliver it into its live run",
 )
-async def post_request(
-    session: str, body: RequestIn, who: CallerDep, st: StateDep
-) -> RequestOut:
+async def post_request(session: str, body: RequestIn, who: CallerDep, st: StateDep) -> RequestOut:
     await blocking(_admit_request, st, session, body, who)
     try:
         run, created = await blocking(
@@ -329,9 +327,7 @@ async def get_rows(
     }
 
 
-@router.post(
-    "/sessions/{session}/notes", status_code=status.HTTP_201_CREATED, summary="Add a note"
-)
+@router.post("/sessions/{session}/notes", status_code=status.HTTP_201_CREATED, summary="Add a note")
 async def post_note(session: str, body: NoteIn, who: CallerDep, st: StateDep) -> dict[str, Any]:
     await blocking(_session_or_404, st.ledger, session, who)
     try:
@@ -340,4 +336,3 @@ async def post_note(session: str, body: NoteIn, who: CallerDep, st: StateDep) ->
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
     note = await blocking(st.ledger.add_note, session, body.agent, body.text)
     return {"session": note.session, "agent": note.agent, "at": note.at, "actor": who.actor}
-

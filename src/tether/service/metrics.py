@@ -4,7 +4,7 @@ reports the whole platform), and this process's checkpoint outcomes and request 
 from __future__ import annotations
 
 import bisect
-from collections import Counter
+from collections import Counter, defaultdict
 
 from tether.ledger import RunStatus
 
@@ -25,7 +25,7 @@ class Metrics:
         self.worker_runs: Counter[str] = Counter()
         """Runs this process's workers executed, by final status."""
         self._latency: dict[tuple[str, str], list[int]] = {}
-        self._latency_sum: Counter[tuple[str, str]] = Counter()
+        self._latency_sum: dict[tuple[str, str], float] = defaultdict(float)
         self._latency_count: Counter[tuple[str, str]] = Counter()
         self.responses: Counter[tuple[str, str, int]] = Counter()
 

@@ -67,7 +67,9 @@ class _Stream:
         self.n += 1
         return f"{self.sent}.{self.n}"
 
-    def _event(self, kind: str, data: dict[str, Any], event_id: str | None = None) -> ServerSentEvent:
+    def _event(
+        self, kind: str, data: dict[str, Any], event_id: str | None = None
+    ) -> ServerSentEvent:
         return ServerSentEvent(
             data=json.dumps(data, ensure_ascii=False), event=kind, id=event_id or self._id()
         )
