@@ -92,7 +92,7 @@ class Worker:
     async def _idle(self, seconds: float) -> None:
         """Wait for ``seconds``, a finished run, or a stop, whichever comes first."""
         self._wake = anyio.Event()
-        if self._stopping:
+        if self._stopping and not self.live:
             return
         with anyio.move_on_after(seconds):
             await self._wake.wait()
