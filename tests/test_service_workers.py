@@ -3,6 +3,7 @@ killed mid-run, a worker stopped with SIGTERM (DESIGN §3.7, §3.8)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -85,7 +86,7 @@ def test_two_workers_race_for_50_runs_over_10_sessions(
                     f"answer to {session} request {n}" for n in range(5)
                 ]
                 # Never two live on a session: each run started after the one before ended.
-                for before, after in zip(runs, runs[1:], strict=False):
+                for before, after in itertools.pairwise(runs):
                     assert before.ended is not None
                     assert after.started is not None
                     assert before.ended <= after.started, (before, after)
