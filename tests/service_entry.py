@@ -1,11 +1,7 @@
-"""`tether …` for the service tests (a subprocess entry point)."""
+"""`tether …` for the service tests (a subprocess entry point; PYTHONPATH names the worktree)."""
 
 from __future__ import annotations
 
-import custody_standin
-
-custody_standin.install()
-
-from tether.cli.app import main  # noqa: E402
+from tether.cli.app import main
 
 main()

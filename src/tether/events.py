@@ -19,6 +19,7 @@ __all__ = [
     "EventBus",
     "Notice",
     "PiStarted",
+    "Resumed",
     "Retrying",
     "RowsMirrored",
     "RunEnded",
@@ -31,9 +32,29 @@ __all__ = [
     "ToolFinished",
     "ToolStarted",
     "TurnStarted",
+    "Waiting",
 ]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A queued run waits for its session's live run to end (DESIGN §3.7)."""
+
+    run: str
+    behind: str | None
+    """The live run it waits for (None when only earlier queued runs are ahead)."""
+    session: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """A run whose harness was lost is taken over on its original pi process (DESIGN §3.7)."""
+
+    run: str
+    session: str
+    pi_pid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +167,9 @@ class RunEnded:
 
 
 RunEvent = (
-    RunStarted
+    Waiting
+    | Resumed
+    | RunStarted
     | PiStarted
     | TurnStarted
     | AnswerDelta

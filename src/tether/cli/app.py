@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tether.cli import context_cmd, ledger_cmd, model_cmd, run_cmd, serve_cmd
+from tether.cli import context_cmd, ledger_cmd, model_cmd, recover_cmd, run_cmd, serve_cmd
 
 app = typer.Typer(
     name="tether",
@@ -18,6 +18,7 @@ app.command("log")(ledger_cmd.log)
 app.command("sessions")(ledger_cmd.sessions)
 app.command("context")(context_cmd.context)
 app.command("run")(run_cmd.run)
+app.command("recover")(recover_cmd.recover)
 app.add_typer(model_cmd.model_app, name="model")
 app.command("serve")(serve_cmd.serve)
 app.command("worker")(serve_cmd.worker)

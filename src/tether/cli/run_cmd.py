@@ -18,7 +18,7 @@ from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import Exit, command, err_console
-from tether.errors import SessionRefusing
+from tether.errors import HarnessError, SessionBusy, SessionRefusing
 from tether.events import (
     Compacted,
     Compacting,
@@ -31,6 +31,7 @@ from tether.events import (
     ToolFinished,
     ToolStarted,
     TurnStarted,
+    Waiting,
 )
 from tether.followup import Refused
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
@@ -82,7 +83,9 @@ class Progress:
             self.live.refresh()
 
     def __call__(self, event: RunEvent) -> None:
-        if isinstance(event, RunStarted):
+        if isinstance(event, Waiting):
+            self.status = f"waiting for run {event.behind or '(queued ahead)'}"
+        elif isinstance(event, RunStarted):
             kind = "follow-up" if event.follow_up else "first run"
             self.console.print(
                 f"[dim]run {esc(event.run)} on session {esc(event.session)} ({kind})[/]"
@@ -118,16 +121,27 @@ class Progress:
         self.refresh()
 
 
-async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutcome:
+def _say_waiting(event: RunEvent) -> None:
+    """Always say, on stderr, which run a waiting request waits for (DESIGN §3.7)."""
+    if isinstance(event, Waiting):
+        behind = f"run {event.behind}" if event.behind else "the runs queued before it"
+        err_console.print(f"run {event.run} waits for {behind} on session {event.session}")
+
+
+async def _run(
+    store: Ledger, cfg: Any, req: RunRequest, show: bool, wait: bool = True
+) -> RunOutcome:
     stop = StopControl()
-    subscribers = []
+    subscribers: list[Any] = [_say_waiting]
     progress = Progress(err_console) if show else None
     if progress is not None:
         subscribers.append(progress)
 
     async def on_signals() -> None:
-        # First Ctrl-C (or SIGTERM): abort and wait for pi to settle; a second: kill it.
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # First Ctrl-C (or SIGTERM, or SIGHUP: a closed terminal): abort and wait for pi to
+        # settle; a second: kill it.
+        watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        with anyio.open_signal_receiver(*watched) as signals:
             async for _ in signals:
                 if stop.requested:
                     stop.stop_hard(StopReason.HARD_STOP)
@@ -145,6 +159,7 @@ async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutco
                 stop=stop,
                 subscribers=subscribers,
                 checkpoint=continuation_checkpoint,
+                wait=wait,
             )
         with progress:
             return await execute_run(
@@ -154,6 +169,7 @@ async def _run(store: Ledger, cfg: Any, req: RunRequest, show: bool) -> RunOutco
                 stop=stop,
                 subscribers=subscribers,
                 checkpoint=continuation_checkpoint,
+                wait=wait,
             )
 
     result: list[RunOutcome] = []
@@ -186,6 +202,10 @@ def run(
     workdir: Annotated[
         Path | None, typer.Option("--workdir", help="Where the agent's tools run (default: here).")
     ] = None,
+    no_wait: Annotated[
+        bool,
+        typer.Option("--no-wait", help="Refuse (exit 3, session_busy) instead of waiting."),
+    ] = False,
     config: ConfigOpt = None,
     ledger: LedgerOpt = None,
 ) -> None:
@@ -212,7 +232,7 @@ def run(
     show = not as_json and err_console.is_terminal
     try:
         with store:
-            outcome = anyio.run(_run, store, cfg, req, show)
+            outcome = anyio.run(_run, store, cfg, req, show, not no_wait)
     except Refused as exc:
         if as_json:
             out_console.out(
@@ -227,9 +247,19 @@ def run(
             )
         err_console.print(f"[bold red]refused (session_refusing):[/] {esc(str(exc))}")
         raise typer.Exit(Exit.REFUSED) from None
+    except SessionBusy as exc:
+        if as_json:
+            out_console.out(
+                json.dumps({"status": "refused", "reason": exc.reason, "detail": str(exc)})
+            )
+        err_console.print(f"[bold red]refused ({exc.reason}):[/] {esc(str(exc))}")
+        raise typer.Exit(Exit.REFUSED) from None
     except PiNotInstalled as exc:
         err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
         raise typer.Exit(Exit.USAGE) from None
+    except HarnessError as exc:
+        err_console.print(f"[bold red]not run:[/] {esc(str(exc))}")
+        raise typer.Exit(Exit.RUN_FAILED) from None
     if as_json:
         out_console.out(json.dumps(outcome.to_json(), ensure_ascii=False))
     elif outcome.answer is not None:

@@ -98,9 +98,9 @@ def worker(
 
     _logging()
     cfg, store = open_configured_ledger(config, ledger)
-    w = Worker(store, cfg, concurrency=concurrency)
+    w = Worker(store, cfg, concurrency=concurrency, on_handover=_exit_handing_over)
 
-    async def main() -> list[Fence]:
+    async def main() -> None:
         async with anyio.create_task_group() as tg:
 
             async def on_signals() -> None:
@@ -113,11 +113,8 @@ def worker(
 
             tg.start_soon(on_signals)
             log.info("worker %s: concurrency %d on %s", w.owner, concurrency, store.url)
-            handed = await w.run()
+            await w.run()
             tg.cancel_scope.cancel()
-        return handed
 
     with store:
-        handed = anyio.run(main)
-        if handed:
-            _exit_handing_over(handed)
+        anyio.run(main)

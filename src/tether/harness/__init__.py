@@ -16,8 +16,9 @@ and ``RunRequest(extensions=(EXTENSION_PATH,))``).
 
 from __future__ import annotations
 
+from tether.errors import SessionBusy
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
-from tether.harness.run import execute_run, runs_dir
+from tether.harness.run import execute_run, run_claimed, runs_dir
 from tether.harness.stops import StopControl, Stopped, StopReason
 from tether.harness.turn import (
     NOT_NEEDED,
@@ -37,11 +38,13 @@ __all__ = [
     "CheckpointStep",
     "RunOutcome",
     "RunRequest",
+    "SessionBusy",
     "SettledTurn",
     "StopControl",
     "StopReason",
     "Stopped",
     "continuation_checkpoint",
     "execute_run",
+    "run_claimed",
     "runs_dir",
 ]

@@ -44,9 +44,25 @@ import anyio.to_thread
 from tether.access import Obligations
 from tether.clock import Clock, SystemClock
 from tether.config import Config
-from tether.errors import FencedOut, LedgerError, RunNotActive, SessionRefusing
-from tether.events import EventBus, PiStarted, RunEnded, RunStarted, StopRequested, Subscriber
+from tether.errors import (
+    FencedOut,
+    HarnessError,
+    LedgerError,
+    RunNotActive,
+    SessionBusy,
+    SessionRefusing,
+)
+from tether.events import (
+    EventBus,
+    PiStarted,
+    RunEnded,
+    RunStarted,
+    StopRequested,
+    Subscriber,
+    Waiting,
+)
 from tether.followup import FollowupView, Refusal, build_view
+from tether.harness import placement as custody_place
 from tether.harness.pump import RunState, follow
 from tether.harness.relay import LivePi, RelayHook
 from tether.harness.stops import StopControl, Stopped, StopReason, race_clock
@@ -69,6 +85,7 @@ from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror
 from tether.pi.agentdir import provider_env, write_agent_dir
 from tether.pi.client import RpcClient
+from tether.pi.detached import KeeperTransport
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.install import PiInstall, find_pi, pi_argv, pi_env
 from tether.pi.protocol import Command, Disposition
@@ -85,6 +102,7 @@ __all__ = [
     "SettledTurn",
     "execute_run",
     "in_thread",
+    "run_claimed",
     "runs_dir",
 ]
 
@@ -125,28 +143,170 @@ async def execute_run(
     subscribers: Sequence[Subscriber] = (),
     checkpoint: CheckpointStep | None = None,
     pi: PiInstall | None = None,
+    wait: bool = True,
     relay: RelayHook | None = None,
 ) -> RunOutcome:
-    """Run one task turn. Raises ``ConfigError``, ``PiNotInstalled``, ``SessionRefusing`` or
-    ``Refused`` before anything is written; every later failure ends the run (failed or
-    interrupted, with its reason) and is reported in the outcome."""
-    agent = config.agent(request.agent)
-    key_env = provider_env(config, request.agent)  # a missing key refuses before any write
+    """Run one task turn. Raises ``ConfigError``, ``PiNotInstalled``, ``SessionRefusing``,
+    ``Refused`` or (``wait=False``, the session busy) ``SessionBusy`` before anything is
+    written; every later failure ends the run (failed or interrupted, with its reason) and is
+    reported in the outcome.
+
+    The request is admitted, queued behind the session's live run (DESIGN §3.7: one live run
+    per session, FIFO; expired leases on the session are reconciled first), and run when its
+    turn comes (:func:`run_claimed`)."""
+    config.agent(request.agent)
+    provider_env(config, request.agent)  # a missing key refuses before any write
     pi = pi or find_pi()
-    clock = clock or SystemClock()
     stop = stop or StopControl()
     bus = EventBus(list(subscribers))
 
     session = await in_thread(ledger.ensure_session, request.session)
+    await _reconcile(ledger, config, request.session)
     if session.refusing:
-        raise SessionRefusing(
-            f"session {session.id!r} refuses new prompts: {session.refusing}; after checking "
-            f"it, clear it with `tether session clear {session.id}`"
+        raise _refusing(session.id, session.refusing)
+    # Admission: a view refused now writes nothing (the view is built again at the run's turn,
+    # when it holds every earlier answer).
+    await _followup_view(ledger, config, request)
+    if not wait:
+        live = await in_thread(ledger.live_runs, session=request.session)
+        queued = await in_thread(ledger.queued_runs, request.session, limit=1)
+        if live or queued:
+            raise SessionBusy(request.session, live[0].id if live else None)
+    run, _ = await in_thread(
+        ledger.enqueue_run,
+        request.session,
+        request.agent,
+        actor=request.actor,
+        text=request.text,
+        run_id=request.run_id,
+    )
+    try:
+        fence = await _wait_turn(
+            ledger, config, run.id, request.session, bus=bus, wait=wait, stop=stop
         )
-    view = await _followup_view(ledger, config, request)
+    except BaseException:
+        with anyio.CancelScope(shield=True), contextlib.suppress(LedgerError):
+            await in_thread(ledger.cancel_queued, run.id)  # never started: withdraw it
+        raise
+    return await run_claimed(
+        ledger,
+        config,
+        fence,
+        stop=stop,
+        subscribers=subscribers,
+        checkpoint=checkpoint,
+        clock=clock,
+        pi=pi,
+        request=request,
+        relay=relay,
+    )
 
-    run = await in_thread(ledger.create_run, request.session, request.agent, run_id=request.run_id)
-    fence = await in_thread(ledger.claim_run, run.id)
+
+def _refusing(session: str, why: str) -> SessionRefusing:
+    return SessionRefusing(
+        f"session {session!r} refuses new prompts: {why}; after checking "
+        f"it, clear it with `tether session clear {session}`"
+    )
+
+
+async def _reconcile(ledger: Ledger, config: Config, session: str) -> None:
+    """Reconcile the session's expired leases before touching it (DESIGN §3.7)."""
+    # custody imports this module (a resumed run is driven by the same driver): import late.
+    from tether.harness.custody import reconcile
+
+    await reconcile(ledger, config, session=session)
+
+
+async def _wait_turn(
+    ledger: Ledger,
+    config: Config,
+    run_id: str,
+    session: str,
+    *,
+    bus: EventBus,
+    wait: bool,
+    stop: StopControl,
+) -> Fence:
+    """Claim the run when it is first in its session's queue and the session is free; until
+    then say which run it waits for, and reconcile the session whenever a lease has expired."""
+    owner = custody_place.owner_id()
+    announced: tuple[str | None, ...] | None = None
+    while True:
+        fence = await in_thread(
+            ledger.claim_next, owner=owner, lease_s=config.custody.lease_s, run_id=run_id
+        )
+        if fence is not None:
+            return fence
+        live = await in_thread(ledger.live_runs, session=session)
+        if not wait:
+            raise SessionBusy(session, live[0].id if live else None)
+        behind = live[0].id if live else None
+        if announced != (behind,):
+            announced = (behind,)
+            bus.emit(Waiting(run=run_id, behind=behind, session=session))
+        with anyio.move_on_after(config.custody.wait_poll_s):
+            await stop.soft_requested.wait()
+        if stop.requested:
+            raise HarnessError(
+                f"run {run_id} was withdrawn while it waited for run {behind} ({stop.reason}); "
+                "nothing was written"
+            )
+        await _reconcile(ledger, config, session)
+        found = await in_thread(ledger.session, session)
+        if found is not None and found.refusing:
+            raise _refusing(session, found.refusing)
+
+
+async def run_claimed(
+    ledger: Ledger,
+    config: Config,
+    fence: Fence,
+    *,
+    stop: StopControl | None = None,
+    subscribers: Sequence[Subscriber] = (),
+    checkpoint: CheckpointStep | None = None,
+    clock: Clock | None = None,
+    pi: PiInstall | None = None,
+    request: RunRequest | None = None,
+    relay: RelayHook | None = None,
+) -> RunOutcome:
+    """Execute one claimed run exactly as ``tether run`` does: the view, the request row, pi,
+    the mirror, the checkpoint, heartbeats, and the run's end. ``request`` defaults to the
+    run's queued request (``extra["request"]``), with the continuation extension when a
+    checkpoint step is given. A view refused now ends the run ``failed`` and raises."""
+    run = await in_thread(ledger.get_run, fence.run)
+    if request is None:
+        asked = run.extra.get("request") or {}
+        extensions: tuple[Path, ...] = ()
+        if checkpoint is not None:
+            from tether.harness.checkpoint import EXTENSION_PATH  # checkpoint imports this module
+
+            extensions = (EXTENSION_PATH,)
+        request = RunRequest(
+            session=run.session,
+            agent=run.agent,
+            text=str(asked.get("text", "")),
+            actor=str(asked.get("actor", "user:local")),
+            run_id=run.id,
+            extensions=extensions,
+        )
+    agent = config.agent(request.agent)
+    clock = clock or SystemClock()
+    stop = stop or StopControl()
+    bus = EventBus(list(subscribers))
+    try:
+        key_env = provider_env(config, request.agent)
+        pi = pi or find_pi()
+        view = await _followup_view(ledger, config, request)
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True), contextlib.suppress(LedgerError):
+            await in_thread(
+                ledger.end_run,
+                fence,
+                RunStatus.FAILED,
+                extra={"error": f"refused before it started: {exc}", "answer": None},
+            )
+        raise
     bus.emit(
         RunStarted(run=run.id, session=request.session, agent=request.agent, follow_up=bool(view))
     )
@@ -165,8 +325,18 @@ async def execute_run(
         key_env=key_env,
         relay=relay,
     )
+    return await _drive_recorded(driver, ledger, fence, bus, driver.drive(view))
+
+
+async def _drive_recorded(
+    driver: _Driver,
+    ledger: Ledger,
+    fence: Fence,
+    bus: EventBus,
+    drive: Awaitable[RunOutcome],
+) -> RunOutcome:
     try:
-        outcome = await driver.drive(view)
+        outcome = await drive
     except BaseException as exc:
         # Cancelled from outside, or a bug: record the run's end before letting it through.
         with anyio.CancelScope(shield=True):
@@ -273,6 +443,8 @@ class _Driver:
         """The sources of everything the run was given; every row it writes carries them."""
         self.failure: Stopped | None = None
         """The harness's own failure (a helper task, the final mirror pass): it wins."""
+        self.resuming = False
+        """Taking over a run whose harness was lost (pi was prompted by the lost harness)."""
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -331,17 +503,19 @@ class _Driver:
         offset, known = write_session_file(
             session_file, session_id=self.fence.run, cwd=workdir, messages=entries
         )
-        mirror = Mirror(
-            self.ledger,
-            self.fence,
-            session_file=session_file,
-            actors=self.actors,
-            start_offset=offset,
-            known=known,
-            request=(self.request.text, request_seq),
-            bus=self.bus,
-            obligations=self.obligations,
+        # What a harness that takes this run over needs to go on mirroring it (DESIGN §3.7).
+        custody_place.save_run_state(
+            self.run_dir,
+            {
+                "offset": offset,
+                "known": known,
+                "request_seq": request_seq,
+                "deadline_at": time.time() + max(0.0, self.deadline - self.clock.now()),
+                "view": view_record,
+                "sources": sorted(self.obligations.sources),
+            },
         )
+        mirror = self._mirror(session_file, offset, known, request_seq)
         argv = pi_argv(
             self.pi,
             session_file=session_file,
@@ -354,17 +528,67 @@ class _Driver:
         )
         log_path = self.run_dir / "pi.log"
         env = pi_env({**agent_dir.env, **self.key_env}, self.pi)
+        if self.config.custody.detached:
+            opener: contextlib.AbstractAsyncContextManager[Any] = KeeperTransport.open(
+                argv,
+                env=env,
+                cwd=workdir,
+                run_dir=self.run_dir,
+                stderr_log=log_path,
+                grace_s=self.grace,
+            )
+        else:
+            opener = SubprocessTransport.open(
+                argv, env=env, cwd=workdir, stderr_log=log_path, grace_s=self.grace
+            )
+        return await self._drive_pi(opener, mirror, log_path, view_record)
+
+    def _mirror(
+        self, session_file: Path, offset: int, known: dict[str, int | None], request_seq: int
+    ) -> Mirror:
+        return Mirror(
+            self.ledger,
+            self.fence,
+            session_file=session_file,
+            actors=self.actors,
+            start_offset=offset,
+            known=known,
+            request=(self.request.text, request_seq),
+            bus=self.bus,
+            obligations=self.obligations,
+        )
+
+    async def resume(self) -> RunOutcome:
+        """Take over a run whose harness was lost, on its original pi (DESIGN §3.7): attach
+        to the keeper, replay pi's events from the start (the mirror writes each entry once,
+        by id), wait for pi to settle without prompting again, and finish the run. A
+        ``compact`` that may have been delivered is never sent again."""
+        saved = custody_place.load_run_state(self.run_dir)
+        self.resuming = True
+        self.obligations.add(saved.get("sources") or [])
+        known = {str(k): v for k, v in (saved.get("known") or {}).items()}
+        mirror = self._mirror(
+            self.run_dir / "session.jsonl",
+            int(saved.get("offset", 0)),
+            known,
+            int(saved["request_seq"]),
+        )
+        opener = KeeperTransport.attach(self.run_dir, grace_s=self.grace)
+        return await self._drive_pi(opener, mirror, self.run_dir / "pi.log", saved.get("view"))
+
+    async def _drive_pi(
+        self,
+        opener: contextlib.AbstractAsyncContextManager[Any],
+        mirror: Mirror,
+        log_path: Path,
+        view_record: dict[str, Any] | None,
+    ) -> RunOutcome:
         task: TaskEnd = PiFailed(StopReason.STARTUP_FAILED, "pi was not started")
         checkpoint, late = NOT_NEEDED, None
         exit_status: int | None = None
         diagnostics = ""
         try:
-            async with (
-                SubprocessTransport.open(
-                    argv, env=env, cwd=workdir, stderr_log=log_path, grace_s=self.grace
-                ) as transport,
-                anyio.create_task_group() as keeper,
-            ):
+            async with opener as transport, anyio.create_task_group() as keeper:
                 # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
                 keeper.start_soon(self._kill_on_hard_stop, transport)
                 try:
@@ -374,7 +598,7 @@ class _Driver:
                     await transport.aclose()
                     keeper.cancel_scope.cancel()
             exit_status = transport.exit_status
-        except PiStartupFailed as exc:
+        except (PiStartupFailed, TransportClosed) as exc:
             task = PiFailed(StopReason.STARTUP_FAILED, str(exc))
         finally:
             with anyio.CancelScope(shield=True):
@@ -395,16 +619,37 @@ class _Driver:
 
     # -- pi --------------------------------------------------------------------------------------
 
-    async def _kill_on_hard_stop(self, transport: SubprocessTransport) -> None:
+    async def _kill_on_hard_stop(self, transport: Any) -> None:
         await self.stop.hard_requested.wait()
+        if self.stop.reason is StopReason.FENCED_OUT and isinstance(transport, KeeperTransport):
+            # A newer owner holds the run and its pi: never signal what it now owns.
+            transport.disown()
+            return
         await transport.kill()
 
+    async def _heartbeat(self, transport: Any) -> None:
+        """Keep the lease and record where pi runs (DESIGN §3.7); a lost lease fences the run
+        out (the helper's failure stops it, without touching pi)."""
+        pi_place: dict[str, Any]
+        if isinstance(transport, KeeperTransport):
+            pi_place = dict(transport.placement)
+        else:
+            pi_place = {
+                "pi_pid": transport.pid,
+                "pi_start": custody_place.start_time(transport.pid),
+            }
+        where = custody_place.placement(pi=pi_place, run_dir=self.run_dir)
+        lease_s = self.config.custody.lease_s
+        while True:
+            await in_thread(self.ledger.heartbeat, self.fence, lease_s=lease_s, placement=where)
+            await anyio.sleep(lease_s / 3)
+
     async def _with_pi(
-        self, transport: SubprocessTransport, mirror: Mirror
+        self, transport: Any, mirror: Mirror
     ) -> tuple[TaskEnd, CheckpointResult, Stopped | None]:
         """The task turn, then (after a successful one) the checkpoint; both as values."""
         self.bus.emit(PiStarted(pid=transport.pid, version=self.pi.version))
-        async with RpcClient.connect(transport) as client:
+        async with RpcClient.connect(transport, id_prefix=f"e{self.fence.epoch}.") as client:
             records = client.subscribe()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(
@@ -412,6 +657,7 @@ class _Driver:
                     follow(records, self.state, bus=self.bus, stop=self.stop, mirror=mirror),
                 )
                 tg.start_soon(self._guard, mirror.run())
+                tg.start_soon(self._guard, self._heartbeat(transport))
                 tg.start_soon(self._watch_deadline)
                 tg.start_soon(self._announce_stop)
                 live = LivePi(client, self.actors, run=self.fence.run, session=self.fence.session)
@@ -423,13 +669,26 @@ class _Driver:
                 live.close()
                 relaying.cancel()
                 checkpoint, late = NOT_NEEDED, None
-                if (
+                compact_sent = self.resuming and (self.run_dir / "compact.sent").exists()
+                if compact_sent:
+                    # The lost harness may have delivered the summary command: never again.
+                    checkpoint = await custody_place.await_lost_checkpoint(
+                        self.ledger, self.fence, mirror, self.run_dir, self.clock, self.deadline
+                    )
+                elif (
                     isinstance(task, PiSettled)
                     and task.succeeded
                     and self.checkpoint_step is not None
                     and not self.stop.requested
                 ):
-                    checkpoint, late = await self._checkpoint(client, transport, mirror)
+                    if isinstance(transport, KeeperTransport) and not transport.channel_ok():
+                        checkpoint = CheckpointResult.refused(
+                            ReceiptReason.CANCELLED,
+                            f"pi's command FIFO of run {self.fence.run} is missing: no "
+                            "checkpoint and no further prompts until it is checked",
+                        )
+                    else:
+                        checkpoint, late = await self._checkpoint(client, transport, mirror)
                 tg.cancel_scope.cancel()
         return task, checkpoint, late
 
@@ -455,7 +714,7 @@ class _Driver:
             self.failure = self.failure or failure
             self.stop.stop_hard(failure.reason, failure.detail)
 
-    async def _task_turn(self, client: RpcClient, transport: SubprocessTransport) -> TaskEnd:
+    async def _task_turn(self, client: RpcClient, transport: Any) -> TaskEnd:
         """Prompt and wait for pi to settle, inside the stop scopes; a stop is a value."""
         with self.stop.scope(hard=True):
             with self.stop.scope(hard=False):
@@ -467,6 +726,16 @@ class _Driver:
 
     async def _prompt_and_settle(self, client: RpcClient) -> TaskEnd:
         state = self.state
+        if self.resuming and (self.run_dir / "prompt.sent").exists():
+            # The lost harness prompted pi: follow the same run to its end.
+            self.prompted = True
+            await state.done.wait()
+            if state.settled:
+                return PiSettled(aborted=state.settled_aborted, last=state.last_assistant)
+            return PiFailed(
+                StopReason.TRANSPORT_LOST,
+                f"pi went away before the run settled: {state.closed_reason}",
+            )
         try:
             response = await client.request(Command.PROMPT, message=self.request.text)
         except TransportClosed as exc:
@@ -509,7 +778,7 @@ class _Driver:
         return stopped
 
     async def _checkpoint(
-        self, client: RpcClient, transport: SubprocessTransport, mirror: Mirror
+        self, client: RpcClient, transport: Any, mirror: Mirror
     ) -> tuple[CheckpointResult, Stopped | None]:
         """The checkpoint step after a successful task turn. A soft stop or the deadline sends
         ``abort`` (pi aborts the summary and answers ``compact``); a hard stop cancels the step

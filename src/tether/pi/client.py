@@ -69,8 +69,11 @@ class _Pending:
 class RpcClient:
     """Use as ``async with RpcClient.connect(transport) as client``."""
 
-    def __init__(self, transport: AgentTransport) -> None:
+    def __init__(self, transport: AgentTransport, *, id_prefix: str = "t") -> None:
         self._transport = transport
+        self._prefix = id_prefix
+        """Request ids are ``{prefix}{n}``: a harness that takes a run over uses its own prefix,
+        so responses to its predecessor's requests (replayed from pi's events) never match."""
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self._subscribers: list[MemoryObjectSendStream[Record]] = []
@@ -82,8 +85,10 @@ class RpcClient:
 
     @classmethod
     @asynccontextmanager
-    async def connect(cls, transport: AgentTransport) -> AsyncIterator[RpcClient]:
-        client = cls(transport)
+    async def connect(
+        cls, transport: AgentTransport, *, id_prefix: str = "t"
+    ) -> AsyncIterator[RpcClient]:
+        client = cls(transport, id_prefix=id_prefix)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(client._read, tg)
@@ -123,7 +128,7 @@ class RpcClient:
         ``TransportClosed`` if pi goes away first."""
         if self._closed_reason is not None:
             raise TransportClosed(self._closed_reason)
-        rid = f"t{next(self._ids)}"
+        rid = f"{self._prefix}{next(self._ids)}"
         slot = _Pending(str(command))
         self._pending[rid] = slot
         try:

@@ -45,9 +45,9 @@ def create_app(
     on_handover: Callable[[list[Fence]], None] | None = None,
 ) -> FastAPI:
     """The service over ``ledger``. ``workers``: concurrency of the in-process worker (0: none,
-    the runs are taken by ``tether worker`` processes). ``on_handover`` is called with the runs
-    still live at the drain deadline (``tether serve`` exits at once there, leaving them to the
-    next worker's reconcile)."""
+    the runs are taken by ``tether worker`` processes). ``on_handover``: see
+    :class:`~tether.service.worker.Worker` (``tether serve`` exits there, leaving the runs
+    still live at the drain deadline to the next worker's reconcile)."""
     st = ServiceState(config=config, ledger=ledger)
 
     @contextlib.asynccontextmanager
@@ -64,22 +64,16 @@ def create_app(
             metrics=st.metrics,
             pi=pi,
             extensions=extensions,
+            on_handover=on_handover,
         )
         st.workers.append(worker)
-        handed: list[Fence] = []
         async with anyio.create_task_group() as tg:
-
-            async def work() -> None:
-                handed.extend(await worker.run())
-
-            tg.start_soon(work)
+            tg.start_soon(worker.run)
             try:
                 yield
             finally:
                 st.stopping = True
                 worker.stop()
-        if handed and on_handover is not None:
-            on_handover(handed)
 
     app = FastAPI(
         title="tether",

@@ -91,12 +91,17 @@ class _Stream:
         while True:
             channel = st.hub.channel(self.run.id)
             current = await blocking(st.ledger.get_run, self.run.id)
-            async for event in self._rows():
-                yield event
-            if current.status is not self.status:
+            ended = current.status in ENDED_STATUSES
+            if current.status is not self.status and (not ended or self.status is None):
                 self.status = current.status
                 yield self._event("status", {"run": current.id, "status": current.status.value})
-            if current.status in ENDED_STATUSES:
+            # Rows after the status was read: once it reads ended, every row is in.
+            async for event in self._rows():
+                yield event
+            if ended:
+                if current.status is not self.status:
+                    self.status = current.status
+                    yield self._event("status", {"run": current.id, "status": current.status.value})
                 yield self._event(
                     "checkpoint", {"run": current.id, "checkpoint": current.extra.get("checkpoint")}
                 )

@@ -10,9 +10,9 @@ and the fence orders owners; a worker holds no state another could not rebuild f
 
 Stopping (procrastinate's shape): :meth:`Worker.stop` only sets a flag and wakes the loop; the
 loop stops claiming and lets live runs finish until ``[service] drain_s``; runs still live then
-are *handed over*: their leases are expired (so the next worker's reconcile takes them, per
-§3.7) and :attr:`Worker.handed_over` names them; the process then exits without ending them
-(``tether worker`` and ``tether serve`` do it at once), instead of killing pi.
+are *handed over*: their leases are expired, so the next worker's reconcile takes them (§3.7:
+pi runs under its keeper, so it resumes on the same pi), and ``on_handover`` ends the process
+without ending them (``tether worker`` and ``tether serve`` exit there), instead of killing pi.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,13 @@ import anyio
 from tether.config import Config
 from tether.errors import FencedOut, LedgerError, RunNotActive, TetherError
 from tether.events import Subscriber
-from tether.harness import EXTENSION_PATH, StopControl, continuation_checkpoint, run_claimed
+from tether.harness import (
+    EXTENSION_PATH,
+    StopControl,
+    StopReason,
+    continuation_checkpoint,
+    run_claimed,
+)
 from tether.harness.custody import reconcile
 from tether.harness.relay import Deliver, LivePi
 from tether.harness.run import in_thread
@@ -58,6 +64,7 @@ class Worker:
         metrics: Metrics | None = None,
         pi: PiInstall | None = None,
         extensions: Sequence[Path] = (EXTENSION_PATH,),
+        on_handover: Callable[[list[Fence]], None] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("a worker needs a concurrency of at least 1")
@@ -69,11 +76,16 @@ class Worker:
         self.metrics = metrics
         self.pi = pi
         self.extensions = tuple(extensions)
+        self.on_handover = on_handover
+        """Called with the runs still live at the drain deadline, after their leases were
+        expired; it should end the process at once (``os._exit``) so nothing ends them. Without
+        it they are stopped (abort, settle) and end ``interrupted``, their answers kept."""
         self.live: dict[str, tuple[Fence, StopControl]] = {}
         self.handed_over: list[Fence] = []
         self.executed = 0
         self._stopping = False
         self._wake: anyio.Event | None = None
+        self._stopped_event: anyio.Event | None = None
 
     @property
     def lease_s(self) -> float:
@@ -84,6 +96,16 @@ class Worker:
         self._stopping = True
         if self._wake is not None:
             self._wake.set()
+        if self._stopped_event is not None:
+            self._stopped_event.set()
+
+    @property
+    def _stopped(self) -> anyio.Event:
+        if self._stopped_event is None:
+            self._stopped_event = anyio.Event()
+            if self._stopping:
+                self._stopped_event.set()
+        return self._stopped_event
 
     @property
     def stopping(self) -> bool:
@@ -101,31 +123,31 @@ class Worker:
         """Claim and execute runs until stopped; returns the runs handed over (still live at
         the drain deadline)."""
         poll = self.config.service.poll_s
-        async with anyio.create_task_group() as background:
-            background.start_soon(self._reconcile_loop)
-            async with anyio.create_task_group() as runs:
-                while not self._stopping:
-                    if len(self.live) >= self.concurrency:
-                        await self._idle(poll)
-                        continue
-                    try:
-                        fence = await in_thread(
-                            self.ledger.claim_next, owner=self.owner, lease_s=self.lease_s
-                        )
-                    except LedgerError as exc:
-                        log.warning("claiming a run failed (%s); trying again", exc)
-                        await self._idle(poll * 5)
-                        continue
-                    if fence is None:
-                        await self._idle(poll)
-                        continue
-                    self.live[fence.run] = (fence, StopControl())
-                    runs.start_soon(self._execute, fence)
-                await self._drain(runs)
-            background.cancel_scope.cancel()
+        async with anyio.create_task_group() as runs:
+            # A run resumed by the reconcile (§3.7) is driven inside it: it finishes before the
+            # worker returns.
+            runs.start_soon(self._reconcile_loop)
+            while not self._stopping:
+                if len(self.live) >= self.concurrency:
+                    await self._idle(poll)
+                    continue
+                try:
+                    fence = await in_thread(
+                        self.ledger.claim_next, owner=self.owner, lease_s=self.lease_s
+                    )
+                except LedgerError as exc:
+                    log.warning("claiming a run failed (%s); trying again", exc)
+                    await self._idle(poll * 5)
+                    continue
+                if fence is None:
+                    await self._idle(poll)
+                    continue
+                self.live[fence.run] = (fence, StopControl())
+                runs.start_soon(self._execute, fence)
+            await self._drain()
         return self.handed_over
 
-    async def _drain(self, runs: anyio.abc.TaskGroup) -> None:
+    async def _drain(self) -> None:
         with anyio.move_on_after(self.config.service.drain_s):
             while self.live:
                 await self._idle(self.config.service.poll_s)
@@ -138,10 +160,14 @@ class Worker:
                 await in_thread(self.ledger.heartbeat, fence, lease_s=0.0)
             self.handed_over.append(fence)
         log.warning(
-            "handed over %d live run(s) at the drain deadline: %s",
+            "handing over %d live run(s) at the drain deadline: %s",
             len(self.handed_over),
             ", ".join(f.run for f in self.handed_over),
         )
+        if self.on_handover is not None:
+            self.on_handover(list(self.handed_over))
+        for _, stop in list(self.live.values()):
+            stop.soft(StopReason.SOFT_STOP, "the worker stopped at its drain deadline")
 
     async def _execute(self, fence: Fence) -> None:
         _, stop = self.live[fence.run]
@@ -205,9 +231,13 @@ class Worker:
 
     async def _reconcile_loop(self) -> None:
         """Reconcile expired leases (§3.7) every third of a lease."""
-        while True:
+        while not self._stopping:
             try:
-                await reconcile(self.ledger, self.config)
+                done = await reconcile(self.ledger, self.config, pi=self.pi, relay=self._relay)
             except TetherError as exc:
                 log.warning("reconciling expired leases failed (%s); trying again", exc)
-            await anyio.sleep(self.lease_s / 3)
+            else:
+                for found in done:
+                    log.info("reconciled run %s: %s", found.run, found.resolution)
+            with anyio.move_on_after(min(self.lease_s / 3, 5.0)):
+                await self._stopped.wait()

@@ -1,0 +1,307 @@
+"""Reconciling live runs whose custody lapsed (DESIGN §3.7, invariants 15-17).
+
+A live run's lease lapses when its harness stops heartbeating (the lease expired), or at once
+when, on this host, its harness process is confirmed gone. Whoever touches the session next
+(``tether run``, a worker) or ``tether recover`` reconciles it, taking the run over with a new
+epoch (of several reconcilers exactly one wins), and then, by its placement:
+
+- confirmed on this host and pi still running (same pid, same start time) → **resume**: attach
+  to pi's keeper, mirror what was not mirrored, finish the run on the original pi;
+- confirmed on this host and pi gone → ``interrupted`` with ``harness_lost``; whatever pi wrote
+  to its session file is mirrored, and the mirrored answer stays the reply;
+- not confirmable (another host id, or no placement recorded) → ``interrupted`` with
+  ``unconfirmed_ending``, and the session refuses prompts until an operator clears it: custody
+  is retained, never guessed.
+
+    done = await reconcile(ledger, config)            # every lapsed lease (tether recover)
+    done = await reconcile(ledger, config, session="s1")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tether.clock import Clock, SystemClock
+from tether.config import Config
+from tether.errors import FencedOut, RunNotActive
+from tether.events import EventBus, Resumed, Subscriber
+from tether.harness import placement as place
+from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
+from tether.harness.relay import RelayHook
+from tether.harness.run import _drive_recorded, _Driver, in_thread
+from tether.harness.stops import StopControl
+from tether.harness.turn import RunOutcome, RunRequest
+from tether.ledger import Fence, Ledger, Run, RunStatus
+from tether.mirror.entries import Actors, message_text
+from tether.mirror.mirror import Mirror
+from tether.pi import keeper
+from tether.pi.agentdir import provider_env
+from tether.pi.detached import process_matches, read_placement
+from tether.pi.install import PiInstall, find_pi
+
+__all__ = ["Reconciled", "Resolution", "lapsed", "reconcile"]
+
+
+class Resolution(enum.StrEnum):
+    RESUMED = "resumed"
+    """Finished on its original pi (see ``outcome``)."""
+    HARNESS_LOST = "harness_lost"
+    """pi was confirmed gone: the run ended ``interrupted``."""
+    UNCONFIRMED_ENDING = "unconfirmed_ending"
+    """Placement not confirmable: the run ended ``interrupted``, the session refuses prompts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    run: str
+    session: str
+    resolution: Resolution
+    outcome: RunOutcome | None = None
+    """The resumed run's outcome (``RESUMED`` only)."""
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "run": self.run,
+            "session": self.session,
+            "resolution": self.resolution.value,
+        }
+        if self.outcome is not None:
+            out["outcome"] = self.outcome.to_json()
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+def lapsed(ledger: Ledger, *, session: str | None = None) -> list[Run]:
+    """Live runs whose custody lapsed: the lease expired, or (on this host) the harness that
+    holds it is confirmed gone."""
+    out = [r for r in ledger.expired_leases() if session is None or r.session == session]
+    seen = {r.id for r in out}
+    for run in ledger.live_runs(session=session):
+        if run.id in seen:
+            continue
+        lease = ledger.lease(run.id)
+        if lease is not None and place.harness_gone(lease.placement):
+            out.append(run)
+    return out
+
+
+async def reconcile(
+    ledger: Ledger,
+    config: Config,
+    *,
+    session: str | None = None,
+    subscribers: Sequence[Subscriber] = (),
+    pi: PiInstall | None = None,
+    clock: Clock | None = None,
+    relay: RelayHook | None = None,
+) -> list[Reconciled]:
+    """Reconcile every lapsed lease (of ``session``, or all) per DESIGN §3.7. A run another
+    reconciler took first is skipped. A resumed run gets ``relay`` (the takeover inherits the
+    relay of requests into the live run)."""
+    done: list[Reconciled] = []
+    for run in await in_thread(lapsed, ledger, session=session):
+        found = await _reconcile_one(ledger, config, run, subscribers, pi, clock, relay)
+        if found is not None:
+            done.append(found)
+    return done
+
+
+async def _reconcile_one(
+    ledger: Ledger,
+    config: Config,
+    run: Run,
+    subscribers: Sequence[Subscriber],
+    pi: PiInstall | None,
+    clock: Clock | None,
+    relay: RelayHook | None = None,
+) -> Reconciled | None:
+    lease = await in_thread(ledger.lease, run.id)
+    if lease is None:
+        return None  # it ended meanwhile
+    fence = await in_thread(
+        ledger.take_over,
+        run.id,
+        epoch=lease.epoch,
+        owner=place.owner_id(),
+        lease_s=config.custody.lease_s,
+    )
+    if fence is None:
+        return None  # another reconciler (or the holder) got there first
+    where = lease.placement
+    run_dir = Path(where["run_dir"]) if where and where.get("run_dir") else None
+    if where is None or where.get("host") != place.host_id() or run_dir is None:
+        why = (
+            "no placement was recorded"
+            if where is None
+            else f"it was placed on host {where.get('host')!r}, not this one ({place.host_id()})"
+        )
+        return await _unconfirmed(ledger, fence, why)
+    keeper_place = read_placement(run_dir)
+    same_pi = keeper_place is not None and keeper_place.get("pi_pid") == where.get("pi_pid")
+    if (
+        same_pi
+        and process_matches(where.get("pi_pid"), where.get("pi_start"))
+        and (run_dir / keeper.FIFO_NAME).exists()
+        and (run_dir / place.RUN_STATE).exists()
+    ):
+        return await _resume(ledger, config, run, fence, run_dir, subscribers, pi, clock, relay)
+    if process_matches(where.get("pi_pid"), where.get("pi_start")):
+        # pi lives but cannot be taken over (no keeper or no FIFO): it cannot be confirmed
+        # idle, so end it the way a lost harness would have, then refuse the session.
+        _stop_pi(where)
+        return await _unconfirmed(
+            ledger, fence, "pi was alive but its command channel could not be taken over"
+        )
+    return await _harness_lost(ledger, run, fence, run_dir)
+
+
+async def _unconfirmed(ledger: Ledger, fence: Fence, why: str) -> Reconciled | None:
+    detail = f"the harness of run {fence.run} was lost and its placement cannot be confirmed: {why}"
+    try:
+        await in_thread(
+            ledger.end_run,
+            fence,
+            RunStatus.INTERRUPTED,
+            extra={"stop_reason": Resolution.UNCONFIRMED_ENDING.value, "error": detail},
+        )
+    except (FencedOut, RunNotActive):
+        return None
+    await in_thread(ledger.set_refusing, fence.session, f"unconfirmed_ending: {detail}")
+    return Reconciled(fence.run, fence.session, Resolution.UNCONFIRMED_ENDING, detail=detail)
+
+
+def _stop_pi(where: dict[str, Any]) -> None:
+    """Signal pi's group only after matching its start time (pid reuse)."""
+    pid = where.get("pi_pid")
+    if isinstance(pid, int) and process_matches(pid, where.get("pi_start")):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _last_answer(session_file: Path, offset: int) -> str | None:
+    """The last assistant text pi wrote to the run's session file after ``offset``."""
+    answer = None
+    try:
+        data = session_file.read_bytes()[offset:]
+    except OSError:
+        return None
+    for line in data.split(b"\n"):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        message = entry.get("message") if isinstance(entry, dict) else None
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            text = message_text(message)
+            if text.strip():
+                answer = text
+    return answer
+
+
+async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -> Reconciled | None:
+    """pi is confirmed gone: mirror what it wrote (exactly once, by entry id) and end the run
+    ``interrupted`` (``harness_lost``), its answer the reply."""
+    answer = None
+    problems: list[str] = []
+    try:
+        saved = place.load_run_state(run_dir)
+    except (OSError, ValueError):
+        saved = None
+    if saved is not None and run.request_seq is not None:
+        asked = run.extra.get("request") or {}
+        session_file = run_dir / "session.jsonl"
+        mirror = Mirror(
+            ledger,
+            fence,
+            session_file=session_file,
+            actors=Actors(user=str(asked.get("actor", "user:local")), agent=run.agent),
+            start_offset=int(saved.get("offset", 0)),
+            known={str(k): v for k, v in (saved.get("known") or {}).items()},
+            request=(str(asked.get("text", "")), run.request_seq),
+        )
+        try:
+            await mirror.sync(final=True)
+        except (FencedOut, RunNotActive):
+            return None
+        problems = mirror.problems[:10]
+        answer = _last_answer(session_file, int(saved.get("offset", 0)))
+    detail = f"the harness of run {fence.run} was lost and pi is gone"
+    extra: dict[str, Any] = {
+        "stop_reason": Resolution.HARNESS_LOST.value,
+        "answer": answer,
+        "error": detail,
+    }
+    if problems:
+        extra["mirror_problems"] = problems
+    try:
+        await in_thread(ledger.end_run, fence, RunStatus.INTERRUPTED, extra=extra)
+    except (FencedOut, RunNotActive):
+        return None
+    return Reconciled(fence.run, fence.session, Resolution.HARNESS_LOST, detail=detail)
+
+
+async def _resume(
+    ledger: Ledger,
+    config: Config,
+    run: Run,
+    fence: Fence,
+    run_dir: Path,
+    subscribers: Sequence[Subscriber],
+    pi: PiInstall | None,
+    clock: Clock | None,
+    relay: RelayHook | None = None,
+) -> Reconciled | None:
+    """Finish the run on its original pi (see :meth:`_Driver.resume`)."""
+    asked = run.extra.get("request") or {}
+    request = RunRequest(
+        session=run.session,
+        agent=run.agent,
+        text=str(asked.get("text", "")),
+        actor=str(asked.get("actor", "user:local")),
+        run_id=run.id,
+        extensions=(EXTENSION_PATH,),
+    )
+    saved = place.load_run_state(run_dir)
+    clock = clock or SystemClock()
+    remaining = max(0.0, float(saved.get("deadline_at", 0)) - _now())
+    bus = EventBus(list(subscribers))
+    driver = _Driver(
+        ledger=ledger,
+        config=config,
+        request=request,
+        pi=pi or find_pi(),
+        clock=clock,
+        stop=StopControl(),
+        bus=bus,
+        fence=fence,
+        run_dir=run_dir,
+        deadline=clock.now() + remaining,
+        checkpoint=continuation_checkpoint,
+        key_env=_key_env(config, run.agent),
+        relay=relay,
+    )
+    placement = read_placement(driver.run_dir) or {}
+    bus.emit(Resumed(run=run.id, session=run.session, pi_pid=int(placement.get("pi_pid", 0))))
+    outcome = await _drive_recorded(driver, ledger, fence, bus, driver.resume())
+    return Reconciled(run.id, run.session, Resolution.RESUMED, outcome=outcome)
+
+
+def _key_env(config: Config, agent: str) -> dict[str, str]:
+    with contextlib.suppress(Exception):
+        return provider_env(config, agent)
+    return {}
+
+
+def _now() -> float:
+    return time.time()

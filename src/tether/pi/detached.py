@@ -1,0 +1,364 @@
+"""pi detached from the harness, behind the :class:`AgentTransport` seam (DESIGN §3.7).
+
+``KeeperTransport`` starts the keeper (:mod:`tether.pi.keeper`), which owns pi; the harness
+writes commands to the FIFO in the run directory and reads pi's output from the events file
+there, by offset. A harness that dies leaves pi running; a new one ``attach``-es to the same run
+directory and reads the events from the start (the RPC client and the mirror are idempotent over
+a replay).
+
+Before a ``prompt`` or ``compact`` reaches the FIFO, a marker file (``prompt.sent``,
+``compact.sent``) is written and synced: a harness that takes the run over knows whether the
+summary command may have been delivered, and never sends it again (invariant 16).
+
+Cleanup signals pi only after confirming its pid still names the process the keeper started
+(its start time), and not at all once the run has been ``disown``-ed (a newer owner holds it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import psutil
+
+from tether.pi import keeper
+from tether.pi.errors import PiStartupFailed, TransportClosed
+from tether.pi.jsonl import LineSplitter
+
+__all__ = ["KeeperTransport", "Placement", "process_matches", "read_placement"]
+
+READ_CHUNK = 256 * 1024
+STDERR_TAIL_LINES = 40
+_START_TOLERANCE_S = 0.05
+_POLL_MIN_S = 0.001
+_POLL_MAX_S = 0.02
+_STARTUP_TIMEOUT_S = 20.0
+
+Placement = dict[str, Any]
+
+
+def process_matches(pid: object, start: object) -> bool:
+    """True when ``pid`` is alive and is the process that started at ``start`` (pid reuse
+    gives the pid a different start time; a zombie counts as gone)."""
+    if not isinstance(pid, int) or not isinstance(start, int | float):
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return abs(proc.create_time() - float(start)) <= _START_TOLERANCE_S
+    except psutil.Error:
+        return False
+
+
+def read_placement(run_dir: Path) -> Placement | None:
+    """What the keeper recorded about where pi runs, or None."""
+    try:
+        data = json.loads((run_dir / keeper.PLACEMENT_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_exit(run_dir: Path) -> int | None:
+    try:
+        data = json.loads((run_dir / keeper.EXIT_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    status = data.get("status") if isinstance(data, dict) else None
+    return status if isinstance(status, int) else None
+
+
+def _sync_marker(path: Path, data: dict[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, json.dumps(data).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class KeeperTransport:
+    """pi under a keeper. ``async with KeeperTransport.open(...)`` starts one;
+    ``async with KeeperTransport.attach(run_dir)`` takes over one that is running."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        placement: Placement,
+        *,
+        grace_s: float,
+        keeper_proc: subprocess.Popen[bytes] | None = None,
+        stderr_log: Path | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.placement = placement
+        self._grace = grace_s
+        self._keeper = keeper_proc
+        self._log = stderr_log or run_dir / "pi.log"
+        self._fifo = run_dir / keeper.FIFO_NAME
+        self._events = run_dir / keeper.EVENTS_NAME
+        self._fd: int | None = None
+        self._closed = False
+        self._disowned = False
+        self._stdin_closed = False
+        self._write_lock = anyio.Lock()
+        self.offset = 0
+        """How far the events file has been read."""
+        self.caught_up = anyio.Event()
+        """Set once everything in the events file when reading began has been delivered."""
+
+    # -- starting and attaching ------------------------------------------------------------------
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        run_dir: Path,
+        stderr_log: Path,
+        grace_s: float = 3.0,
+    ) -> AsyncIterator[KeeperTransport]:
+        run_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (local, instant)
+        command = [sys.executable, keeper.__file__, str(run_dir), str(stderr_log), "--", *argv]
+        try:
+            # Popen, not anyio: the keeper must outlive this event loop and this process.
+            proc = subprocess.Popen(  # noqa: ASYNC220
+                command,
+                env=dict(env),
+                cwd=str(cwd),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr_log.open("ab"),
+                start_new_session=True,  # a session of its own: the harness's end is not its end
+            )
+        except OSError as exc:
+            raise PiStartupFailed(f"cannot start pi's keeper: {exc}") from exc
+        placement = await cls._await_placement(run_dir, proc)
+        transport = cls(
+            run_dir, placement, grace_s=grace_s, keeper_proc=proc, stderr_log=stderr_log
+        )
+        try:
+            yield transport
+        finally:
+            await transport.aclose()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def attach(cls, run_dir: Path, *, grace_s: float = 3.0) -> AsyncIterator[KeeperTransport]:
+        """Take over the keeper of ``run_dir`` (raises ``TransportClosed`` when it has no
+        placement record)."""
+        placement = read_placement(run_dir)
+        if placement is None:
+            raise TransportClosed(f"no keeper placement in {run_dir}")
+        transport = cls(run_dir, placement, grace_s=grace_s)
+        try:
+            yield transport
+        finally:
+            await transport.aclose()
+
+    @staticmethod
+    async def _await_placement(run_dir: Path, proc: subprocess.Popen[bytes]) -> Placement:
+        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        while True:
+            found = read_placement(run_dir)
+            if found is not None:
+                return found
+            if proc.poll() is not None:
+                raise PiStartupFailed(f"pi's keeper exited at once (status {proc.returncode})")
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise PiStartupFailed("pi's keeper did not start pi in time")
+            await anyio.sleep(0.005)
+
+    # -- the AgentTransport seam -----------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return int(self.placement["pi_pid"])
+
+    @property
+    def exit_status(self) -> int | None:
+        return read_exit(self.run_dir)
+
+    def diagnostics(self) -> str:
+        tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        with contextlib.suppress(OSError), self._log.open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 64 * 1024))
+            for line in f.read().split(b"\n"):
+                if line.strip():
+                    tail.append(line.decode("utf-8", "replace"))
+        return "\n".join(tail)
+
+    def channel_ok(self) -> bool:
+        """The command FIFO is still in the run directory (DESIGN §3.7: without it, no
+        checkpoint and no further prompts)."""
+        try:
+            return os.path.exists(self._fifo) and not self._closed
+        except OSError:
+            return False
+
+    def pi_alive(self) -> bool:
+        return process_matches(self.placement.get("pi_pid"), self.placement.get("pi_start"))
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        splitter = LineSplitter()
+        size_at_start = _size(self._events)
+        delay = _POLL_MIN_S
+        with open(self._events, "rb") as f:  # noqa: ASYNC230  (a local file, read without waiting)
+            f.seek(self.offset)
+            while True:
+                chunk = f.read(READ_CHUNK)
+                if chunk:
+                    self.offset += len(chunk)
+                    delay = _POLL_MIN_S
+                    for line in splitter.feed(chunk):
+                        yield line
+                    continue
+                if self.offset >= size_at_start:
+                    self.caught_up.set()
+                if self._closed or self.exit_status is not None:
+                    # The keeper writes exit.json after the last byte: one more read drains it.
+                    rest = f.read()
+                    if rest:
+                        self.offset += len(rest)
+                        for line in splitter.feed(rest):
+                            yield line
+                        continue
+                    break
+                await anyio.sleep(delay)
+                delay = min(_POLL_MAX_S, delay * 2)
+        self.caught_up.set()
+        last = splitter.flush()
+        if last is not None:
+            yield last
+
+    async def send(self, data: bytes) -> None:
+        if self._closed or self._stdin_closed:
+            raise TransportClosed("pi's command channel is closed")
+        if not self.channel_ok():
+            raise TransportClosed(f"pi's command FIFO {self._fifo} is missing")
+        self._mark(data)
+        async with self._write_lock:
+            try:
+                await anyio.to_thread.run_sync(self._write, data)
+            except OSError as exc:
+                raise TransportClosed(f"pi's command FIFO failed: {exc}") from exc
+
+    def _mark(self, data: bytes) -> None:
+        """Record, durably and before it is written, that a prompt or compact is sent."""
+        for line in data.split(b"\n"):
+            if b'"compact"' not in line and b'"prompt"' not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                kind = record.get("type") if isinstance(record, dict) else None
+                if kind in ("compact", "prompt"):
+                    _sync_marker(
+                        self.run_dir / f"{kind}.sent", {"id": record.get("id"), "at": time.time()}
+                    )
+
+    def _write(self, data: bytes) -> None:
+        if self._fd is None:
+            # The keeper holds the FIFO open, so a non-blocking open for writing succeeds at
+            # once; a FIFO whose keeper is gone raises ENXIO here instead of blocking forever.
+            self._fd = os.open(self._fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.set_blocking(self._fd, True)
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+    def disown(self) -> None:
+        """A newer owner holds the run: from now on nothing here signals pi or its keeper."""
+        self._disowned = True
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._disowned or not self.pi_alive():
+            return  # gone, or the pid names another process now: never signal it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def _wait_exit(self, seconds: float) -> bool:
+        with anyio.move_on_after(seconds):
+            while self.exit_status is None:
+                if not self.pi_alive() and not self._keeper_alive():
+                    return True  # pi and its keeper are both gone (keeper killed too)
+                await anyio.sleep(0.01)
+            return True
+        return self.exit_status is not None
+
+    def _keeper_alive(self) -> bool:
+        return process_matches(self.placement.get("keeper_pid"), self.placement.get("keeper_start"))
+
+    async def _kill_everything(self) -> None:
+        if self._disowned:
+            return
+        if self.pi_alive():
+            strays = _descendants(self.pid)
+            self._signal(signal.SIGKILL)
+            for proc in strays:
+                # psutil checks the pid still names the process it found (create time).
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        await self._wait_exit(self._grace)
+
+    async def kill(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._kill_everything()
+
+    async def _close_stdin(self) -> None:
+        if self._stdin_closed:
+            return
+        with contextlib.suppress(TransportClosed):
+            await self.send(keeper.CLOSE_STDIN + b"\n")
+        self._stdin_closed = True
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        with anyio.CancelScope(shield=True):
+            if not self._disowned:
+                await self._close_stdin()
+                if not await self._wait_exit(self._grace):
+                    self._signal(signal.SIGTERM)
+                    if not await self._wait_exit(self._grace):
+                        await self._kill_everything()
+            self._closed = True
+            if self._fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)
+                self._fd = None
+            if self._keeper is not None and not self._disowned:
+                # Our child: reap it once it is done (it writes exit.json just before).
+                with anyio.move_on_after(self._grace):
+                    while self._keeper.poll() is None:  # noqa: ASYNC110  (a Popen, no event)
+                        await anyio.sleep(0.01)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _descendants(root: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return []
