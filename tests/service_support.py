@@ -36,6 +36,7 @@ def write_config(
     ledger_url: str | None = None,
     extra: str = "",
     lease_s: float = 30,
+    drain_s: float = 20,
 ) -> Path:
     tokens = "\n".join(f'"{digest(t)}" = "{a}"' for t, a in TOKENS.items())
     path = tmp / "tether.toml"
@@ -67,7 +68,7 @@ lease_s = {lease_s}
 
 [service]
 poll_s = 0.05
-drain_s = 20
+drain_s = {drain_s}
 {extra}
 
 [service.tokens]

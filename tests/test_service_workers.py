@@ -121,3 +121,85 @@ def test_sigterm_lets_the_live_run_finish_and_claims_nothing_more(
             assert ledger.get_run(first.id).status is RunStatus.FINISHED
             assert ledger.get_run(first.id).extra["answer"] == "answer to first"
             assert ledger.get_run(second.id).status is RunStatus.QUEUED
+
+
+def _assistant_texts(ledger: Ledger, session: str) -> list[str]:
+    out = []
+    for row in ledger.iter_rows(session):
+        if row.role == "assistant" and "origin" not in row.extra:
+            out += [c["text"] for c in row.body["content"] if c.get("type") == "text"]
+    return out
+
+
+def test_kill_9_of_a_worker_mid_run_another_reconciles_nothing_lost_or_doubled(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    def answer(req: RecordedRequest) -> Reply:
+        if req.last_user_text == "first":
+            time.sleep(4)  # the worker is killed while pi waits for this
+        return Reply(f"answer to {req.last_user_text}")
+
+    p = scripted_provider(answer)
+    with fresh_schema_url() as url:
+        config = write_config(tmp_path, p.url, ledger_url=url, lease_s=3)
+        with open_ledger(url) as ledger:
+            first, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="first")
+            second, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="second")
+            a = tether_proc(tmp_path, "worker", "--config", str(config), log="a.log")
+            b = None
+            try:
+                p.wait_for_requests(1, timeout=60)
+                os.kill(a.pid, signal.SIGKILL)  # the worker only: pi stays with its keeper
+                a.wait(10)
+                assert ledger.get_run(first.id).status is RunStatus.RUNNING
+                b = tether_proc(tmp_path, "worker", "--config", str(config), log="b.log")
+                _wait_all_ended(ledger, ["s1"], timeout=120)
+            finally:
+                stop_proc(a)
+                if b is not None:
+                    stop_proc(b)
+            ended = ledger.get_run(first.id)
+            logs = (tmp_path / "b.log").read_text()
+            assert ended.status is RunStatus.FINISHED, (ended, logs[-2000:])
+            assert ended.epoch >= 2, "the second worker took the run over (a new epoch)"
+            assert ended.extra["answer"] == "answer to first"
+            assert ledger.get_run(second.id).status is RunStatus.FINISHED
+            assert _requests(ledger, "s1") == [(first.id, "first"), (second.id, "second")]
+            assert _assistant_texts(ledger, "s1") == ["answer to first", "answer to second"]
+    asked = Counter(r.last_user_text for r in p.task_requests)
+    assert asked == {"first": 1, "second": 1}
+
+
+def test_sigterm_past_the_drain_deadline_hands_the_run_over(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    def answer(req: RecordedRequest) -> Reply:
+        time.sleep(5)
+        return Reply(f"answer to {req.last_user_text}")
+
+    p = scripted_provider(answer)
+    with fresh_schema_url() as url:
+        config = write_config(tmp_path, p.url, ledger_url=url, drain_s=0.5)
+        with open_ledger(url) as ledger:
+            run, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="long")
+            a = tether_proc(tmp_path, "worker", "--config", str(config), log="a.log")
+            b = None
+            try:
+                p.wait_for_requests(1, timeout=60)
+                os.kill(a.pid, signal.SIGTERM)
+                assert a.wait(30) == 0
+                assert "handed over 1 live run" in (tmp_path / "a.log").read_text()
+                lease = ledger.lease(run.id)
+                assert lease is not None, "the run is still live: it was not ended"
+                assert lease.expired(time.time())
+                b = tether_proc(tmp_path, "worker", "--config", str(config), log="b.log")
+                _wait_all_ended(ledger, ["s1"], timeout=120)
+            finally:
+                stop_proc(a)
+                if b is not None:
+                    stop_proc(b)
+            ended = ledger.get_run(run.id)
+            assert ended.status is RunStatus.FINISHED, ended
+            assert ended.extra["answer"] == "answer to long"
+            assert _assistant_texts(ledger, "s1") == ["answer to long"]
+    assert len(p.task_requests) == 1
