@@ -240,5 +240,12 @@ def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
         assert "tether_runs_queued 0" in s.client.get("/metrics").text
         r = s.client.get("/v1/runs/nope", headers=auth())
         assert r.status_code == 404
+        assert s.post("s1", "  \n ").status_code == 422, "a blank request"
+        unknown = s.client.post(
+            "/v1/sessions/s1/requests", json={"agent": "nobody", "text": "hi"}, headers=auth()
+        )
+        assert unknown.status_code == 422
+        assert "unknown agent 'nobody'" in unknown.text
+        assert s.get("/v1/sessions").json() == {"sessions": []}, "nothing was written"
         with pytest.raises(httpx.HTTPStatusError):
             s.client.get("/v1/runs/nope").raise_for_status()
