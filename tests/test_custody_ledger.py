@@ -114,3 +114,28 @@ def test_a_queued_run_can_be_withdrawn_a_started_one_cannot(ledger: Ledger) -> N
     assert not ledger.cancel_queued(a.id)
     assert ledger.cancel_queued(b.id)
     assert ledger.run(b.id) is None
+
+
+def test_a_take_over_records_the_new_holder_and_keeps_the_old_placement_otherwise(
+    ledger: Ledger,
+) -> None:
+    ledger.enqueue_run("s1", "rev", actor="u:a", text="1")
+    old = ledger.claim_next(owner="w1", lease_s=30)
+    assert old is not None
+    ledger.heartbeat(old, lease_s=30, placement={"host": "h", "pi_pid": 7})
+    kept = ledger.take_over(old.run, epoch=old.epoch, owner="w2", lease_s=30)
+    assert kept is not None
+    lease = ledger.lease(old.run)
+    assert lease is not None
+    assert (lease.owner, lease.placement) == ("w2", {"host": "h", "pi_pid": 7})
+    new = ledger.take_over(
+        old.run, epoch=kept.epoch, owner="w3", lease_s=30, placement={"host": "h", "pi_pid": 8}
+    )
+    assert new is not None
+    lease = ledger.lease(old.run)
+    assert lease is not None
+    assert (lease.owner, lease.epoch, lease.placement) == (
+        "w3",
+        new.epoch,
+        {"host": "h", "pi_pid": 8},
+    )

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tether.clock import Clock, SystemClock
 from tether.config import Config
 from tether.errors import FencedOut, RunNotActive
@@ -85,7 +87,7 @@ class Reconciled:
 def lapsed(ledger: Ledger, *, session: str | None = None) -> list[Run]:
     """Live runs whose custody lapsed: the lease expired, or (on this host) the harness that
     holds it is confirmed gone."""
-    out = [r for r in ledger.expired_leases() if session is None or r.session == session]
+    out = ledger.expired_leases(session=session)
     seen = {r.id for r in out}
     for run in ledger.live_runs(session=session):
         if run.id in seen:
@@ -129,12 +131,20 @@ async def _reconcile_one(
     lease = await in_thread(ledger.lease, run.id)
     if lease is None:
         return None  # it ended meanwhile
+    ours = None
+    if lease.placement is not None and lease.placement.get("host") == place.host_id():
+        # Same host: this process now holds it, where pi was (a resume keeps pi's record).
+        ours = {
+            **lease.placement,
+            **place.placement(pi=None, run_dir=Path(str(lease.placement.get("run_dir", "")))),
+        }
     fence = await in_thread(
         ledger.take_over,
         run.id,
         epoch=lease.epoch,
         owner=place.owner_id(),
         lease_s=config.custody.lease_s,
+        placement=ours,
     )
     if fence is None:
         return None  # another reconciler (or the holder) got there first
@@ -148,6 +158,10 @@ async def _reconcile_one(
         )
         return await _unconfirmed(ledger, fence, why)
     keeper_place = read_placement(run_dir)
+    if keeper_place is not None and "pi_pid" not in where:
+        # The harness died after pi started but before it recorded where: the keeper's own
+        # record (in the run directory on this host) names pi.
+        where = {**where, **_confirmed_by_keeper(keeper_place, run_dir)}
     same_pi = keeper_place is not None and keeper_place.get("pi_pid") == where.get("pi_pid")
     if (
         same_pi
@@ -155,7 +169,7 @@ async def _reconcile_one(
         and (run_dir / keeper.FIFO_NAME).exists()
         and (run_dir / place.RUN_STATE).exists()
     ):
-        return await _resume(ledger, config, run, fence, run_dir, subscribers, pi, clock, relay)
+        return await _resume(ledger, config, run, fence, where, subscribers, pi, clock, relay)
     if process_matches(where.get("pi_pid"), where.get("pi_start")):
         # pi lives but cannot be taken over (no keeper or no FIFO): it cannot be confirmed
         # idle, so end it the way a lost harness would have, then refuse the session.
@@ -164,6 +178,27 @@ async def _reconcile_one(
             ledger, fence, "pi was alive but its command channel could not be taken over"
         )
     return await _harness_lost(ledger, run, fence, run_dir)
+
+
+def _confirmed_by_keeper(keeper_place: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """pi's and its keeper's pids with start times, confirmed without a recorded start time:
+    the keeper runs with this run directory on its command line and pi is its child."""
+    keeper_pid, pi_pid = keeper_place.get("keeper_pid"), keeper_place.get("pi_pid")
+    if not isinstance(keeper_pid, int) or not isinstance(pi_pid, int):
+        return {}
+    try:
+        keeper_proc = psutil.Process(keeper_pid)
+        pi_proc = psutil.Process(pi_pid)
+        if str(run_dir) not in keeper_proc.cmdline() or pi_proc.ppid() != keeper_pid:
+            return {}
+        return {
+            "keeper_pid": keeper_pid,
+            "keeper_start": keeper_proc.create_time(),
+            "pi_pid": pi_pid,
+            "pi_start": pi_proc.create_time(),
+        }
+    except psutil.Error:
+        return {}
 
 
 async def _unconfirmed(ledger: Ledger, fence: Fence, why: str) -> Reconciled | None:
@@ -256,7 +291,7 @@ async def _resume(
     config: Config,
     run: Run,
     fence: Fence,
-    run_dir: Path,
+    where: dict[str, Any],
     subscribers: Sequence[Subscriber],
     pi: PiInstall | None,
     clock: Clock | None,
@@ -272,6 +307,7 @@ async def _resume(
         run_id=run.id,
         extensions=(EXTENSION_PATH,),
     )
+    run_dir = Path(where["run_dir"])
     saved = place.load_run_state(run_dir)
     clock = clock or SystemClock()
     remaining = max(0.0, float(saved.get("deadline_at", 0)) - _now())
@@ -291,9 +327,8 @@ async def _resume(
         key_env=_key_env(config, run.agent),
         relay=relay,
     )
-    placement = read_placement(driver.run_dir) or {}
-    bus.emit(Resumed(run=run.id, session=run.session, pi_pid=int(placement.get("pi_pid", 0))))
-    outcome = await _drive_recorded(driver, ledger, fence, bus, driver.resume())
+    bus.emit(Resumed(run=run.id, session=run.session, pi_pid=int(where["pi_pid"])))
+    outcome = await _drive_recorded(driver, ledger, fence, bus, driver.resume(where))
     return Reconciled(run.id, run.session, Resolution.RESUMED, outcome=outcome)
 
 

@@ -179,6 +179,7 @@ async def execute_run(
         actor=request.actor,
         text=request.text,
         run_id=request.run_id,
+        waiter=custody_place.placement(pi=None, run_dir=runs_dir(config)),
     )
     try:
         fence = await _wait_turn(
@@ -240,6 +241,8 @@ async def _wait_turn(
         live = await in_thread(ledger.live_runs, session=session)
         if not wait:
             raise SessionBusy(session, live[0].id if live else None)
+        if not live:
+            await _withdraw_orphans(ledger, session, run_id)
         behind = live[0].id if live else None
         if announced != (behind,):
             announced = (behind,)
@@ -255,6 +258,17 @@ async def _wait_turn(
         found = await in_thread(ledger.session, session)
         if found is not None and found.refusing:
             raise _refusing(session, found.refusing)
+
+
+async def _withdraw_orphans(ledger: Ledger, session: str, mine: str) -> None:
+    """Queued runs ahead of ``mine`` whose waiter (a ``tether run`` on this host) is confirmed
+    gone will never run: withdraw them (they wrote nothing)."""
+    for queued in await in_thread(ledger.queued_runs, session, limit=64):
+        if queued.id == mine:
+            return
+        waiter = await in_thread(ledger.queued_placement, queued.id)
+        if custody_place.harness_gone(waiter):
+            await in_thread(ledger.cancel_queued, queued.id)
 
 
 async def run_claimed(
@@ -294,6 +308,15 @@ async def run_claimed(
     clock = clock or SystemClock()
     stop = stop or StopControl()
     bus = EventBus(list(subscribers))
+    run_dir = runs_dir(config) / run.id
+    # Where the run is held, from the start: a harness lost before pi starts is confirmed
+    # gone on this host at once, instead of leaving an unconfirmable lease.
+    await in_thread(
+        ledger.heartbeat,
+        fence,
+        lease_s=config.custody.lease_s,
+        placement=custody_place.placement(pi=None, run_dir=run_dir),
+    )
     try:
         key_env = provider_env(config, request.agent)
         pi = pi or find_pi()
@@ -319,7 +342,7 @@ async def run_claimed(
         stop=stop,
         bus=bus,
         fence=fence,
-        run_dir=runs_dir(config) / run.id,
+        run_dir=run_dir,
         deadline=clock.now() + agent.deadline_s,
         checkpoint=checkpoint,
         key_env=key_env,
@@ -558,7 +581,7 @@ class _Driver:
             obligations=self.obligations,
         )
 
-    async def resume(self) -> RunOutcome:
+    async def resume(self, placement: dict[str, Any]) -> RunOutcome:
         """Take over a run whose harness was lost, on its original pi (DESIGN §3.7): attach
         to the keeper, replay pi's events from the start (the mirror writes each entry once,
         by id), wait for pi to settle without prompting again, and finish the run. A
@@ -573,7 +596,7 @@ class _Driver:
             known,
             int(saved["request_seq"]),
         )
-        opener = KeeperTransport.attach(self.run_dir, grace_s=self.grace)
+        opener = KeeperTransport.attach(self.run_dir, placement, grace_s=self.grace)
         return await self._drive_pi(opener, mirror, self.run_dir / "pi.log", saved.get("view"))
 
     async def _drive_pi(

@@ -371,11 +371,14 @@ class SqlLedger(abc.ABC):
         text: str,
         request_id: str | None = None,
         run_id: str | None = None,
+        waiter: dict[str, Any] | None = None,
     ) -> tuple[Run, bool]:
         """A ``queued`` run carrying its request in ``extra["request"]`` (the request row is
         written when the run starts), the session created on first use. The same
         ``(session, request_id)`` again returns ``(that run, False)`` and writes nothing.
-        Refused (``SessionRefusing``) while the session refuses prompts."""
+        Refused (``SessionRefusing``) while the session refuses prompts. ``waiter`` records the
+        process that waits to run it itself (``tether run``), so a waiter that died can be
+        withdrawn from the queue (:meth:`queued_placement`)."""
         import uuid
 
         self.ensure_session(session_id)
@@ -393,9 +396,16 @@ class SqlLedger(abc.ABC):
                         f"after checking it, clear it with `tether session clear {session_id}`"
                     )
                 c.execute(
-                    "INSERT INTO runs (id, session, agent, status, epoch, extra, request_id) "
-                    "VALUES (?, ?, ?, 'queued', 0, ?, ?)",
-                    (rid, session_id, agent, canonical_json(extra), request_id),
+                    "INSERT INTO runs (id, session, agent, status, epoch, extra, request_id, "
+                    "placement) VALUES (?, ?, ?, 'queued', 0, ?, ?, ?)",
+                    (
+                        rid,
+                        session_id,
+                        agent,
+                        canonical_json(extra),
+                        request_id,
+                        canonical_json(waiter) if waiter else None,
+                    ),
                 )
         except Exception as exc:
             if not self._is_unique_violation(exc):
@@ -509,6 +519,13 @@ class SqlLedger(abc.ABC):
             r = c.fetchone()
         return _lease(r) if r else None
 
+    def queued_placement(self, run_id: str) -> dict[str, Any] | None:
+        """The waiter recorded for a queued run (None when any worker may run it)."""
+        with self._read() as c:
+            c.execute("SELECT placement FROM runs WHERE id = ? AND status = 'queued'", (run_id,))
+            r = c.fetchone()
+        return json.loads(r[0]) if r and r[0] else None
+
     def live_runs(self, *, session: str | None = None) -> list[Run]:
         """Running runs (of one session, or all), oldest first."""
         where, params = ("AND session = ?", (session,)) if session is not None else ("", ())
@@ -529,27 +546,44 @@ class SqlLedger(abc.ABC):
             )
             return [_run(r) for r in c.fetchall()]
 
-    def expired_leases(self, *, now: float | None = None) -> list[Run]:
-        """Live runs whose lease has expired (or was never taken: a run claimed with
-        ``claim_run`` holds no lease and counts as expired)."""
+    def expired_leases(self, *, now: float | None = None, session: str | None = None) -> list[Run]:
+        """Live runs (of ``session``, or all) whose lease has expired, or was never taken (a
+        run claimed with ``claim_run`` holds no lease and counts as expired)."""
         now = time.time() if now is None else now
+        where, params = ("AND session = ?", (session,)) if session is not None else ("", ())
         with self._read() as c:
             c.execute(
-                f"SELECT {_RUN_COLS} FROM runs WHERE status = 'running' "
+                f"SELECT {_RUN_COLS} FROM runs WHERE status = 'running' {where} "
                 "AND (lease_expires IS NULL OR lease_expires <= ?) ORDER BY ord",
-                (now,),
+                (*params, now),
             )
             return [_run(r) for r in c.fetchall()]
 
-    def take_over(self, run_id: str, *, epoch: int, owner: str, lease_s: float) -> Fence | None:
+    def take_over(
+        self,
+        run_id: str,
+        *,
+        epoch: int,
+        owner: str,
+        lease_s: float,
+        placement: dict[str, Any] | None = None,
+    ) -> Fence | None:
         """Claim a running run whose custody is being reconciled, only if its epoch is still
         ``epoch`` (compare and swap: of several reconcilers exactly one wins). The new owner
-        holds a fresh lease; the old placement stays until the new owner records its own."""
+        holds a fresh lease and, when given, its ``placement`` replaces the old one (so no
+        other reconciler takes the new owner for the lost one)."""
         with self._tx() as c:
             c.execute(
-                "UPDATE runs SET epoch = epoch + 1, owner = ?, lease_expires = ? "
+                "UPDATE runs SET epoch = epoch + 1, owner = ?, lease_expires = ?, "
+                "placement = COALESCE(?, placement) "
                 "WHERE id = ? AND epoch = ? AND status = 'running' RETURNING session, epoch",
-                (owner, time.time() + lease_s, run_id, epoch),
+                (
+                    owner,
+                    time.time() + lease_s,
+                    canonical_json(placement) if placement is not None else None,
+                    run_id,
+                    epoch,
+                ),
             )
             r = c.fetchone()
         return Fence(run=run_id, session=r[0], epoch=int(r[1])) if r else None

@@ -7,7 +7,7 @@ directory and reads the events from the start (the RPC client and the mirror are
 a replay).
 
 Before a ``prompt`` or ``compact`` reaches the FIFO, a marker file (``prompt.sent``,
-``compact.sent``) is written and synced: a harness that takes the run over knows whether the
+``compact.sent``) is written: a harness that takes the run over knows whether the
 summary command may have been delivered, and never sends it again (invariant 16).
 
 Cleanup signals pi only after confirming its pid still names the process the keeper started
@@ -17,6 +17,7 @@ Cleanup signals pi only after confirming its pid still names the process the kee
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -42,7 +43,9 @@ READ_CHUNK = 256 * 1024
 STDERR_TAIL_LINES = 40
 _START_TOLERANCE_S = 0.05
 _POLL_MIN_S = 0.001
-_POLL_MAX_S = 0.02
+_POLL_MAX_S = 0.01
+_WATCH_TIMEOUT_S = 0.25
+"""A safety net: the reader looks again at least this often even without a notification."""
 _STARTUP_TIMEOUT_S = 20.0
 
 Placement = dict[str, Any]
@@ -80,11 +83,12 @@ def read_exit(run_dir: Path) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def _sync_marker(path: Path, data: dict[str, Any]) -> None:
+def _write_marker(path: Path, data: dict[str, Any]) -> None:
+    # Written before the command and not synced: it must survive this process (a SIGKILL
+    # leaves the page cache to the next harness), not the host, which pi would not survive.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, json.dumps(data).encode())
-        os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -134,7 +138,16 @@ class KeeperTransport:
         grace_s: float = 3.0,
     ) -> AsyncIterator[KeeperTransport]:
         run_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (local, instant)
-        command = [sys.executable, keeper.__file__, str(run_dir), str(stderr_log), "--", *argv]
+        command = [
+            sys.executable,
+            "-I",
+            "-S",
+            keeper.__file__,
+            str(run_dir),
+            str(stderr_log),
+            "--",
+            *argv,
+        ]
         try:
             # Popen, not anyio: the keeper must outlive this event loop and this process.
             proc = subprocess.Popen(  # noqa: ASYNC220
@@ -149,6 +162,10 @@ class KeeperTransport:
         except OSError as exc:
             raise PiStartupFailed(f"cannot start pi's keeper: {exc}") from exc
         placement = await cls._await_placement(run_dir, proc)
+        # The keeper is pi's parent and has not reaped it, and we have not reaped the keeper:
+        # neither pid can name another process yet, so their start times read now are theirs.
+        placement["pi_start"] = _start_time(placement.get("pi_pid"))
+        placement["keeper_start"] = _start_time(placement.get("keeper_pid"))
         transport = cls(
             run_dir, placement, grace_s=grace_s, keeper_proc=proc, stderr_log=stderr_log
         )
@@ -159,12 +176,13 @@ class KeeperTransport:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def attach(cls, run_dir: Path, *, grace_s: float = 3.0) -> AsyncIterator[KeeperTransport]:
-        """Take over the keeper of ``run_dir`` (raises ``TransportClosed`` when it has no
-        placement record)."""
-        placement = read_placement(run_dir)
-        if placement is None:
-            raise TransportClosed(f"no keeper placement in {run_dir}")
+    async def attach(
+        cls, run_dir: Path, placement: Placement, *, grace_s: float = 3.0
+    ) -> AsyncIterator[KeeperTransport]:
+        """Take over the keeper of ``run_dir``, as the run's recorded ``placement`` names it
+        (pids with their start times)."""
+        if not isinstance(placement.get("pi_pid"), int):
+            raise TransportClosed(f"no pi recorded for {run_dir}")
         transport = cls(run_dir, placement, grace_s=grace_s)
         try:
             yield transport
@@ -219,7 +237,11 @@ class KeeperTransport:
         splitter = LineSplitter()
         size_at_start = _size(self._events)
         delay = _POLL_MIN_S
-        with open(self._events, "rb") as f:  # noqa: ASYNC230  (a local file, read without waiting)
+        watch = _DirWatch(self.run_dir)
+        with (
+            watch,
+            open(self._events, "rb") as f,  # noqa: ASYNC230  (a local file, read without waiting)
+        ):
             f.seek(self.offset)
             while True:
                 chunk = f.read(READ_CHUNK)
@@ -240,8 +262,12 @@ class KeeperTransport:
                             yield line
                         continue
                     break
-                await anyio.sleep(delay)
-                delay = min(_POLL_MAX_S, delay * 2)
+                if watch.fd is not None:
+                    # Woken by the keeper's next write (or exit.json landing), not by a timer.
+                    await watch.wait(_WATCH_TIMEOUT_S)
+                else:
+                    await anyio.sleep(delay)
+                    delay = min(_POLL_MAX_S, delay * 2)
         self.caught_up.set()
         last = splitter.flush()
         if last is not None:
@@ -260,7 +286,7 @@ class KeeperTransport:
                 raise TransportClosed(f"pi's command FIFO failed: {exc}") from exc
 
     def _mark(self, data: bytes) -> None:
-        """Record, durably and before it is written, that a prompt or compact is sent."""
+        """Record, before it is written, that a prompt or compact is sent."""
         for line in data.split(b"\n"):
             if b'"compact"' not in line and b'"prompt"' not in line:
                 continue
@@ -268,7 +294,7 @@ class KeeperTransport:
                 record = json.loads(line)
                 kind = record.get("type") if isinstance(record, dict) else None
                 if kind in ("compact", "prompt"):
-                    _sync_marker(
+                    _write_marker(
                         self.run_dir / f"{kind}.sent", {"id": record.get("id"), "at": time.time()}
                     )
 
@@ -348,6 +374,58 @@ class KeeperTransport:
                 with anyio.move_on_after(self._grace):
                     while self._keeper.poll() is None:  # noqa: ASYNC110  (a Popen, no event)
                         await anyio.sleep(0.01)
+
+
+class _DirWatch:
+    """inotify on the run directory, so the events file is read when it grows instead of on a
+    timer (a timer's wake-ups cost CPU for the whole run). None when inotify is unavailable:
+    the reader polls then."""
+
+    _IN_MODIFY = 0x002
+    _IN_MOVED_TO = 0x080
+    _IN_CREATE = 0x100
+    _IN_NONBLOCK = 0o4000
+    _IN_CLOEXEC = 0o2000000
+
+    def __init__(self, directory: Path) -> None:
+        self.fd: int | None = None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(self._IN_NONBLOCK | self._IN_CLOEXEC)
+            if fd < 0:
+                return
+            mask = self._IN_MODIFY | self._IN_MOVED_TO | self._IN_CREATE
+            if libc.inotify_add_watch(fd, os.fsencode(directory), mask) < 0:
+                os.close(fd)
+                return
+            self.fd = fd
+        except (OSError, AttributeError):
+            self.fd = None
+
+    def __enter__(self) -> _DirWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    async def wait(self, within: float) -> None:
+        assert self.fd is not None
+        with anyio.move_on_after(within):
+            await anyio.wait_readable(self.fd)
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self.fd, 64 * 1024):
+                pass
+
+
+def _start_time(pid: object) -> float | None:
+    if not isinstance(pid, int):
+        return None
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def _size(path: Path) -> int:

@@ -12,13 +12,15 @@ Started by :class:`tether.pi.detached.KeeperTransport` in a session of its own, 
   (pi's orderly shutdown);
 - appends pi's stdout, byte for byte, to ``RUN_DIR/events.jsonl`` (a new harness reads it from
   any offset), and pi's stderr to STDERR_LOG;
-- records where pi runs in ``RUN_DIR/keeper.json`` (pids and their start times);
+- records where pi runs in ``RUN_DIR/keeper.json`` (its own pid and pi's; the harness adds their
+  start times, which it reads while the keeper, pi's parent, keeps pi's pid from being reused);
 - when pi exits, kills every process left under it (its tools), reaps them, and writes
   ``RUN_DIR/exit.json`` with pi's exit status last: once that file exists the events file is
   complete.
 
-It imports nothing from tether (it runs as a script, so it starts fast) and never parses the
-protocol beyond spotting its own control line.
+It imports nothing beyond the standard library (it runs as ``python -I -S keeper.py``, so it
+starts fast) and never parses the protocol beyond spotting its own control line. Linux only
+(``prctl``, ``/proc``), like the rest of custody.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
 FIFO_NAME = "commands.fifo"
 EVENTS_NAME = "events.jsonl"
 PLACEMENT_NAME = "keeper.json"
@@ -47,12 +47,12 @@ _CHUNK = 256 * 1024
 
 
 def _write_atomic(path: Path, data: dict[str, object]) -> None:
+    # Renamed into place, not synced: these records matter while the host is up (a host that
+    # goes down takes pi with it), and a sync costs a run dearly on a busy disk.
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -87,19 +87,37 @@ def _relay(fifo_fd: int, pi: subprocess.Popen[bytes]) -> None:
                 return
 
 
-def _end_everything(me: psutil.Process) -> None:
-    """Kill and reap every process left under the keeper (pi's tools, reparented here)."""
-    for _ in range(50):
-        left = me.children(recursive=True)
-        if not left:
-            return
-        for proc in left:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
+def _children(me: int) -> list[int]:
+    """Pids whose parent is ``me`` (from ``/proc``; the keeper reaps what it kills, so a pid
+    found here is ours until we reap it)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            found.append(int(entry))
+    return found
+
+
+def _end_everything(me: int) -> None:
+    """Kill and reap every process left under the keeper: pi's tools, reparented here when
+    their parents die (the keeper is their subreaper), round after round until none is left."""
+    for _ in range(200):
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
-        time.sleep(0.02)
+        left = _children(me)
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
 
 
 def main(argv: list[str]) -> int:
@@ -125,20 +143,9 @@ def main(argv: list[str]) -> int:
         stderr=log,
         start_new_session=True,  # its own group, so a stop reaches what it starts
     )
-    me = psutil.Process()
-    try:
-        pi_start = psutil.Process(pi.pid).create_time()
-    except psutil.Error:
-        pi_start = None
+    me = os.getpid()
     _write_atomic(
-        run_dir / PLACEMENT_NAME,
-        {
-            "keeper_pid": me.pid,
-            "keeper_start": me.create_time(),
-            "pi_pid": pi.pid,
-            "pi_start": pi_start,
-            "subreaper": subreaper,
-        },
+        run_dir / PLACEMENT_NAME, {"keeper_pid": me, "pi_pid": pi.pid, "subreaper": subreaper}
     )
     threading.Thread(target=_relay, args=(fifo_fd, pi), daemon=True).start()
     assert pi.stdout is not None
