@@ -30,6 +30,7 @@ __all__ = [
     "HarnessConfig",
     "LedgerConfig",
     "ProviderConfig",
+    "ServiceConfig",
     "load_config",
     "parse_config",
 ]
@@ -157,6 +158,30 @@ class AccessConfig(_Section, frozen=True):
     """actor -> source patterns (fnmatch) it is admitted to."""
 
 
+class ServiceConfig(_Section, frozen=True):
+    """``tether serve`` and ``tether worker`` (DESIGN §3.8)."""
+
+    tokens: dict[str, str] = {}
+    """SHA-256 hex of a bearer token -> the actor its requests act as (``"…hex…" = "user:ana"``)."""
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
+    poll_s: PositiveSeconds = 0.2
+    """How often an idle worker looks for queued runs (and a stream for new rows)."""
+    drain_s: NonNegativeSeconds = 30.0
+    """On SIGTERM, how long live runs may go on before they are handed over (lease released)."""
+    relay_wait_s: NonNegativeSeconds = 5.0
+    """How long a ``steer``/``follow_up`` request waits for the worker holding the live run to
+    take it before it is answered as queued (it then becomes the session's next run)."""
+
+    def __post_init__(self) -> None:
+        for digest in self.tokens:
+            if len(digest) != 64 or any(ch not in "0123456789abcdef" for ch in digest):
+                raise ValueError(
+                    f"key {digest[:12]!r}… is not the SHA-256 hex of a token (64 lowercase hex "
+                    "characters: `printf %s TOKEN | sha256sum`)"
+                )
+
+
 class Config(_Section, frozen=True):
     ledger: LedgerConfig = LedgerConfig()
     followup: FollowupConfig = FollowupConfig()
@@ -165,6 +190,7 @@ class Config(_Section, frozen=True):
     access: AccessConfig = AccessConfig()
     harness: HarnessConfig = HarnessConfig()
     custody: CustodyConfig = CustodyConfig()
+    service: ServiceConfig = ServiceConfig()
     path: Path | None = None
     """Where this configuration was read from (None for the defaults)."""
 

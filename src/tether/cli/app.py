@@ -47,6 +47,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "recover",
         "Reconcile live runs whose lease expired or whose harness is gone.",
     ),
+    "serve": (
+        "serve_cmd",
+        "serve",
+        "Serve the HTTP API (OpenAPI at /openapi.json), with N in-process workers.",
+    ),
+    "worker": (
+        "serve_cmd",
+        "worker",
+        "Claim queued runs (oldest first, one live run per session) and execute them.",
+    ),
     "setup": (
         "setup_cmd",
         "setup",

@@ -38,6 +38,7 @@ from tether.errors import FencedOut, RunNotActive
 from tether.events import EventBus, Resumed, Subscriber
 from tether.harness import placement as place
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
+from tether.harness.relay import RelayHook
 from tether.harness.run import _drive_recorded, _Driver, in_thread
 from tether.harness.stops import StopControl
 from tether.harness.turn import RunOutcome, RunRequest
@@ -104,12 +105,14 @@ async def reconcile(
     subscribers: Sequence[Subscriber] = (),
     pi: PiInstall | None = None,
     clock: Clock | None = None,
+    relay: RelayHook | None = None,
 ) -> list[Reconciled]:
     """Reconcile every lapsed lease (of ``session``, or all) per DESIGN §3.7. A run another
-    reconciler took first is skipped."""
+    reconciler took first is skipped. A resumed run gets ``relay`` (the takeover inherits the
+    relay of requests into the live run)."""
     done: list[Reconciled] = []
     for run in await in_thread(lapsed, ledger, session=session):
-        found = await _reconcile_one(ledger, config, run, subscribers, pi, clock)
+        found = await _reconcile_one(ledger, config, run, subscribers, pi, clock, relay)
         if found is not None:
             done.append(found)
     return done
@@ -122,6 +125,7 @@ async def _reconcile_one(
     subscribers: Sequence[Subscriber],
     pi: PiInstall | None,
     clock: Clock | None,
+    relay: RelayHook | None = None,
 ) -> Reconciled | None:
     lease = await in_thread(ledger.lease, run.id)
     if lease is None:
@@ -164,7 +168,7 @@ async def _reconcile_one(
         and (run_dir / keeper.FIFO_NAME).exists()
         and (run_dir / place.RUN_STATE).exists()
     ):
-        return await _resume(ledger, config, run, fence, where, subscribers, pi, clock)
+        return await _resume(ledger, config, run, fence, where, subscribers, pi, clock, relay)
     if process_matches(where.get("pi_pid"), where.get("pi_start")):
         # pi lives but cannot be taken over (no keeper or no FIFO): it cannot be confirmed
         # idle, so end it the way a lost harness would have, then refuse the session.
@@ -290,6 +294,7 @@ async def _resume(
     subscribers: Sequence[Subscriber],
     pi: PiInstall | None,
     clock: Clock | None,
+    relay: RelayHook | None = None,
 ) -> Reconciled | None:
     """Finish the run on its original pi (see :meth:`_Driver.resume`)."""
     asked = run.extra.get("request") or {}
@@ -320,6 +325,7 @@ async def _resume(
         checkpoint=continuation_checkpoint,
         keys={},  # pi runs already: it read its key at start
         workdir=config.workdir(run.agent),
+        relay=relay,
     )
     bus.emit(Resumed(run=run.id, session=run.session, pi_pid=int(where["pi_pid"])))
     outcome = await _drive_recorded(driver, ledger, fence, bus, driver.resume(where))

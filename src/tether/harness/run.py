@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -67,6 +68,7 @@ from tether.followup import FollowupView, Refusal, build_view
 from tether.followup.admission import admit_request
 from tether.harness import placement as custody_place
 from tether.harness.pump import RunState, follow
+from tether.harness.relay import LivePi, RelayHook
 from tether.harness.rundir import check_workdir, make_run_dir, runs_dir
 from tether.harness.stops import StopControl, Stopped, StopReason, race_clock
 from tether.harness.stranded import keep_stranded_end, record_stranded_ends
@@ -114,6 +116,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # Between two tries of a ledger write that failed (a full disk, a lost connection).
 _STORAGE_PAUSE_S = 0.5
@@ -144,6 +147,7 @@ async def execute_run(
     checkpoint: CheckpointStep | None = None,
     pi: PiInstall | None = None,
     wait: bool = True,
+    relay: RelayHook | None = None,
 ) -> RunOutcome:
     """Run one task turn. Raises ``ConfigError``, ``PiNotInstalled``, ``SessionRefusing``,
     ``Refused`` or (``wait=False``, the session busy) ``SessionBusy`` before anything is
@@ -206,6 +210,7 @@ async def execute_run(
         clock=clock,
         pi=pi,
         request=request,
+        relay=relay,
     )
 
 
@@ -288,6 +293,7 @@ async def run_claimed(
     clock: Clock | None = None,
     pi: PiInstall | None = None,
     request: RunRequest | None = None,
+    relay: RelayHook | None = None,
 ) -> RunOutcome:
     """Execute one claimed run exactly as ``tether run`` does: the view, the request row, pi,
     the mirror, the checkpoint, heartbeats, and the run's end. ``request`` defaults to the
@@ -358,6 +364,7 @@ async def run_claimed(
         checkpoint=checkpoint,
         keys=keys,
         workdir=workdir,
+        relay=relay,
     )
     return await _drive_recorded(driver, ledger, fence, bus, driver.drive(view))
 
@@ -454,6 +461,7 @@ class _Driver:
         checkpoint: CheckpointStep | None,
         keys: dict[str, str],
         workdir: Path,
+        relay: RelayHook | None = None,
     ) -> None:
         self.ledger = ledger
         self.config = config
@@ -469,6 +477,8 @@ class _Driver:
         self.checkpoint_step = checkpoint
         self.keys = keys
         self.workdir = workdir
+        self.relay = relay
+        self.actors = Actors(user=request.actor, agent=request.agent)
         self.grace = config.harness.stop_grace_s
         self.state = RunState()
         self.prompted = False
@@ -607,7 +617,7 @@ class _Driver:
             self.ledger,
             self.fence,
             session_file=session_file,
-            actors=Actors(user=self.request.actor, agent=self.request.agent),
+            actors=self.actors,
             start_offset=offset,
             known=known,
             request=(self.request.text, request_seq),
@@ -742,7 +752,14 @@ class _Driver:
                 tg.start_soon(self._guard, self._heartbeat(transport))
                 tg.start_soon(self._watch_deadline)
                 tg.start_soon(self._announce_stop)
+                live = LivePi(client, self.actors, run=self.fence.run, session=self.fence.session)
+                relaying = anyio.CancelScope()
+                if self.relay is not None:
+                    tg.start_soon(self._relay, self.relay, live, relaying)
                 task = await self._task_turn(client, transport)
+                # Nothing more goes into pi once the turn settled (the checkpoint may follow).
+                live.close()
+                relaying.cancel()
                 checkpoint, late = NOT_NEEDED, None
                 compact_sent = self.resuming and (self.run_dir / "compact.sent").exists()
                 if compact_sent:
@@ -796,6 +813,14 @@ class _Driver:
             detail=f"the ledger could not be written ({exc}); the run's messages, its answer "
             f"included, are kept in pi's session file {session_file}",
         )
+
+    async def _relay(self, hook: RelayHook, live: LivePi, scope: anyio.CancelScope) -> None:
+        """The relay hook, while the turn is live; its failure loses a delivery, not the run."""
+        with scope:
+            try:
+                await hook(live)
+            except Exception:
+                log.exception("the relay of run %s failed; the run goes on", self.fence.run)
 
     async def _guard(self, coro: Awaitable[None]) -> None:
         """Run a helper task; a failure in it stops pi and is reported, never lost."""

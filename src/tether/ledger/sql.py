@@ -366,6 +366,49 @@ class SqlLedger(abc.ABC):
             )
             return [_run(r) for r in c.fetchall()]
 
+    def update_queued_extra(self, run_id: str, extra: dict[str, Any]) -> bool:
+        """Merge fields into a run's record while it is still queued; False once it was
+        claimed (or ended)."""
+        with self._tx() as c:
+            c.execute("SELECT extra FROM runs WHERE id = ? AND status = 'queued'", (run_id,))
+            r = c.fetchone()
+            if r is None:
+                return False
+            c.execute(
+                "UPDATE runs SET extra = ? WHERE id = ? AND status = 'queued'",
+                (canonical_json({**_loads(r[0]), **extra}), run_id),
+            )
+            return bool(c.rowcount == 1)
+
+    def end_queued_run(
+        self, run_id: str, status: RunStatus, *, extra: dict[str, Any] | None = None
+    ) -> Run | None:
+        """End a run that is still queued, without running it (e.g. its request was delivered
+        into the live run); None when it is no longer queued (someone claimed it)."""
+        if status not in ENDED_STATUSES:
+            raise ValueError(f"{status} is not an ending status")
+        with self._tx() as c:
+            c.execute("SELECT extra FROM runs WHERE id = ? AND status = 'queued'", (run_id,))
+            r = c.fetchone()
+            if r is None:
+                return None
+            merged = {**_loads(r[0]), **(extra or {})}
+            c.execute(
+                "UPDATE runs SET status = ?, ended = ?, extra = ? "
+                "WHERE id = ? AND status = 'queued'",
+                (status.value, now_iso(), canonical_json(merged), run_id),
+            )
+            if c.rowcount != 1:
+                return None
+        return self.get_run(run_id)
+
+    def run_counts(self) -> dict[RunStatus, int]:
+        """How many runs there are in each status (for the service's metrics)."""
+        with self._read() as c:
+            c.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
+            found = {RunStatus(r[0]): int(r[1]) for r in c.fetchall()}
+        return {status: found.get(status, 0) for status in RunStatus}
+
     def claim_run(self, run_id: str) -> Fence:
         """Take ownership of a queued or running run. Each claim bumps the owner epoch; writes
         under an older fence are rejected from then on."""

@@ -14,7 +14,7 @@ results, ``agent:NAME`` for everything the agent's side wrote.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +40,9 @@ class Actors:
     """The requester, e.g. ``user:ana``."""
     agent: str
     """The agent's name (rows carry ``agent:NAME``)."""
+    relayed: dict[str, str] = field(default_factory=dict)
+    """Text of a request relayed into the live run (``steer``/``follow_up``) -> its sender: the
+    user message pi writes for it carries the sender, not the run's requester."""
 
     @property
     def agent_actor(self) -> str:
@@ -93,6 +96,10 @@ def message_actor(message: dict[str, Any], actors: Actors) -> str:
     role = message.get("role")
     if role == "toolResult":
         return f"tool:{message.get('toolName') or 'unknown'}"
+    if role == "user" and actors.relayed:
+        sender = actors.relayed.get(message_text(message))
+        if sender is not None:
+            return sender
     if role in ("user", "bashExecution"):
         return actors.user
     return actors.agent_actor

@@ -1,0 +1,120 @@
+"""``tether serve`` and ``tether worker`` (DESIGN §3.8)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import Annotated
+
+import anyio
+import typer
+
+from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.exits import command, err_console
+from tether.ledger import Fence
+
+__all__ = ["serve", "worker"]
+
+log = logging.getLogger("tether.service")
+
+
+def _logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def _exit_handing_over(handed: list[Fence]) -> None:
+    """Leave at once: the runs handed over stay live in the ledger (their leases expired) for
+    the next worker's reconcile; ending them here would kill their pi."""
+    err_console.print(
+        f"[yellow]handed over {len(handed)} live run(s):[/] " + ", ".join(f.run for f in handed)
+    )
+    os._exit(0)
+
+
+@command
+def serve(
+    host: Annotated[
+        str | None, typer.Option("--host", help="Address to bind (default: [service] host).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="Port (default: [service] port, 8080).")
+    ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers", min=0, help="Runs executed at once inside this process (0: none)."
+        ),
+    ] = 0,
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /openapi.json), with N in-process workers.
+
+    SIGTERM: stop taking requests and runs, let live runs finish until [service] drain_s, then
+    hand the rest over (their leases) and exit.
+
+    Example: tether serve --workers 2        (the whole platform on one machine, SQLite)
+    """
+    import uvicorn
+
+    from tether.service import create_app
+
+    _logging()
+    cfg, store = open_configured_ledger(config, ledger)
+    app = create_app(cfg, store, workers=workers, on_handover=_exit_handing_over)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host or cfg.service.host,
+            port=cfg.service.port if port is None else port,
+            lifespan="on",
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    with store:
+        server.run()
+
+
+@command
+def worker(
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-n", min=1, help="Runs executed at once.")
+    ] = 1,
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Claim queued runs (oldest first, one live run per session) and execute them.
+
+    SIGTERM or Ctrl-C: stop claiming, let live runs finish until [service] drain_s, then hand
+    the rest over (their leases) and exit; a second signal exits at once.
+
+    Example: tether worker --concurrency 4
+    """
+    from tether.service import Worker
+
+    _logging()
+    cfg, store = open_configured_ledger(config, ledger)
+    w = Worker(store, cfg, concurrency=concurrency, on_handover=_exit_handing_over)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def on_signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        if w.stopping:
+                            os._exit(1)
+                        log.info("stopping: no more claims; live runs finish or are handed over")
+                        w.stop()
+
+            tg.start_soon(on_signals)
+            log.info("worker %s: concurrency %d on %s", w.owner, concurrency, store.url)
+            await w.run()
+            tg.cancel_scope.cancel()
+
+    with store:
+        anyio.run(main)

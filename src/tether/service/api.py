@@ -1,0 +1,339 @@
+"""The JSON API of DESIGN §3.8 (``/v1/…``). Every endpoint acts as the bearer token's actor and
+applies admission to what it reads: a row the caller is not admitted to is named (its seq), never
+shown."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
+
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from tether.errors import ConfigError, SessionRefusing
+from tether.followup import Refusal, RefusalReason, build_view
+from tether.harness.relay import Deliver
+from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
+from tether.ledger.jsonl import row_record
+from tether.service.auth import Caller, caller
+from tether.service.state import ServiceState, service_of
+
+__all__ = [
+    "RequestIn",
+    "RequestOut",
+    "RunOut",
+    "answer_row",
+    "blocking",
+    "router",
+    "row_json",
+    "run_json",
+]
+
+T = TypeVar("T")
+
+router = APIRouter(prefix="/v1", tags=["v1"])
+CallerDep = Annotated[Caller, Depends(caller)]
+
+
+async def blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """A ledger call (synchronous) in a worker thread."""
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+
+def state(request: Request) -> ServiceState:
+    return service_of(request.app)
+
+
+StateDep = Annotated[ServiceState, Depends(state)]
+
+
+# -- shapes ----------------------------------------------------------------------------------------
+
+
+class RequestIn(BaseModel):
+    agent: str = Field(min_length=1)
+    text: str = Field(min_length=1, pattern=r"\S")
+    """The request; not blank."""
+    request_id: str | None = Field(None, min_length=1, max_length=200)
+    """The client's key: the same key again on the session returns the same answer and writes
+    nothing."""
+    deliver: Deliver = Deliver.QUEUE
+
+
+class RequestOut(BaseModel):
+    run: str
+    status: Literal["queued", "delivered"]
+    request_id: str | None
+
+
+class RunOut(BaseModel):
+    run: str
+    session: str
+    agent: str
+    actor: str | None
+    status: RunStatus
+    answer: str | None
+    checkpoint: str | None
+    stop_reason: str | None
+    error: str | None = None
+    delivered_into: str | None = None
+
+
+class NoteIn(BaseModel):
+    agent: str = Field(min_length=1)
+    text: str = Field(min_length=1)
+
+
+def refused(code: int, reason: str, detail: str) -> HTTPException:
+    return HTTPException(code, {"status": "refused", "reason": reason, "detail": detail})
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def row_json(row: Row, caller: Caller) -> dict[str, Any]:
+    """A row as the interchange format writes it, or only its seq when the caller is not
+    admitted to every source it carries."""
+    if caller.admission.admits(row.sources):
+        return row_record(row)
+    return {"type": "row", "session": row.session, "seq": row.seq, "withheld": True}
+
+
+def answer_row(ledger: Ledger, run: Run) -> Row | None:
+    """The run's last assistant message row (what its answer was mirrored from)."""
+    first = ledger.run_first_seq(run.id)
+    if first is None:
+        return None
+    found: Row | None = None
+    start = first
+    while True:
+        page = ledger.rows_range(run.session, start, start + 999)
+        mine = [r for r in page if r.run == run.id]
+        found = next(
+            (r for r in reversed(mine) if r.kind is RowKind.MESSAGE and r.role == "assistant"),
+            found,
+        )
+        if len(page) < 1000 or (page and page[-1].run != run.id):
+            return found
+        start = page[-1].seq + 1
+
+
+def run_json(ledger: Ledger, run: Run, caller: Caller) -> dict[str, Any]:
+    """``GET /v1/runs/{run}``; 403 when the caller is not admitted to the run's answer."""
+    request = run.extra.get("request") or {}
+    answer = run.extra.get("answer")
+    if answer is not None:
+        row = answer_row(ledger, run)
+        if row is not None and not caller.admission.admits(row.sources):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"{caller.actor} is not admitted to the answer of run {run.id} "
+                f"(row {row.seq} carries sources outside its grants)",
+            )
+    return RunOut(
+        run=run.id,
+        session=run.session,
+        agent=run.agent,
+        actor=request.get("actor"),
+        status=run.status,
+        answer=answer,
+        checkpoint=run.extra.get("checkpoint"),
+        stop_reason=run.extra.get("stop_reason"),
+        error=run.extra.get("error"),
+        delivered_into=run.extra.get("delivered_into"),
+    ).model_dump(mode="json")
+
+
+def sees_session(ledger: Ledger, session: str, caller: Caller) -> bool:
+    """A caller sees a session when it is admitted to its opening row (or it has none)."""
+    first = ledger.row(session, 1)
+    return first is None or caller.admission.admits(first.sources)
+
+
+def _session_or_404(ledger: Ledger, session: str, caller: Caller) -> None:
+    if ledger.session(session) is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session!r}")
+    if not sees_session(ledger, session, caller):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{caller.actor} is not admitted to session {session!r} (its opening row's sources)",
+        )
+
+
+def _admit_request(st: ServiceState, session: str, body: RequestIn, caller: Caller) -> None:
+    """The request's admission, as ``tether run`` checks it: the view its run would be given
+    (when the session has history) must not be refused; nothing is written."""
+    try:
+        st.config.agent(body.agent)
+    except ConfigError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+    found = st.ledger.session(session)
+    if found is None:
+        return
+    if found.refusing:
+        raise refused(
+            status.HTTP_409_CONFLICT,
+            "session_refusing",
+            f"session {session!r} refuses new prompts: {found.refusing}; an operator clears it "
+            f"with `tether session clear {session}`",
+        )
+    if st.ledger.last_seq(session) == 0:
+        return
+    view = build_view(
+        st.ledger,
+        session=session,
+        agent=body.agent,
+        actor=caller.actor,
+        request=body.text,
+        config=st.config.followup,
+        grants=st.config.access.grants,
+    )
+    if isinstance(view, Refusal):
+        code = (
+            status.HTTP_403_FORBIDDEN
+            if view.reason is RefusalReason.ACCESS_DENIED
+            else status.HTTP_409_CONFLICT
+        )
+        raise refused(code, view.reason.value, view.detail)
+
+
+def _answer(run: Run, request_id: str | None) -> RequestOut:
+    into = run.extra.get("delivered_into")
+    if into:
+        return RequestOut(run=into, status="delivered", request_id=request_id)
+    return RequestOut(run=run.id, status="queued", request_id=request_id)
+
+
+# -- endpoints -------------------------------------------------------------------------------------
+
+
+@router.post(
+    "/sessions/{session}/requests",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=RequestOut,
+    summary="Queue a request on a session, or deliver it into its live run",
+)
+async def post_request(session: str, body: RequestIn, who: CallerDep, st: StateDep) -> RequestOut:
+    await blocking(_admit_request, st, session, body, who)
+    try:
+        run, created = await blocking(
+            st.ledger.enqueue_run,
+            session,
+            body.agent,
+            actor=who.actor,
+            text=body.text,
+            request_id=body.request_id,
+        )
+    except SessionRefusing as exc:
+        raise refused(status.HTTP_409_CONFLICT, "session_refusing", str(exc)) from None
+    if not created or body.deliver is Deliver.QUEUE:
+        return _answer(run, body.request_id)
+    return await _relay(st, run, body)
+
+
+async def _relay(st: ServiceState, run: Run, body: RequestIn) -> RequestOut:
+    """Mark the queued run for delivery into the live run and wait (a little) for the worker
+    holding that run to take it; otherwise it stays the session's next queued run."""
+    marked = await blocking(st.ledger.update_queued_extra, run.id, {"deliver": body.deliver.value})
+    deadline = anyio.current_time() + st.config.service.relay_wait_s
+    while marked:
+        current = await blocking(st.ledger.get_run, run.id)
+        if current.extra.get("delivered_into") or current.status is not RunStatus.QUEUED:
+            return _answer(current, body.request_id)
+        live = await blocking(st.ledger.live_runs, session=run.session)
+        if not live or anyio.current_time() >= deadline:
+            break
+        await anyio.sleep(0.02)
+    # Not taken in time: withdraw the mark, so it runs as the next queued run (the worker may
+    # have taken it meanwhile: then it says so).
+    await blocking(st.ledger.update_queued_extra, run.id, {"deliver": Deliver.QUEUE.value})
+    return _answer(await blocking(st.ledger.get_run, run.id), body.request_id)
+
+
+@router.get("/runs/{run}", response_model=RunOut, summary="A run and its answer")
+async def get_run(run: str, who: CallerDep, st: StateDep) -> dict[str, Any]:
+    found = await blocking(st.ledger.run, run)
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run!r}")
+    return await blocking(run_json, st.ledger, found, who)
+
+
+@router.get("/sessions", summary="The sessions the caller may see")
+async def list_sessions(
+    who: CallerDep, st: StateDep, limit: Annotated[int, Query(ge=1, le=1000)] = 1000
+) -> dict[str, Any]:
+    def visible() -> list[dict[str, Any]]:
+        out = []
+        for s in st.ledger.sessions(limit=limit):
+            if sees_session(st.ledger, s.id, who):
+                out.append(
+                    {"session": s.id, "created": s.created, "refusing": s.refusing is not None}
+                )
+        return out
+
+    return {"sessions": await blocking(visible)}
+
+
+@router.get("/sessions/{session}/context", summary="The follow-up view for the caller (§3.2)")
+async def get_context(
+    session: str,
+    agent: str,
+    who: CallerDep,
+    st: StateDep,
+    request: str | None = None,
+) -> JSONResponse:
+    await blocking(_session_or_404, st.ledger, session, who)
+    try:
+        st.config.agent(agent)
+    except ConfigError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+    view = await blocking(
+        build_view,
+        st.ledger,
+        session=session,
+        agent=agent,
+        actor=who.actor,
+        request=request,
+        config=st.config.followup,
+        grants=st.config.access.grants,
+    )
+    if isinstance(view, Refusal):
+        code = 403 if view.reason is RefusalReason.ACCESS_DENIED else 409
+        return JSONResponse(view.to_json(), status_code=code)
+    return JSONResponse(view.to_json())
+
+
+@router.get("/sessions/{session}/rows", summary="Rows after a seq, admission applied")
+async def get_rows(
+    session: str,
+    who: CallerDep,
+    st: StateDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    await blocking(_session_or_404, st.ledger, session, who)
+    rows = await blocking(st.ledger.rows_range, session, after + 1, after + limit, limit=limit)
+    last = await blocking(st.ledger.last_seq, session)
+    shown = [row_json(r, who) for r in rows]
+    return {
+        "session": session,
+        "rows": shown,
+        "withheld": [r["seq"] for r in shown if r.get("withheld")],
+        "next": rows[-1].seq if rows and rows[-1].seq < last else None,
+        "last_seq": last,
+    }
+
+
+@router.post("/sessions/{session}/notes", status_code=status.HTTP_201_CREATED, summary="Add a note")
+async def post_note(session: str, body: NoteIn, who: CallerDep, st: StateDep) -> dict[str, Any]:
+    await blocking(_session_or_404, st.ledger, session, who)
+    try:
+        st.config.agent(body.agent)
+    except ConfigError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+    note = await blocking(st.ledger.add_note, session, body.agent, body.text)
+    return {"session": note.session, "agent": note.agent, "at": note.at, "actor": who.actor}

@@ -1,0 +1,111 @@
+"""The service's ASGI app (DESIGN §3.8).
+
+    app = create_app(config, ledger, workers=2)   # uvicorn.run(app) — or `tether serve`
+
+Routers live in their own modules (``api``: the JSON API, ``stream``: event streams, ``ops``:
+health and metrics), so pages for people are one more router: ``app.include_router(pages)``.
+With ``workers`` > 0 the app runs a :class:`~tether.service.worker.Worker` of that concurrency
+inside its lifespan: ``tether serve`` alone is the whole platform on one machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from tether.config import Config
+from tether.errors import LedgerError, NotFound
+from tether.harness import EXTENSION_PATH
+from tether.ledger import Fence, Ledger
+from tether.pi.install import PiInstall
+from tether.service import api, ops, stream
+from tether.service.state import ServiceState, service_of
+from tether.service.worker import Worker
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    config: Config,
+    ledger: Ledger,
+    *,
+    workers: int = 0,
+    pi: PiInstall | None = None,
+    extensions: tuple[Path, ...] = (EXTENSION_PATH,),
+    on_handover: Callable[[list[Fence]], None] | None = None,
+) -> FastAPI:
+    """The service over ``ledger``. ``workers``: concurrency of the in-process worker (0: none,
+    the runs are taken by ``tether worker`` processes). ``on_handover``: see
+    :class:`~tether.service.worker.Worker` (``tether serve`` exits there, leaving the runs
+    still live at the drain deadline to the next worker's reconcile)."""
+    st = ServiceState(config=config, ledger=ledger)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if workers <= 0:
+            yield
+            st.stopping = True
+            return
+        worker = Worker(
+            ledger,
+            config,
+            concurrency=workers,
+            hub=st.hub,
+            metrics=st.metrics,
+            pi=pi,
+            extensions=extensions,
+            on_handover=on_handover,
+        )
+        st.workers.append(worker)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            try:
+                yield
+            finally:
+                st.stopping = True
+                worker.stop()
+
+    app = FastAPI(
+        title="tether",
+        summary="Run pi coding agents on long-lived sessions (DESIGN §3.8).",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.service = st
+    app.include_router(api.router)
+    app.include_router(stream.router)
+    app.include_router(ops.router)
+
+    @app.middleware("http")
+    async def timed(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route: Any = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        service_of(request.app).metrics.observe(
+            request.method, path, response.status_code, time.perf_counter() - started
+        )
+        return response
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(LedgerError)
+    async def ledger_down(request: Request, exc: LedgerError) -> JSONResponse:
+        log.warning("ledger error on %s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": f"the ledger failed: {exc}; try again"}, status_code=503)
+
+    return app

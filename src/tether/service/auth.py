@@ -1,0 +1,67 @@
+"""Bearer tokens (DESIGN §3.8): ``[service.tokens]`` maps the SHA-256 hex of a token to an actor.
+
+The actor of a request is always its token's, never a body field. Tokens are compared by their
+digest only, so the configuration never holds a usable secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fastapi import HTTPException, Request, status
+
+from tether.access import Admission
+from tether.service.state import service_of
+
+__all__ = ["Caller", "actor_for", "caller", "token_digest"]
+
+
+def token_digest(token: str) -> str:
+    """The SHA-256 hex of a token, as ``[service.tokens]`` keys it."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def actor_for(tokens: Mapping[str, str], token: str) -> str | None:
+    """The actor of ``token`` (None for an unknown one); digests compared in constant time."""
+    digest = token_digest(token)
+    found = None
+    for known, actor in tokens.items():
+        if hmac.compare_digest(known, digest):
+            found = actor
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is asking: the token's actor and its admission decisions."""
+
+    actor: str
+    admission: Admission
+
+
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="tether"'}
+
+
+def caller(request: Request) -> Caller:
+    """The FastAPI dependency every endpoint but ``/healthz`` and ``/metrics`` takes: 401 without
+    a valid ``Authorization: Bearer TOKEN``."""
+    state = service_of(request.app)
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "send Authorization: Bearer TOKEN (a token whose SHA-256 is in [service.tokens])",
+            headers=_CHALLENGE,
+        )
+    actor = actor_for(state.config.service.tokens, token.strip())
+    if actor is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "unknown token: its SHA-256 hex is not a key of [service.tokens]",
+            headers=_CHALLENGE,
+        )
+    return Caller(actor=actor, admission=Admission(state.config.access.grants, actor))

@@ -1,0 +1,39 @@
+"""``/healthz`` and ``/metrics``: no token (they say nothing about any session's content)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from tether.errors import LedgerError
+from tether.service.api import StateDep, blocking
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", summary="Whether the service can read its ledger")
+async def healthz(st: StateDep) -> JSONResponse:
+    body: dict[str, Any] = {
+        "status": "ok",
+        "workers": sum(getattr(w, "concurrency", 0) for w in st.workers),
+        "live_here": len(st.hub.live()),
+        "stopping": st.stopping,
+    }
+    try:
+        await blocking(st.ledger.sessions, limit=1)
+    except LedgerError as exc:
+        body.update(status="unavailable", error=str(exc))
+        return JSONResponse(body, status_code=503)
+    return JSONResponse(body, status_code=503 if st.stopping else 200)
+
+
+@router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus text")
+async def metrics(st: StateDep) -> PlainTextResponse:
+    counts = await blocking(st.ledger.run_counts)
+    return PlainTextResponse(
+        st.metrics.render(counts), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )

@@ -1,0 +1,251 @@
+"""The service over real HTTP on 127.0.0.1: `tether serve` (uvicorn) with in-process workers,
+the real pi, the scripted provider (DESIGN §3.8)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall
+from service_support import auth, serve, sse_events, write_config
+from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
+
+Provider = Callable[..., ScriptedProvider]
+
+
+def test_a_request_is_answered_end_to_end(tmp_path: Path, scripted_provider: Provider) -> None:
+    p = scripted_provider([Reply("the answer")])
+    with serve(tmp_path, write_config(tmp_path, p.url)) as s:
+        posted = s.post("s1", "review it", request_id="k1")
+        assert posted.status_code == 202, posted.text
+        body = posted.json()
+        assert body["status"] == "queued"
+        assert body["request_id"] == "k1"
+        run = s.wait_run(body["run"])
+        assert run["status"] == "finished", run
+        assert run["answer"] == "the answer"
+        assert run["actor"] == "user:ana"
+        assert run["session"] == "s1"
+        assert run["agent"] == "rev"
+        assert run["checkpoint"] == "not_needed"
+        rows = s.get("/v1/sessions/s1/rows", after=0).json()
+        roles = [(r["actor"], r["message"]["role"]) for r in rows["rows"]]
+        assert roles[0] == ("user:ana", "user")
+        assert roles[-1] == ("agent:rev", "assistant")
+        assert rows["rows"][0]["message"]["content"][0]["text"] == "review it"
+        assert rows["withheld"] == []
+        assert s.get("/v1/sessions").json()["sessions"][0]["session"] == "s1"
+        context = s.get("/v1/sessions/s1/context", agent="rev").json()
+        assert context["status"] == "ok"
+        assert context["previous_request"]["actor"] == "user:ana"
+        metrics = s.client.get("/metrics").text
+        assert 'tether_runs{status="finished"} 1' in metrics
+        assert 'tether_checkpoints_total{outcome="not_needed"} 1' in metrics
+        assert "tether_http_request_seconds_bucket" in metrics
+        assert s.client.get("/openapi.json").json()["paths"]["/v1/sessions/{session}/requests"]
+    assert [r.last_user_text for r in p.task_requests] == ["review it"]
+
+
+def test_the_same_request_id_twice_is_one_run(tmp_path: Path, scripted_provider: Provider) -> None:
+    p = scripted_provider([Reply("once")])
+    with serve(tmp_path, write_config(tmp_path, p.url)) as s:
+        first = s.post("s1", "do it", request_id="same")
+        again = s.post("s1", "do it", request_id="same")
+        assert first.status_code == again.status_code == 202
+        assert first.json() == again.json()
+        s.wait_run(first.json()["run"])
+        after = s.post("s1", "do it", request_id="same")
+        assert after.json() == first.json()
+        time.sleep(0.5)
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+        assert [r.id for r in ledger.runs("s1")] == [first.json()["run"]]
+    assert len(p.task_requests) == 1
+
+
+def test_401_without_a_valid_token_and_403_when_admission_denies(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    p = scripted_provider([])
+    config = write_config(tmp_path, p.url)
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+        # "secret": opened by a request carrying repo:acme/api (ana is granted repo:acme/*).
+        ledger.ensure_session("secret")
+        fence = ledger.claim_run(ledger.create_run("secret", "rev").id)
+        msg = {"role": "user", "content": [{"type": "text", "text": "hidden"}], "timestamp": 1}
+        ledger.append(
+            fence,
+            [NewRow(actor="user:ana", kind=RowKind.MESSAGE, body=msg, sources=("repo:acme/api",))],
+            request=True,
+        )
+        ledger.end_run(fence, RunStatus.FINISHED, extra={"answer": None})
+        # "mixed": an open opening row, then one row bob may not read.
+        ledger.ensure_session("mixed")
+        fence = ledger.claim_run(ledger.create_run("mixed", "rev").id)
+        open_msg = {**msg, "content": [{"type": "text", "text": "open"}]}
+        ledger.append(fence, [NewRow(actor="user:ana", kind=RowKind.MESSAGE, body=open_msg)])
+        ledger.append(
+            fence,
+            [NewRow(actor="user:ana", kind=RowKind.MESSAGE, body=msg, sources=("repo:acme/x",))],
+        )
+        ledger.end_run(fence, RunStatus.FINISHED)
+    with serve(tmp_path, config, workers=0) as s:
+        assert s.client.get("/v1/sessions").status_code == 401
+        assert s.client.get("/v1/sessions", headers=auth("nope")).status_code == 401
+        bad = s.client.post(
+            "/v1/sessions/x/requests",
+            json={"agent": "rev", "text": "t"},
+            headers={"Authorization": "Basic abc"},
+        )
+        assert bad.status_code == 401
+        assert s.client.get("/healthz").status_code == 200  # no token needed
+
+        assert s.get("/v1/sessions/secret/rows", "bob-token").status_code == 403
+        assert s.get("/v1/sessions/secret/rows", "ana-token").status_code == 200
+        denied = s.post("secret", "follow up", token="bob-token")
+        assert denied.status_code == 403, denied.text
+        assert denied.json()["detail"]["reason"] == "access_denied"
+        assert s.get("/v1/sessions/secret/context", "bob-token", agent="rev").status_code == 403
+        assert [x["session"] for x in s.get("/v1/sessions", "bob-token").json()["sessions"]] == [
+            "mixed"
+        ]
+        rows = s.get("/v1/sessions/mixed/rows", "bob-token").json()
+        assert rows["withheld"] == [2]
+        assert rows["rows"][1] == {"type": "row", "session": "mixed", "seq": 2, "withheld": True}
+        assert "hidden" not in s.get("/v1/sessions/mixed/rows", "bob-token").text
+        shown = s.get("/v1/sessions/mixed/rows", "ana-token").json()
+        assert shown["withheld"] == []
+        assert shown["rows"][1]["message"]["content"][0]["text"] == "hidden"
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+        assert len(ledger.runs("secret")) == 1, "a refused request writes nothing"
+
+
+def test_events_stream_and_resume_with_last_event_id(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    p = scripted_provider(
+        [
+            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 0.5; echo hi"})]),
+            Reply("all done, the answer", chunk_chars=4, chunk_delay_s=0.01),
+        ]
+    )
+    with serve(tmp_path, write_config(tmp_path, p.url)) as s:
+        run = s.post("s1", "go").json()["run"]
+        events = sse_events(s.client, run)
+        kinds = [e["event"] for e in events]
+        assert kinds[0] == "status"
+        assert kinds[-2:] == ["checkpoint", "end"]
+        assert events[-1]["data"]["status"] == "finished"
+        assert events[-1]["data"]["answer"] == "all done, the answer"
+        rows = [e for e in events if e["event"] == "row"]
+        seqs = [e["data"]["seq"] for e in rows]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert len(seqs) >= 4
+        assert [e["id"] for e in rows] == [str(q) for q in seqs]
+        assert "running" in [e["data"]["status"] for e in events if e["event"] == "status"]
+        # The worker is in this process: text deltas and tool calls stream too.
+        deltas = "".join(e["data"]["delta"] for e in events if e["event"] == "text")
+        assert "all done, the answer" in deltas
+        assert {e["data"]["phase"] for e in events if e["event"] == "tool"} == {"start", "end"}
+        # Resume after the second row: rows 3.. again from the ledger, then the end.
+        resumed = sse_events(s.client, run, last_event_id=rows[1]["id"])
+        again = [e["data"]["seq"] for e in resumed if e["event"] == "row"]
+        assert again == seqs[2:]
+        assert [e["event"] for e in resumed][-2:] == ["checkpoint", "end"]
+        resumed_mid = sse_events(s.client, run, last_event_id=f"{seqs[-1]}.3")
+        assert [e["event"] for e in resumed_mid] == ["status", "checkpoint", "end"]
+
+
+def test_two_requests_on_a_session_run_one_after_the_other(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    live = {"s1": 0, "s1_most": 0, "all": 0, "all_most": 0}
+    lock = threading.Lock()
+
+    def slow(req: RecordedRequest) -> Reply:
+        mine = req.last_user_text in ("first", "second")
+        with lock:
+            live["all"] += 1
+            live["all_most"] = max(live["all_most"], live["all"])
+            if mine:
+                live["s1"] += 1
+                live["s1_most"] = max(live["s1_most"], live["s1"])
+        time.sleep(1.0)
+        with lock:
+            live["all"] -= 1
+            if mine:
+                live["s1"] -= 1
+        return Reply(f"answer to {req.last_user_text}")
+
+    p = scripted_provider(slow)
+    with serve(tmp_path, write_config(tmp_path, p.url), workers=3) as s:
+        first = s.post("s1", "first").json()["run"]
+        second = s.post("s1", "second").json()["run"]
+        other = s.post("s2", "elsewhere").json()["run"]
+        a, b, c = s.wait_run(first), s.wait_run(second), s.wait_run(other)
+        assert a["answer"] == "answer to first"
+        assert b["answer"] == "answer to second"
+        assert c["status"] == "finished"
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+        r1, r2 = ledger.runs("s1")
+        assert r1.ended is not None
+        assert r2.started is not None
+        assert r1.ended <= r2.started, "the second run started before the first ended"
+        assert r2.extra["view"]["previous_request"]["run"] == first
+    assert live["s1_most"] == 1, "two runs of one session reached the provider at once"
+    assert live["all_most"] <= 2
+
+
+def test_steer_goes_into_the_live_run_with_the_senders_actor(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    p = scripted_provider(
+        [
+            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})]),
+            Reply("steered answer"),
+        ]
+    )
+    with serve(tmp_path, write_config(tmp_path, p.url)) as s:
+        run = s.post("s1", "start the long job").json()["run"]
+        p.wait_for_requests(1, timeout=30)
+        steered = s.post("s1", "also check the tests", token="carl-token", deliver="steer")
+        assert steered.status_code == 202, steered.text
+        assert steered.json()["status"] == "delivered"
+        assert steered.json()["run"] == run
+        done = s.wait_run(run)
+        assert done["answer"] == "steered answer"
+        rows = s.get("/v1/sessions/s1/rows").json()["rows"]
+        users = [
+            (r["actor"], r["message"]["content"][0]["text"])
+            for r in rows
+            if r["message"]["role"] == "user"
+        ]
+        assert users == [("user:ana", "start the long job"), ("user:carl", "also check the tests")]
+        # After the run ended, a steer becomes the session's next queued run.
+        late = s.post("s1", "one more thing", token="carl-token", deliver="steer")
+        assert late.json()["status"] == "queued"
+        assert late.json()["run"] != run
+    assert "also check the tests" in p.task_requests[1].user_texts
+
+
+def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    with serve(tmp_path, config, workers=0) as s:
+        health = s.client.get("/healthz")
+        assert health.json()["status"] == "ok"
+        assert "tether_runs_queued 0" in s.client.get("/metrics").text
+        r = s.client.get("/v1/runs/nope", headers=auth())
+        assert r.status_code == 404
+        assert s.post("s1", "  \n ").status_code == 422, "a blank request"
+        unknown = s.client.post(
+            "/v1/sessions/s1/requests", json={"agent": "nobody", "text": "hi"}, headers=auth()
+        )
+        assert unknown.status_code == 422
+        assert "unknown agent 'nobody'" in unknown.text
+        assert s.get("/v1/sessions").json() == {"sessions": []}, "nothing was written"
+        with pytest.raises(httpx.HTTPStatusError):
+            s.client.get("/v1/runs/nope").raise_for_status()
