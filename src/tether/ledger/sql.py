@@ -226,6 +226,37 @@ class SqlLedger(abc.ABC):
                 for r in c.fetchall()
             ]
 
+    def session_overview(
+        self, *, limit: int = 200
+    ) -> list[tuple[Session, int, dict[RunStatus, int]]]:
+        """The newest sessions first, each with its last seq and its run counts by status (two
+        bounded reads, whatever the number of rows; for the service's pages)."""
+        with self._read() as c:
+            c.execute(
+                "SELECT id, created, refusing, extra, last_seq FROM sessions "
+                "ORDER BY created DESC, id DESC LIMIT ?",
+                (limit,),
+            )
+            found = c.fetchall()
+            counts: dict[str, dict[RunStatus, int]] = {r[0]: {} for r in found}
+            if found:
+                marks = ", ".join("?" for _ in found)
+                c.execute(
+                    f"SELECT session, status, COUNT(*) FROM runs WHERE session IN ({marks}) "
+                    "GROUP BY session, status",
+                    [r[0] for r in found],
+                )
+                for session, status, n in c.fetchall():
+                    counts[session][RunStatus(status)] = int(n)
+        return [
+            (
+                Session(id=r[0], created=r[1], refusing=r[2], extra=_loads(r[3])),
+                int(r[4] or 0),
+                counts[r[0]],
+            )
+            for r in found
+        ]
+
     def last_seq(self, session_id: str) -> int:
         with self._read() as c:
             c.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,))
