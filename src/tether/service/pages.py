@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import asdict
 from datetime import datetime
 from functools import cache
@@ -23,7 +24,7 @@ from urllib.parse import parse_qs, quote
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from tether.access import Admission
 from tether.followup import Refusal, build_view
@@ -568,5 +569,22 @@ async def live_events(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventSourceResponse:
     """The service's own event stream of a run (``GET /v1/runs/{run}/events``), reached with the
-    login cookie: a browser's EventSource cannot send an Authorization header."""
-    return await stream.run_events(run, who, st, last_event_id)
+    login cookie: a browser's EventSource cannot send an Authorization header. Only the events
+    that carry admission (status, row, checkpoint, end) pass: the pages render rows, not deltas,
+    and a text delta is not checked against the sources of the row it will become."""
+    response = await stream.run_events(run, who, st, last_event_id)
+    return EventSourceResponse(_admitted_only(response.body_iterator), ping=15, send_timeout=30)
+
+
+async def _admitted_only(events: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    try:
+        async for event in events:
+            if isinstance(event, ServerSentEvent) and event.event in LIVE_EVENTS:
+                yield event
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
+
+
+LIVE_EVENTS = frozenset({"status", "row", "checkpoint", "end"})
