@@ -9,14 +9,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import struct
-import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, Response, sync_playwright
+from playwright.sync_api import Browser, Page, sync_playwright
 
 from provider import Reply, ScriptedProvider, ToolCall
 from service_support import auth, serve, write_config
@@ -361,7 +360,8 @@ def test_login_then_the_sessions_the_actor_may_see(browser: Browser, site: Any) 
         page.click("button[type=submit]")
         page.wait_for_url(f"{base}/")
         cookie = next(c for c in page.context.cookies() if c["name"] == "tether_token")
-        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["httpOnly"]
+        assert cookie["sameSite"] == "Strict"
         assert page.evaluate("document.cookie") == ""  # not readable by scripts
 
         shown = page.eval_on_selector_all(
@@ -369,7 +369,8 @@ def test_login_then_the_sessions_the_actor_may_see(browser: Browser, site: Any) 
         )
         expected = [s.id for s, _, _ in ledger.session_overview() if s.id != "hidden"]
         assert shown == expected  # newest first, the hidden one left out
-        assert shown[0] == "queued-one" and "hidden" not in shown
+        assert shown[0] == "queued-one"
+        assert "hidden" not in shown
         for session, last_seq, counts in ledger.session_overview():
             if session.id == "hidden":
                 continue
@@ -412,7 +413,8 @@ def _check_rows(page: Page, ledger: Ledger, first: int, last: int) -> None:
     for row, li in zip(ledger.rows_range("long", first, last), shown, strict=True):
         if "doc:secret" in row.sources:
             assert "withheld" in li["cls"].split()
-            assert li["actor"] is None and li["role"] is None
+            assert li["actor"] is None
+            assert li["role"] is None
             continue
         assert li["seq_text"] == f"#{row.seq}"
         assert li["actor"] == row.actor
@@ -424,7 +426,8 @@ def _check_rows(page: Page, ledger: Ledger, first: int, last: int) -> None:
                 if block["type"] == "text":
                     assert block["text"].strip() in body
                 elif block["type"] == "toolCall":
-                    assert block["name"] in body and block["arguments"]["command"] in body
+                    assert block["name"] in body
+                    assert block["arguments"]["command"] in body
                 elif block["type"] == "image":
                     assert li["imgs"] == 1
                     img = page.locator(f'#timeline li.row[data-seq="{row.seq}"] img')
@@ -432,13 +435,16 @@ def _check_rows(page: Page, ledger: Ledger, first: int, last: int) -> None:
                     img.evaluate("i => i.decode()")
                     assert img.evaluate("i => i.naturalWidth") == 48
                     box = img.bounding_box()
-                    assert box is not None and 0 < box["height"] <= 120
+                    assert box is not None
+                    assert 0 < box["height"] <= 120
         elif row.kind is RowKind.COMPACTION:
             kind = "continuation checkpoint" if row.body.get("continuation") else "pi compaction"
-            assert kind in body and f"covers #1–#{row.covers_to}" in body
+            assert kind in body
+            assert f"covers #1–#{row.covers_to}" in body
             assert row.body["summary"] in body
         else:
-            assert row.body["kind"] in body and f"reason: {row.body['reason']}" in body
+            assert row.body["kind"] in body
+            assert f"reason: {row.body['reason']}" in body
 
 
 def test_the_timeline_pages_by_seq_and_never_shows_withheld_rows(
@@ -458,7 +464,8 @@ def test_the_timeline_pages_by_seq_and_never_shows_withheld_rows(
             assert head.locator('[data-role="status"]').inner_text() == run.status.value
             if run.extra.get("stop_reason"):
                 assert f"stopped: {run.extra['stop_reason']}" in head.inner_text()
-            assert " s" in head.inner_text() and "asked by user:ana" in head.inner_text()
+            assert " s" in head.inner_text()
+            assert "asked by user:ana" in head.inner_text()
         assert page.locator(".row.compaction").count() >= 1
         assert page.locator(".row.receipt").count() == 1
         # Older: the page before, by seq.
@@ -473,7 +480,8 @@ def test_the_timeline_pages_by_seq_and_never_shows_withheld_rows(
         rows = [r for g in twin["groups"] for r in g["rows"]]
         assert [r["seq"] for r in rows] == list(range(tail + 1, last + 1))
         withheld = [r for r in rows if r["kind"] == "withheld"]
-        assert withheld and all(set(r) == {"seq", "kind"} for r in withheld)
+        assert withheld
+        assert all(set(r) == {"seq", "kind"} for r in withheld)
         # The API says the same rows are withheld.
         api = page.request.get(
             f"{base}/v1/sessions/long/rows?after={tail}&limit=30", headers=auth("ana-token")
@@ -514,9 +522,11 @@ def test_the_next_view_shows_the_budget_by_part_and_the_gaps(browser: Browser, s
             seg = page.locator(f".bar .seg.{part}").bounding_box()
             assert abs(seg["width"] - bar["width"] * size / api["budget"]) < 3, part
         gaps = page.eval_on_selector_all(".gaps li", "ls => ls.map(l => l.innerText)")
-        assert len(gaps) == len(api["gaps"]) and api["gaps"]
+        assert len(gaps) == len(api["gaps"])
+        assert api["gaps"]
         for shown, gap in zip(gaps, api["gaps"], strict=True):
-            assert shown.startswith(f"#{gap['from']}–#{gap['to']}") and gap["why"] in shown
+            assert shown.startswith(f"#{gap['from']}–#{gap['to']}")
+            assert gap["why"] in shown
         assert api["checkpoint"]["seq"] == ledger.latest_compaction("long").seq
         assert f"#{api['checkpoint']['seq']}" in page.inner_text(".facts")
         origins = page.eval_on_selector_all("ol.view li", "ls => ls.map(l => l.dataset.origin)")
