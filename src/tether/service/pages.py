@@ -190,6 +190,12 @@ async def static_file(name: str) -> FileResponse:
 # -- rendering helpers -----------------------------------------------------------------------------
 
 
+def _args_text(args: Any) -> str:
+    """Tool-call arguments as JSON: one line when short, indented when long."""
+    flat = json.dumps(args, ensure_ascii=False)
+    return flat if len(flat) <= 100 else json.dumps(args, ensure_ascii=False, indent=1)
+
+
 def _parts(content: Any) -> list[dict[str, Any]]:
     """A message's content as display parts: text, thinking, tool_call, image, other."""
     if isinstance(content, str):
@@ -210,9 +216,7 @@ def _parts(content: Any) -> list[dict[str, Any]]:
                     "type": "tool_call",
                     "id": block.get("id"),
                     "name": block.get("name"),
-                    "arguments": json.dumps(args, ensure_ascii=False, indent=1)
-                    if not isinstance(args, str)
-                    else args,
+                    "arguments": args if isinstance(args, str) else _args_text(args),
                 }
             )
         elif kind == "image":
