@@ -48,8 +48,11 @@ from tether.pi.install import find_pi, pi_argv, pi_env  # noqa: E402
 TOKEN = "bench-token"
 
 
-def direct_rpc(argv: list[str], env: dict[str, str], cwd: str, prompt: str, log: str) -> float:
-    """The baseline client: start pi, prompt, read until settled, close. Wall seconds."""
+def direct_rpc(
+    argv: list[str], env: dict[str, str], cwd: str, prompt: str, log: str
+) -> tuple[float, float]:
+    """The baseline client: start pi, prompt, read until settled, close. Wall seconds to
+    ``agent_settled`` and to pi's exit."""
     started = time.perf_counter()
     with open(log, "wb") as err:
         proc = subprocess.Popen(
@@ -64,13 +67,14 @@ def direct_rpc(argv: list[str], env: dict[str, str], cwd: str, prompt: str, log:
         if json.loads(line).get("type") == "agent_settled":
             settled = True
             break
+    settled_s = time.perf_counter() - started
     proc.stdin.close()
     proc.wait()
     if not settled:
         raise SystemExit(
             f"direct RPC: pi ended without agent_settled (exit {proc.returncode}); {log}"
         )
-    return time.perf_counter() - started
+    return settled_s, time.perf_counter() - started
 
 
 def pct(values: list[float], q: float) -> float:
@@ -131,7 +135,7 @@ poll_s = 0.05
         cfg = load_config(cfg_path)
         agent = cfg.agent("bench")
 
-        def baseline(label: str, count: int) -> tuple[list[float], float]:
+        def baseline(label: str, count: int) -> tuple[list[tuple[float, float]], float]:
             specs = []
             for i in range(count):
                 run_dir = work / "direct" / f"{label}-{i}"
@@ -191,7 +195,7 @@ poll_s = 0.05
         )
         posts: list[float] = []
         runs: list[str] = []
-        direct: list[float] = []
+        direct_both: list[tuple[float, float]] = []
         direct_wall = service_wall = 0.0
         try:
             deadline = time.monotonic() + 60
@@ -226,7 +230,7 @@ poll_s = 0.05
                 took = time.perf_counter() - started
                 service_wall += took
                 times, wall = baseline(f"{n}", args.sessions)
-                direct += times
+                direct_both += times
                 direct_wall += wall
                 print(
                     f"round {n + 1}: service {took:.1f}s, direct {wall:.1f}s, "
@@ -246,6 +250,8 @@ poll_s = 0.05
     if bad:
         raise SystemExit(f"{len(bad)} runs did not finish: {bad[:3]}")
     service = [seconds(r.ended) - seconds(r.started) for r in details if r.ended and r.started]
+    direct = [exited for _, exited in direct_both]
+    to_settle = [settled for settled, _ in direct_both]
     tp_direct, tp_service = total / direct_wall, total / service_wall
     print()
     print(
@@ -258,6 +264,10 @@ poll_s = 0.05
             f"per run {name}  direct {d * 1000:.0f} ms   service {s * 1000:.0f} ms   "
             f"overhead {s / d - 1:+.1%}"
         )
+    print(
+        f"direct, start → agent_settled only: p50 {pct(to_settle, 0.5) * 1000:.0f} ms, "
+        f"p99 {pct(to_settle, 0.99) * 1000:.0f} ms"
+    )
     print(
         f"mean         direct {statistics.mean(direct) * 1000:.0f} ms   "
         f"service {statistics.mean(service) * 1000:.0f} ms   "

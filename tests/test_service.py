@@ -163,16 +163,22 @@ def test_events_stream_and_resume_with_last_event_id(
 def test_two_requests_on_a_session_run_one_after_the_other(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    live = {"now": 0, "most": 0}
+    live = {"s1": 0, "s1_most": 0, "all": 0, "all_most": 0}
     lock = threading.Lock()
 
     def slow(req: RecordedRequest) -> Reply:
+        mine = req.last_user_text in ("first", "second")
         with lock:
-            live["now"] += 1
-            live["most"] = max(live["most"], live["now"])
-        time.sleep(0.6)
+            live["all"] += 1
+            live["all_most"] = max(live["all_most"], live["all"])
+            if mine:
+                live["s1"] += 1
+                live["s1_most"] = max(live["s1_most"], live["s1"])
+        time.sleep(1.0)
         with lock:
-            live["now"] -= 1
+            live["all"] -= 1
+            if mine:
+                live["s1"] -= 1
         return Reply(f"answer to {req.last_user_text}")
 
     p = scripted_provider(slow)
@@ -190,7 +196,8 @@ def test_two_requests_on_a_session_run_one_after_the_other(
         assert r2.started is not None
         assert r1.ended <= r2.started, "the second run started before the first ended"
         assert r2.extra["view"]["previous_request"]["run"] == first
-    assert live["most"] == 2, "the other session's run went on beside them"
+    assert live["s1_most"] == 1, "two runs of one session reached the provider at once"
+    assert live["all_most"] <= 2
 
 
 def test_steer_goes_into_the_live_run_with_the_senders_actor(
@@ -233,5 +240,12 @@ def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
         assert "tether_runs_queued 0" in s.client.get("/metrics").text
         r = s.client.get("/v1/runs/nope", headers=auth())
         assert r.status_code == 404
+        assert s.post("s1", "  \n ").status_code == 422, "a blank request"
+        unknown = s.client.post(
+            "/v1/sessions/s1/requests", json={"agent": "nobody", "text": "hi"}, headers=auth()
+        )
+        assert unknown.status_code == 422
+        assert "unknown agent 'nobody'" in unknown.text
+        assert s.get("/v1/sessions").json() == {"sessions": []}, "nothing was written"
         with pytest.raises(httpx.HTTPStatusError):
             s.client.get("/v1/runs/nope").raise_for_status()

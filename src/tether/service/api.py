@@ -56,7 +56,8 @@ StateDep = Annotated[ServiceState, Depends(state)]
 
 class RequestIn(BaseModel):
     agent: str = Field(min_length=1)
-    text: str = Field(min_length=1)
+    text: str = Field(min_length=1, pattern=r"\S")
+    """The request; not blank."""
     request_id: str | None = Field(None, min_length=1, max_length=200)
     """The client's key: the same key again on the session returns the same answer and writes
     nothing."""

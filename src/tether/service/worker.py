@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +36,7 @@ from tether.harness import (
     run_claimed,
 )
 from tether.harness.custody import reconcile
+from tether.harness.placement import owner_id
 from tether.harness.relay import Deliver, LivePi
 from tether.harness.run import in_thread
 from tether.ledger import Fence, Ledger, RunStatus
@@ -71,7 +69,7 @@ class Worker:
         self.ledger = ledger
         self.config = config
         self.concurrency = concurrency
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.owner = owner or owner_id()
         self.hub = hub
         self.metrics = metrics
         self.pi = pi
@@ -188,9 +186,13 @@ class Worker:
             if self.metrics is not None:
                 self.metrics.worker_runs[outcome.status.value] += 1
                 self.metrics.checkpoints[outcome.checkpoint.label] += 1
-        except TetherError as exc:
-            # Refused or misconfigured before pi started: the claimed run must still end.
-            log.warning("run %s could not run: %s", fence.run, exc)
+        except Exception as exc:
+            # Refused or misconfigured before pi started (or a bug): the claimed run must still
+            # end, and the worker goes on with its other runs.
+            if isinstance(exc, TetherError):
+                log.warning("run %s could not run: %s", fence.run, exc)
+            else:
+                log.exception("run %s failed in the harness", fence.run)
             with anyio.CancelScope(shield=True), contextlib.suppress(FencedOut, RunNotActive):
                 await in_thread(
                     self.ledger.end_run,
