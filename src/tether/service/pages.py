@@ -254,9 +254,12 @@ def message_display(message: dict[str, Any]) -> dict[str, Any]:
         shown["custom_type"] = message.get("customType")
     elif role == "assistant":
         shown["stop_reason"] = message.get("stopReason")
-    elif role == "system" and not shown["parts"]:
-        rest = {k: v for k, v in message.items() if k not in ("role", "timestamp")}
-        shown["parts"] = [{"type": "other", "json": rest}]
+    elif role == "system":
+        # pi's opening system message: its prompt sections and tools, collapsed.
+        rest = {k: v for k, v in message.items() if k not in ("role", "timestamp", "content")}
+        shown["parts"] = [p for p in shown["parts"] if p.get("text", True)]
+        if rest:
+            shown["parts"].append({"type": "other", "json": {"type": "system prompt", **rest}})
     return shown
 
 

@@ -57,7 +57,7 @@
   }
 
   function follow(i) {
-    if (i >= runs.length) { state.textContent = ""; return; }
+    if (i >= runs.length) return;
     const run = runs[i];
     state.textContent = "following run " + run + "…";
     const es = new EventSource("/live/runs/" + encodeURIComponent(run) + "/events");
