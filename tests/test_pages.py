@@ -11,6 +11,7 @@ import contextlib
 import struct
 import zlib
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -537,6 +538,12 @@ def test_the_next_view_shows_the_budget_by_part_and_the_gaps(browser: Browser, s
         seen.assert_never(SECRET, SECRET_IMAGE_TEXT)
 
 
+def _duration(run: Any) -> float:
+    start = datetime.fromisoformat(run.started.replace("Z", "+00:00"))
+    end = datetime.fromisoformat(run.ended.replace("Z", "+00:00"))
+    return round((end - start).total_seconds(), 2)
+
+
 def test_a_running_run_appends_its_rows_live(
     browser: Browser, tmp_path: Path, scripted_provider: Provider
 ) -> None:
@@ -590,14 +597,22 @@ def test_a_running_run_appends_its_rows_live(
         assert ana.evaluate("window.__kept") == "no reload"
         with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
             rows = ledger.rows_range("live", 1, 1000)
+            done_run = ledger.get_run(new_run)
         after = ana.eval_on_selector_all("#timeline li.row", "ls => ls.map(l => +l.dataset.seq)")
         assert after == [r.seq for r in rows]
         assert len(after) > len(before)
         appended = [r for r in rows if r.seq > max(before)]
         assert any(r.role == "toolResult" for r in appended)
         assert "LIVE-TOOL-OUTPUT" in ana.inner_text("#timeline")
-        status = ana.locator(f'.run-head[data-run="{new_run}"] [data-role="status"]').first
-        assert status.inner_text() == "finished"
+        head = ana.locator(f'.run-head[data-run="{new_run}"]')
+        assert head.count() == 1
+        assert head.locator('[data-role="status"]').inner_text() == "finished"
+        # The header was brought up to date at the end: the run's duration, from the ledger.
+        assert f"{_duration(done_run)} s" in head.inner_text()
+        counts = ana.eval_on_selector_all(
+            '[data-role="last-seq"]', "es => es.map(e => e.innerText)"
+        )
+        assert counts == [str(rows[-1].seq)] * 2
         shoot(ana, shots, "live")
 
         bob.wait_for_function(

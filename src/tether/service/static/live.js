@@ -19,7 +19,10 @@
       do {
         again = false;
         const after = lastShown();
-        const res = await fetch("/sessions/" + encodeURIComponent(session) + "/rows.html?after=" + after,
+        // From the last row shown: its group brings its run's header up to date (status,
+        // duration, stop reason) even when no row is new.
+        const from = Math.max(0, after - 1);
+        const res = await fetch("/sessions/" + encodeURIComponent(session) + "/rows.html?after=" + from,
                                 { credentials: "same-origin" });
         if (!res.ok) { state.textContent = "live update failed: HTTP " + res.status; return; }
         const box = document.createElement("div");
@@ -28,23 +31,25 @@
         for (const group of Array.from(box.querySelectorAll("section.group"))) {
           const rows = Array.from(group.querySelectorAll("li.row")).filter(
             (li) => parseInt(li.dataset.seq, 10) > after);
-          if (!rows.length) continue;
           rows.forEach((li) => { li.classList.add("new"); newest = Math.max(newest, parseInt(li.dataset.seq, 10)); });
           const last = timeline.querySelector("section.group:last-of-type");
           const head = group.querySelector(".run-head");
           if (last && last.dataset.run === group.dataset.run) {
             const ol = last.querySelector("ol.rows");
             rows.forEach((li) => ol.appendChild(li));
-            if (head) { const old = last.querySelector(".run-head"); if (old) old.replaceWith(head); else last.prepend(head); }
-          } else {
+            const old = last.querySelector(".run-head");
+            if (head && old) old.replaceWith(head); else if (head) last.prepend(head);
+          } else if (rows.length) {
+            group.querySelectorAll("li.row").forEach((li) => { if (!rows.includes(li)) li.remove(); });
             const pending = head && document.querySelector('#pending .run-head[data-run="' + head.dataset.run + '"]');
             if (pending) pending.remove();
             timeline.appendChild(group);
           }
         }
         timeline.dataset.last = String(newest);
-        const shown = document.querySelector('[data-role="last-shown"]');
-        if (shown) shown.textContent = String(newest);
+        document.querySelectorAll('[data-role="last-shown"], [data-role="last-seq"]').forEach((el) => {
+          if (parseInt(el.textContent, 10) < newest) el.textContent = String(newest);
+        });
       } while (again);
     })().finally(() => { fetching = null; });
     return fetching;
