@@ -626,6 +626,13 @@ def test_a_running_run_appends_its_rows_live(
         )
         assert withheld == [r.seq for r in rows if r.sources]
         assert any(r.seq > max(before) for r in rows if r.sources)
+        # bob may not read the run's answer (GET /v1/runs/{run} is 403 for him): its header
+        # shows status and times only, refreshed at the end.
+        assert s.get(f"/v1/runs/{new_run}", "bob-token").status_code == 403
+        bob_head = bob.locator(f'.run-head[data-run="{new_run}"]').inner_text()
+        assert "details withheld" in bob_head
+        assert "asked by" not in bob_head
+        assert f"{_duration(done_run)} s" in bob_head
         shoot(bob, shots, "live-withheld")
         html = bob.content()
         for needle in ("LIVE-ANSWER", "LIVE-TOOL-OUTPUT", "ACME-ONLY"):

@@ -113,7 +113,7 @@ def _login_required(request: Request) -> HTTPException:
     """A JSON twin or a stream answers 401; a page sends the browser to the login form (an
     HTTPException with a Location header: no handler of its own on the app)."""
     path = request.url.path
-    if path.endswith(".json") or path.startswith("/live/") or path.endswith("/rows.html"):
+    if path.endswith((".json", ".html")) or path.startswith("/live/"):
         return HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "send Authorization: Bearer TOKEN, or log in at /login",
@@ -545,6 +545,22 @@ async def timeline_fragment(
     ctx = await blocking(timeline_context, st, session, who, after, limit)
     html = _env().get_template("rows.html").render(ctx=asdict(ctx))
     return HTMLResponse(html)
+
+
+@router.get("/sessions/{session}/runs/{run}/head.html", response_class=HTMLResponse)
+async def run_head_fragment(session: str, run: str, who: PageCaller, st: StateDep) -> HTMLResponse:
+    """One run's header as the timeline renders it (the live script refreshes it at the end)."""
+
+    def header() -> RunHeader:
+        _session_or_error(st.ledger, session, who)
+        found = st.ledger.run(run)
+        if found is None or found.session != session:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run!r} in session {session!r}")
+        return run_header(st.ledger, found, who)
+
+    head = await blocking(header)
+    template = _env().from_string('{% import "macros.html" as m %}{{ m.run_head(h) }}')
+    return HTMLResponse(template.render(h=asdict(head)))
 
 
 @router.get("/sessions/{session}/next.json")

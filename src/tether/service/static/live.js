@@ -34,7 +34,8 @@
           rows.forEach((li) => { li.classList.add("new"); newest = Math.max(newest, parseInt(li.dataset.seq, 10)); });
           const last = timeline.querySelector("section.group:last-of-type");
           const head = group.querySelector(".run-head");
-          if (last && last.dataset.run === group.dataset.run) {
+          // A group of withheld rows names no run: it continues the open group.
+          if (last && (last.dataset.run === group.dataset.run || group.dataset.run === "")) {
             const ol = last.querySelector("ol.rows");
             rows.forEach((li) => ol.appendChild(li));
             const old = last.querySelector(".run-head");
@@ -55,6 +56,18 @@
     return fetching;
   }
 
+  async function refreshHead(run) {
+    const res = await fetch("/sessions/" + encodeURIComponent(session) + "/runs/" +
+                            encodeURIComponent(run) + "/head.html", { credentials: "same-origin" });
+    if (!res.ok) return;
+    const box = document.createElement("div");
+    box.innerHTML = await res.text();
+    const fresh = box.querySelector(".run-head");
+    document.querySelectorAll('.run-head[data-run="' + run + '"]').forEach((el) => {
+      el.replaceWith(fresh.cloneNode(true));
+    });
+  }
+
   function setStatus(run, status) {
     document.querySelectorAll('.run-head[data-run="' + run + '"] [data-role="status"]').forEach((el) => {
       el.textContent = status; el.className = "badge " + status;
@@ -72,6 +85,7 @@
       es.close();
       setStatus(run, JSON.parse(e.data).status);
       await pull();
+      await refreshHead(run);
       state.textContent = "run " + run + " ended: " + JSON.parse(e.data).status;
       follow(i + 1);
     });
