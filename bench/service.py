@@ -55,8 +55,16 @@ def direct_rpc(
     ``agent_settled`` and to pi's exit."""
     started = time.perf_counter()
     with open(log, "wb") as err:
+        # A session of its own, as tether starts pi: with the scheduler's autogroups on, a
+        # process shares the CPU with its session, so the baseline must not share one.
         proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, cwd=cwd
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
         )
     assert proc.stdin is not None
     assert proc.stdout is not None
