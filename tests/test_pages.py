@@ -355,6 +355,7 @@ def test_login_then_the_sessions_the_actor_may_see(browser: Browser, site: Any) 
         page.fill("#token", "not-a-token")
         page.click("button[type=submit]")
         assert "unknown token" in page.inner_text(".error")
+        shoot(page, shots, "login")
         cookies = page.context.cookies()
         assert not [c for c in cookies if c["name"] == "tether_token"]
         page.fill("#token", "ana-token")
