@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from tether.config import load_config
 from tether.ledger import Ledger, NewRow, RunStatus, open_ledger
-from tether.service import page_context
+from tether.service import api, page_context, pages
 from tether.service.app import create_app
 from tether.service.pages import COOKIE
 
@@ -152,3 +152,23 @@ def test_the_sessions_overview_is_newest_first_with_run_counts(ledger: Ledger) -
     assert [(s.id, last) for s, last, _ in got] == [("c", 0), ("b", 1)]
     assert got[1][2] == {RunStatus.FAILED: 1, RunStatus.QUEUED: 1}
     assert got[0][2] == {}
+
+
+def test_a_runs_answer_row_is_found_from_its_end(ledger: Ledger) -> None:
+    """pages.answer_row (read backwards, bounded pages) finds the row api.answer_row finds."""
+    ledger.ensure_session("s")
+    fence = ledger.claim_run(ledger.create_run("s", "rev").id)
+    ledger.append(fence, [NewRow.message("user:ana", _msg("user", "go"))], request=True)
+    ledger.append(fence, [NewRow.message("agent:rev", _msg("assistant", "early"))])
+    # More rows after the answer than one backward page holds.
+    ledger.append(fence, [NewRow.message("agent:rev", _msg("assistant", "the answer"))])
+    ledger.append(
+        fence,
+        [NewRow.message("tool:bash", _msg("toolResult", f"out {i}")) for i in range(70)],
+    )
+    run = ledger.end_run(fence, RunStatus.FINISHED, extra={"answer": "the answer"})
+    mine = pages.answer_row(ledger, run)
+    assert mine is not None
+    assert mine == api.answer_row(ledger, run)
+    assert mine.body["content"][0]["text"] == "the answer"
+    assert [r.seq for r in ledger.run_rows_before(run.id, 10, limit=3)] == [9, 8, 7]

@@ -840,6 +840,16 @@ class SqlLedger(abc.ABC):
             r = c.fetchone()
         return int(r[0]) if r else None
 
+    def run_rows_before(self, run_id: str, before: int, *, limit: int = 50) -> list[Row]:
+        """A run's rows with ``seq < before``, newest first, at most ``limit`` of them (index
+        rows_by_run): the end of a run without reading it from its start."""
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_ROW_COLS} FROM rows WHERE run = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+                (run_id, before, limit),
+            )
+            return [_row(r) for r in c.fetchall()]
+
     def rows_range(self, session_id: str, first: int, last: int, *, limit: int = 1000) -> list[Row]:
         """Rows with ``first <= seq <= last``, ascending, at most ``limit`` of them."""
         # Seqs are dense, so the first `limit` rows lie in [first, first + limit - 1]: bounding

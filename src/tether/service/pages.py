@@ -31,7 +31,7 @@ from tether.followup import Refusal, build_view
 from tether.followup.messages import CHECKPOINT_TYPE, NOTES_TYPE
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.service import stream
-from tether.service.api import blocking, row_json, run_json, sees_session
+from tether.service.api import blocking, row_json, sees_session
 from tether.service.auth import Caller, actor_for
 from tether.service.page_context import (
     BudgetPart,
@@ -306,12 +306,32 @@ def _seconds(start: str | None, end: str | None) -> float | None:
     return round((b - a).total_seconds(), 2)
 
 
+def answer_row(ledger: Ledger, run: Run) -> Row | None:
+    """The run's last assistant message row (what its answer was mirrored from), read from the
+    run's end backwards: the same row as :func:`tether.service.api.answer_row`, which reads the
+    run from its start."""
+    before = 2**62
+    while True:
+        page = ledger.run_rows_before(run.id, before, limit=ANSWER_PAGE)
+        for row in page:
+            if row.kind is RowKind.MESSAGE and row.role == "assistant":
+                return row
+        if len(page) < ANSWER_PAGE:
+            return None
+        before = page[-1].seq
+
+
+ANSWER_PAGE = 32
+
+
 def run_header(ledger: Ledger, run: Run, who: Caller) -> RunHeader:
-    """A run's line on the timeline; its details only when the API would show them."""
-    try:
-        shown = run_json(ledger, run, who)
-    except HTTPException:
-        shown = None
+    """A run's line on the timeline. Its details only where the API's ``GET /v1/runs/{run}``
+    shows them: that refuses a caller not admitted to the run's answer row."""
+    request = run.extra.get("request") or {}
+    withheld = False
+    if run.extra.get("answer") is not None:
+        row = answer_row(ledger, run)
+        withheld = row is not None and not who.admission.admits(row.sources)
     return RunHeader(
         run=run.id,
         agent=run.agent,
@@ -319,11 +339,11 @@ def run_header(ledger: Ledger, run: Run, who: Caller) -> RunHeader:
         started=run.started,
         ended=run.ended,
         duration_s=_seconds(run.started, run.ended),
-        actor=shown["actor"] if shown else None,
-        stop_reason=shown["stop_reason"] if shown else None,
-        checkpoint=shown["checkpoint"] if shown else None,
-        error=shown["error"] if shown else None,
-        details_withheld=shown is None,
+        actor=None if withheld else request.get("actor"),
+        stop_reason=None if withheld else run.extra.get("stop_reason"),
+        checkpoint=None if withheld else run.extra.get("checkpoint"),
+        error=None if withheld else run.extra.get("error"),
+        details_withheld=withheld,
     )
 
 
