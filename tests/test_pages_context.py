@@ -172,3 +172,25 @@ def test_a_runs_answer_row_is_found_from_its_end(ledger: Ledger) -> None:
     assert mine == api.answer_row(ledger, run)
     assert mine.body["content"][0]["text"] == "the answer"
     assert [r.seq for r in ledger.run_rows_before(run.id, 10, limit=3)] == [9, 8, 7]
+
+
+def test_row_content_is_escaped_and_only_images_become_data_urls(client: Any) -> None:
+    c, ledger = client
+    fence = ledger.claim_run(ledger.create_run("s1", "rev").id)
+    evil = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "<script>alert(1)</script>"},
+            {"type": "image", "data": "PGgxPmhpPC9oMT4=", "mimeType": "text/html"},
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+        ],
+        "timestamp": 1,
+    }
+    ledger.append(fence, [NewRow.message("user:ana", evil)], request=True)
+    ledger.end_run(fence, RunStatus.FINISHED)
+    page = c.get("/sessions/s1", headers={"Authorization": "Bearer ana-token"})
+    assert "<script>alert(1)</script>" not in page.text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+    assert "data:text/html" not in page.text
+    assert "data:image/png;base64,iVBORw0KGgo=" in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]

@@ -137,10 +137,17 @@ def _safe_next(value: str | None) -> str:
 def _render(name: str, ctx: Any, *, json_url: str | None = None, code: int = 200) -> HTMLResponse:
     data = asdict(ctx)
     html = _env().get_template(name).render(ctx=data, json_url=json_url)
-    headers = {}
+    headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
     if json_url:
         headers["Link"] = f'<{json_url}>; rel="alternate"; type="application/json"'
     return HTMLResponse(html, status_code=code, headers=headers)
+
+
+CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+    "script-src 'self'; frame-ancestors 'none'; form-action 'self'"
+)
+"""Scripts only from /static; inline styles only for the budget bar's widths."""
 
 
 def _json(ctx: Any, code: int = 200) -> JSONResponse:
@@ -190,6 +197,9 @@ async def static_file(name: str) -> FileResponse:
 # -- rendering helpers -----------------------------------------------------------------------------
 
 
+THUMBNAIL_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
 def _args_text(args: Any) -> str:
     """Tool-call arguments as JSON: one line when short, indented when long."""
     flat = json.dumps(args, ensure_ascii=False)
@@ -221,11 +231,14 @@ def _parts(content: Any) -> list[dict[str, Any]]:
             )
         elif kind == "image":
             data = block.get("data")
+            mime = str(block.get("mimeType") or "image/png")
+            # Only image types become data: URLs (never text/html or SVG with its scripts).
+            shown = isinstance(data, str) and mime in THUMBNAIL_TYPES
             out.append(
                 {
                     "type": "image",
-                    "mime": str(block.get("mimeType") or "image/png"),
-                    "data": data if isinstance(data, str) else None,
+                    "mime": mime,
+                    "data": data if shown else None,
                     "size": len(data) if isinstance(data, str) else 0,
                 }
             )
