@@ -335,7 +335,7 @@ def site(tmp_path: Path, scripted_provider: Provider) -> Iterator[tuple[str, Led
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
         build_long(ledger)
         build_others(ledger)
-    extra = "\n[followup]\nbudget_bytes = 9000\n"
+    extra = "\n[followup]\nbudget_bytes = 2500\n"  # a budget gap and a withheld one
     config = write_config(tmp_path, scripted_provider([]).url, extra=extra)
     with (
         serve(tmp_path, config, workers=0) as s,
@@ -524,6 +524,7 @@ def test_the_next_view_shows_the_budget_by_part_and_the_gaps(browser: Browser, s
             seg = page.locator(f".bar .seg.{part}").bounding_box()
             assert abs(seg["width"] - bar["width"] * size / api["budget"]) < 3, part
         gaps = page.eval_on_selector_all(".gaps li", "ls => ls.map(l => l.innerText)")
+        assert {g["why"] for g in api["gaps"]} == {"budget", "withheld"}
         assert len(gaps) == len(api["gaps"])
         assert api["gaps"]
         for shown, gap in zip(gaps, api["gaps"], strict=True):
