@@ -16,6 +16,8 @@ at p50 and p99 and the overhead as a ratio against the baseline; the latency of 
 
     .venv/bin/python bench/service.py                        # 50 sessions × 3, 4 workers
     .venv/bin/python bench/service.py --sessions 10 --requests 2 --workers 2
+    .venv/bin/python bench/service.py --baseline-extension   # the baseline's pi loads the
+                                                              # continuation extension too
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import httpx  # noqa: E402
 
 from provider import RecordedRequest, Reply, ScriptedProvider  # noqa: E402
 from tether.config import load_config  # noqa: E402
+from tether.harness import EXTENSION_PATH  # noqa: E402
 from tether.ledger import RunStatus, open_ledger  # noqa: E402
 from tether.pi.agentdir import write_agent_dir  # noqa: E402
 from tether.pi.install import find_pi, pi_argv, pi_env  # noqa: E402
@@ -107,6 +110,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--ledger", default=None, help="ledger URL (default: SQLite in a tmp dir)")
+    parser.add_argument(
+        "--baseline-extension",
+        action="store_true",
+        help="load tether's continuation extension in the baseline's pi too (as the service's)",
+    )
     args = parser.parse_args()
     total = args.sessions * args.requests
     delay = args.latency_ms / 1000
@@ -156,6 +164,7 @@ poll_s = 0.05
                     effort=agent.effort,
                     tools=agent.tools,
                     system_prompt=agent.system_prompt,
+                    extensions=(EXTENSION_PATH,) if args.baseline_extension else (),
                 )
                 specs.append(
                     (
@@ -220,24 +229,37 @@ poll_s = 0.05
             # Interleaved by round (the load of a shared machine drifts): one request on every
             # session through the service, then as many prompts straight into pi.
             for n in range(args.requests):
-                started = time.perf_counter()
-                for s in range(args.sessions):
-                    t = time.perf_counter()
-                    r = client.post(
-                        f"/v1/sessions/b{s}/requests",
-                        json={"agent": "bench", "text": f"request {n}", "request_id": f"{s}-{n}"},
-                    )
-                    posts.append(time.perf_counter() - t)
-                    r.raise_for_status()
-                    runs.append(r.json()["run"])
-                while True:
-                    counts = store.run_counts()
-                    if counts[RunStatus.QUEUED] == 0 and counts[RunStatus.RUNNING] == 0:
-                        break
-                    time.sleep(0.05)
-                took = time.perf_counter() - started
+
+                def through_service(n: int = n) -> float:
+                    started = time.perf_counter()
+                    for s in range(args.sessions):
+                        t = time.perf_counter()
+                        r = client.post(
+                            f"/v1/sessions/b{s}/requests",
+                            json={
+                                "agent": "bench",
+                                "text": f"request {n}",
+                                "request_id": f"{s}-{n}",
+                            },
+                        )
+                        posts.append(time.perf_counter() - t)
+                        r.raise_for_status()
+                        runs.append(r.json()["run"])
+                    while True:
+                        counts = store.run_counts()
+                        if counts[RunStatus.QUEUED] == 0 and counts[RunStatus.RUNNING] == 0:
+                            break
+                        time.sleep(0.05)
+                    return time.perf_counter() - started
+
+                # Which goes first alternates by round, so a drifting load favours neither.
+                if n % 2 == 0:
+                    took = through_service()
+                    times, wall = baseline(f"{n}", args.sessions)
+                else:
+                    times, wall = baseline(f"{n}", args.sessions)
+                    took = through_service()
                 service_wall += took
-                times, wall = baseline(f"{n}", args.sessions)
                 direct_both += times
                 direct_wall += wall
                 print(
