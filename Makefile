@@ -8,7 +8,9 @@ export TETHER_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/test
 .PHONY: install local test lint typecheck pytest demo clean bench fmt
 .PHONY: dist
 
+# The pages' browser tests drive Debian's chromium (never a browser Playwright downloads).
 install: $(VENV)/.installed node_modules/.installed
+	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
 
 $(VENV)/.installed: requirements/dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -292,6 +292,37 @@ class SqlLedger(abc.ABC):
                 for r in c.fetchall()
             ]
 
+    def session_overview(
+        self, *, limit: int = 200
+    ) -> list[tuple[Session, int, dict[RunStatus, int]]]:
+        """The newest sessions first, each with its last seq and its run counts by status (two
+        bounded reads, whatever the number of rows; for the service's pages)."""
+        with self._read() as c:
+            c.execute(
+                "SELECT id, created, refusing, extra, last_seq FROM sessions "
+                "ORDER BY created DESC, id DESC LIMIT ?",
+                (limit,),
+            )
+            found = c.fetchall()
+            counts: dict[str, dict[RunStatus, int]] = {r[0]: {} for r in found}
+            if found:
+                marks = ", ".join("?" for _ in found)
+                c.execute(
+                    f"SELECT session, status, COUNT(*) FROM runs WHERE session IN ({marks}) "
+                    "GROUP BY session, status",
+                    [r[0] for r in found],
+                )
+                for session, status, n in c.fetchall():
+                    counts[session][RunStatus(status)] = int(n)
+        return [
+            (
+                Session(id=r[0], created=r[1], refusing=r[2], extra=_loads(r[3])),
+                int(r[4] or 0),
+                counts[r[0]],
+            )
+            for r in found
+        ]
+
     def last_seq(self, session_id: str) -> int:
         with self._read() as c:
             c.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,))
@@ -994,6 +1025,16 @@ class SqlLedger(abc.ABC):
             c.execute("SELECT seq FROM rows WHERE run = ? ORDER BY seq LIMIT 1", (run_id,))
             r = c.fetchone()
         return int(r[0]) if r else None
+
+    def run_rows_before(self, run_id: str, before: int, *, limit: int = 50) -> list[Row]:
+        """A run's rows with ``seq < before``, newest first, at most ``limit`` of them (index
+        rows_by_run): the end of a run without reading it from its start."""
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_ROW_COLS} FROM rows WHERE run = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+                (run_id, before, limit),
+            )
+            return [_row(r) for r in c.fetchall()]
 
     def rows_range(self, session_id: str, first: int, last: int, *, limit: int = 1000) -> list[Row]:
         """Rows with ``first <= seq <= last``, ascending, at most ``limit`` of them."""

@@ -26,7 +26,7 @@ from tether.errors import LedgerError, NotFound
 from tether.harness import EXTENSION_PATH
 from tether.ledger import Fence, Ledger
 from tether.pi.install import PiInstall
-from tether.service import api, ops, stream
+from tether.service import api, ops, pages, stream
 from tether.service.state import ServiceState, service_of
 from tether.service.worker import Worker
 
@@ -85,6 +85,7 @@ def create_app(
     app.include_router(api.router)
     app.include_router(stream.router)
     app.include_router(ops.router)
+    app.include_router(pages.router)
 
     @app.middleware("http")
     async def timed(

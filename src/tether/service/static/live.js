@@ -1,0 +1,95 @@
+// The timeline follows its live runs: the service's event stream of each run (EventSource, the
+// login cookie authenticates it) says when rows are mirrored; the rows themselves come from the
+// server as rendered HTML (one renderer), after the last seq the page shows.
+(function () {
+  "use strict";
+  const timeline = document.getElementById("timeline");
+  if (!timeline) return;
+  const runs = (timeline.dataset.live || "").split(" ").filter(Boolean);
+  if (!runs.length) return;
+  const session = timeline.dataset.session;
+  const state = document.getElementById("live-state");
+  let fetching = null, again = false;
+
+  function lastShown() { return parseInt(timeline.dataset.last || "0", 10); }
+
+  async function pull() {
+    if (fetching) { again = true; return fetching; }
+    fetching = (async () => {
+      do {
+        again = false;
+        const after = lastShown();
+        // From the last row shown: its group brings its run's header up to date (status,
+        // duration, stop reason) even when no row is new.
+        const from = Math.max(0, after - 1);
+        const res = await fetch("/sessions/" + encodeURIComponent(session) + "/rows.html?after=" + from,
+                                { credentials: "same-origin" });
+        if (!res.ok) { state.textContent = "live update failed: HTTP " + res.status; return; }
+        const box = document.createElement("div");
+        box.innerHTML = await res.text();
+        let newest = after;
+        for (const group of Array.from(box.querySelectorAll("section.group"))) {
+          const rows = Array.from(group.querySelectorAll("li.row")).filter(
+            (li) => parseInt(li.dataset.seq, 10) > after);
+          rows.forEach((li) => { li.classList.add("new"); newest = Math.max(newest, parseInt(li.dataset.seq, 10)); });
+          const last = timeline.querySelector("section.group:last-of-type");
+          const head = group.querySelector(".run-head");
+          // A group of withheld rows names no run: it continues the open group.
+          if (last && (last.dataset.run === group.dataset.run || group.dataset.run === "")) {
+            const ol = last.querySelector("ol.rows");
+            rows.forEach((li) => ol.appendChild(li));
+            const old = last.querySelector(".run-head");
+            if (head && old) old.replaceWith(head); else if (head) last.prepend(head);
+          } else if (rows.length) {
+            group.querySelectorAll("li.row").forEach((li) => { if (!rows.includes(li)) li.remove(); });
+            const pending = head && document.querySelector('#pending .run-head[data-run="' + head.dataset.run + '"]');
+            if (pending) pending.remove();
+            timeline.appendChild(group);
+          }
+        }
+        timeline.dataset.last = String(newest);
+        document.querySelectorAll('[data-role="last-shown"], [data-role="last-seq"]').forEach((el) => {
+          if (parseInt(el.textContent, 10) < newest) el.textContent = String(newest);
+        });
+      } while (again);
+    })().finally(() => { fetching = null; });
+    return fetching;
+  }
+
+  async function refreshHead(run) {
+    const res = await fetch("/sessions/" + encodeURIComponent(session) + "/runs/" +
+                            encodeURIComponent(run) + "/head.html", { credentials: "same-origin" });
+    if (!res.ok) return;
+    const box = document.createElement("div");
+    box.innerHTML = await res.text();
+    const fresh = box.querySelector(".run-head");
+    document.querySelectorAll('.run-head[data-run="' + run + '"]').forEach((el) => {
+      el.replaceWith(fresh.cloneNode(true));
+    });
+  }
+
+  function setStatus(run, status) {
+    document.querySelectorAll('.run-head[data-run="' + run + '"] [data-role="status"]').forEach((el) => {
+      el.textContent = status; el.className = "badge " + status;
+    });
+  }
+
+  function follow(i) {
+    if (i >= runs.length) return;
+    const run = runs[i];
+    state.textContent = "following run " + run + "…";
+    const es = new EventSource("/live/runs/" + encodeURIComponent(run) + "/events");
+    es.addEventListener("row", () => { pull(); });
+    es.addEventListener("status", (e) => { setStatus(run, JSON.parse(e.data).status); });
+    es.addEventListener("end", async (e) => {
+      es.close();
+      setStatus(run, JSON.parse(e.data).status);
+      await pull();
+      await refreshHead(run);
+      state.textContent = "run " + run + " ended: " + JSON.parse(e.data).status;
+      follow(i + 1);
+    });
+    es.onerror = () => { if (es.readyState === EventSource.CLOSED) state.textContent = "live updates stopped"; };
+  }
+  follow(0);
+})();

@@ -1,0 +1,196 @@
+"""The pages without a browser: each page's context object is documented field by field and its
+JSON twin returns exactly those fields; authentication and admission as in the API; the
+sessions overview read on every ledger backend. (The browser suite is tests/test_pages.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tether.config import load_config
+from tether.ledger import Ledger, NewRow, RunStatus, open_ledger
+from tether.service import api, page_context, pages
+from tether.service.app import create_app
+from tether.service.pages import COOKIE
+
+CONTEXTS = [
+    getattr(page_context, name)
+    for name in page_context.__all__
+    if dataclasses.is_dataclass(getattr(page_context, name))
+]
+
+
+@pytest.mark.parametrize("cls", CONTEXTS, ids=lambda c: c.__name__)
+def test_every_context_field_says_what_it_holds(cls: Any) -> None:
+    for f in dataclasses.fields(cls):
+        assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+
+
+def _msg(role: str, text: str) -> dict[str, Any]:
+    return {"role": role, "content": [{"type": "text", "text": text}], "timestamp": 1}
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[tuple[TestClient, Ledger]]:
+    token = hashlib.sha256(b"ana-token").hexdigest()
+    config = tmp_path / "tether.toml"
+    config.write_text(
+        f"""
+[ledger]
+url = "sqlite://{tmp_path}/ledger.db"
+[providers.local]
+base_url = "http://127.0.0.1:9/v1"
+[agents.rev]
+provider = "local"
+model = "m"
+[access.grants]
+"user:ana" = ["repo:acme/*"]
+[service.tokens]
+"{token}" = "user:ana"
+"""
+    )
+    cfg = load_config(config)
+    with open_ledger(cfg.ledger.url) as ledger:
+        ledger.ensure_session("s1")
+        fence = ledger.claim_run(ledger.create_run("s1", "rev").id)
+        ledger.append(fence, [NewRow.message("user:ana", _msg("user", "hello"))], request=True)
+        ledger.append(
+            fence,
+            [NewRow.message("agent:rev", _msg("assistant", f"answer {i}")) for i in range(1, 30)]
+            + [
+                NewRow.message(
+                    "agent:rev", _msg("assistant", "the secret part"), sources=("doc:secret",)
+                )
+            ],
+        )
+        ledger.end_run(fence, RunStatus.FINISHED)
+        with TestClient(create_app(cfg, ledger)) as c:
+            yield c, ledger
+
+
+JSON_TWINS = {
+    "/index.json": page_context.IndexPage,
+    "/sessions/s1.json": page_context.TimelinePage,
+    "/sessions/s1/next.json?agent=rev": page_context.NextPage,
+}
+
+
+@pytest.mark.parametrize("url", sorted(JSON_TWINS))
+def test_a_json_twin_is_its_page_context(client: Any, url: str) -> None:
+    c, _ = client
+    got = c.get(url, headers={"Authorization": "Bearer ana-token"})
+    assert got.status_code == 200, got.text
+    assert set(got.json()) == {f.name for f in dataclasses.fields(JSON_TWINS[url])}
+    page = c.get(
+        url.replace(".json", "").replace("/index", "/"),
+        headers={"Authorization": "Bearer ana-token"},
+    )
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert 'rel="alternate"' in page.headers["link"]
+
+
+def test_pages_need_a_token_and_login_sets_an_httponly_cookie(client: Any) -> None:
+    c, _ = client
+    page = c.get("/sessions/s1?after=3", follow_redirects=False)
+    assert page.status_code == 303
+    assert page.headers["location"] == "/login?next=%2Fsessions%2Fs1%3Fafter%3D3"
+    assert c.get("/sessions/s1.json").status_code == 401
+    assert c.get("/sessions/s1/rows.html").status_code == 401
+    assert c.get("/live/runs/x/events").status_code == 401
+    bad = c.post("/login", data={"token": "nope", "next": "/"}, follow_redirects=False)
+    assert bad.status_code == 401
+    assert COOKIE not in bad.headers.get("set-cookie", "")
+    # A login never sends the browser to another site.
+    ok = c.post(
+        "/login", data={"token": "ana-token", "next": "//evil.example/x"}, follow_redirects=False
+    )
+    assert ok.status_code == 303
+    assert ok.headers["location"] == "/"
+    cookie = ok.headers["set-cookie"].lower()
+    assert "httponly" in cookie
+    assert "samesite=strict" in cookie
+    assert c.get("/sessions/s1.json").status_code == 200  # the cookie now authenticates
+    c.post("/logout")
+    assert c.get("/sessions/s1.json").status_code == 401
+
+
+def test_the_timeline_pages_by_seq_and_withholds_like_the_api(client: Any) -> None:
+    c, ledger = client
+    h = {"Authorization": "Bearer ana-token"}
+    page = c.get("/sessions/s1.json?limit=10", headers=h).json()
+    last = ledger.last_seq("s1")
+    assert (page["after"], page["first_shown"], page["last_shown"]) == (last - 10, last - 9, last)
+    assert page["older"] == last - 20
+    assert page["newer"] is None
+    older = c.get(f"/sessions/s1.json?after={page['older']}&limit=10", headers=h).json()
+    assert older["newer"] == last - 10
+    rows = [r for g in page["groups"] for r in g["rows"]]
+    assert rows[-1] == {"seq": last, "kind": "withheld"}
+    api = c.get(f"/v1/sessions/s1/rows?after={last - 10}&limit=10", headers=h).json()
+    assert api["withheld"] == [last]
+    html = c.get("/sessions/s1", headers=h).text
+    assert "the secret part" not in html
+    assert "withheld" in html
+    assert c.get("/sessions/nope", headers=h).status_code == 404
+
+
+def test_the_sessions_overview_is_newest_first_with_run_counts(ledger: Ledger) -> None:
+    for i, name in enumerate(["a", "b", "c"]):
+        ledger.create_session(name, created=f"2026-11-29T10:00:0{i}Z")
+    fence = ledger.claim_run(ledger.create_run("b", "rev").id)
+    ledger.append(fence, [NewRow.message("user:ana", _msg("user", "x"))], request=True)
+    ledger.end_run(fence, RunStatus.FAILED)
+    ledger.create_run("b", "rev")
+    got = ledger.session_overview(limit=2)
+    assert [(s.id, last) for s, last, _ in got] == [("c", 0), ("b", 1)]
+    assert got[1][2] == {RunStatus.FAILED: 1, RunStatus.QUEUED: 1}
+    assert got[0][2] == {}
+
+
+def test_a_runs_answer_row_is_found_from_its_end(ledger: Ledger) -> None:
+    """pages.answer_row (read backwards, bounded pages) finds the row api.answer_row finds."""
+    ledger.ensure_session("s")
+    fence = ledger.claim_run(ledger.create_run("s", "rev").id)
+    ledger.append(fence, [NewRow.message("user:ana", _msg("user", "go"))], request=True)
+    ledger.append(fence, [NewRow.message("agent:rev", _msg("assistant", "early"))])
+    # More rows after the answer than one backward page holds.
+    ledger.append(fence, [NewRow.message("agent:rev", _msg("assistant", "the answer"))])
+    ledger.append(
+        fence,
+        [NewRow.message("tool:bash", _msg("toolResult", f"out {i}")) for i in range(70)],
+    )
+    run = ledger.end_run(fence, RunStatus.FINISHED, extra={"answer": "the answer"})
+    mine = pages.answer_row(ledger, run)
+    assert mine is not None
+    assert mine == api.answer_row(ledger, run)
+    assert mine.body["content"][0]["text"] == "the answer"
+    assert [r.seq for r in ledger.run_rows_before(run.id, 10, limit=3)] == [9, 8, 7]
+
+
+def test_row_content_is_escaped_and_only_images_become_data_urls(client: Any) -> None:
+    c, ledger = client
+    fence = ledger.claim_run(ledger.create_run("s1", "rev").id)
+    evil = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "<script>alert(1)</script>"},
+            {"type": "image", "data": "PGgxPmhpPC9oMT4=", "mimeType": "text/html"},
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+        ],
+        "timestamp": 1,
+    }
+    ledger.append(fence, [NewRow.message("user:ana", evil)], request=True)
+    ledger.end_run(fence, RunStatus.FINISHED)
+    page = c.get("/sessions/s1", headers={"Authorization": "Bearer ana-token"})
+    assert "<script>alert(1)</script>" not in page.text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+    assert "data:text/html" not in page.text
+    assert "data:image/png;base64,iVBORw0KGgo=" in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
