@@ -62,6 +62,11 @@ class _Stream:
         self.sent = after
         self.n = 0
         self.status: RunStatus | None = None
+        # Text deltas and tool calls are not rows: no sources to admit them by. The run was
+        # given only what its own actor may read, so they go to that actor alone; anyone
+        # else follows the run through its rows, which admission filters.
+        asked = run.extra.get("request") or {}
+        self.live_allowed = who.actor == asked.get("actor")
 
     def _id(self) -> str:
         self.n += 1
@@ -117,7 +122,7 @@ class _Stream:
             if channel is not None:
                 fresh = channel.events[listened:]
                 listened = len(channel.events)
-                for ev in fresh:
+                for ev in fresh if self.live_allowed else ():
                     if isinstance(ev, AnswerDelta):
                         yield self._event("text", {"delta": ev.text})
                     elif isinstance(ev, ToolStarted):
