@@ -591,9 +591,9 @@ def test_a_running_run_appends_its_rows_live(
         bob.evaluate("window.__kept = 'no reload'")
         before = ana.eval_on_selector_all("#timeline li.row", "ls => ls.map(l => +l.dataset.seq)")
         ana.locator("#timeline", has_text="LIVE-ANSWER the end").wait_for(timeout=60_000)
-        ana.wait_for_function(
-            "document.querySelector('#live-state').innerText.includes('ended')", timeout=30_000
-        )
+        # A locator, not wait_for_function: that evaluates a string, which the page's CSP
+        # (script-src 'self') refuses whenever the first check is not already true.
+        ana.locator("#live-state", has_text="ended").wait_for(timeout=30_000)
         done = s.wait_run(new_run)
         assert done["status"] == "finished", done
         assert ana.evaluate("window.__kept") == "no reload"
@@ -617,9 +617,7 @@ def test_a_running_run_appends_its_rows_live(
         assert counts == [str(rows[-1].seq)] * 2
         shoot(ana, shots, "live")
 
-        bob.wait_for_function(
-            "document.querySelector('#live-state').innerText.includes('ended')", timeout=30_000
-        )
+        bob.locator("#live-state", has_text="ended").wait_for(timeout=30_000)
         assert bob.evaluate("window.__kept") == "no reload"
         bob_seqs = bob.eval_on_selector_all("#timeline li.row", "ls => ls.map(l => +l.dataset.seq)")
         assert bob_seqs == [r.seq for r in rows]
