@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tether.errors import FencedOut, RunNotActive, SessionRefusing
+from tether.errors import FencedOut, InvalidId, RunNotActive, SessionRefusing
 from tether.ledger import Ledger, RunStatus
 
 
@@ -139,3 +139,13 @@ def test_a_take_over_records_the_new_holder_and_keeps_the_old_placement_otherwis
         new.epoch,
         {"host": "h", "pi_pid": 8},
     )
+
+
+def test_enqueue_checks_its_ids_before_writing(ledger: Ledger) -> None:
+    for bad in ({"run_id": "r-\nx"}, {"actor": ""}):
+        args = {"actor": "user:ana", "text": "hi", **bad}
+        with pytest.raises(InvalidId):
+            ledger.enqueue_run("s1", "rev", **args)
+    with pytest.raises(InvalidId):
+        ledger.enqueue_run("s1", "", actor="user:ana", text="hi")
+    assert ledger.session("s1") is None

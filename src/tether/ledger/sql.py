@@ -340,6 +340,19 @@ class SqlLedger(abc.ABC):
 
     # -- runs --------------------------------------------------------------------------------
 
+    @staticmethod
+    def _check_takes_prompts(c: Cursor, session_id: str) -> None:
+        """Inside a write transaction: the session exists and does not refuse prompts."""
+        c.execute("SELECT refusing FROM sessions WHERE id = ?", (session_id,))
+        s = c.fetchone()
+        if s is None:
+            raise NotFound(f"no session {session_id!r}")
+        if s[0]:
+            raise SessionRefusing(
+                f"session {session_id!r} refuses new prompts: {s[0]}; "
+                f"after checking it, clear it with `tether session clear {session_id}`"
+            )
+
     def create_run(
         self,
         session_id: str,
@@ -355,15 +368,7 @@ class SqlLedger(abc.ABC):
         rid = check_id("run", run_id) if run_id is not None else f"r-{uuid.uuid4().hex[:12]}"
         try:
             with self._tx() as c:
-                c.execute("SELECT refusing FROM sessions WHERE id = ?", (session_id,))
-                s = c.fetchone()
-                if s is None:
-                    raise NotFound(f"no session {session_id!r}")
-                if s[0]:
-                    raise SessionRefusing(
-                        f"session {session_id!r} refuses new prompts: {s[0]}; "
-                        f"after checking it, clear it with `tether session clear {session_id}`"
-                    )
+                self._check_takes_prompts(c, session_id)
                 c.execute(
                     "INSERT INTO runs (id, session, agent, status, epoch, extra) "
                     "VALUES (?, ?, ?, 'queued', 0, ?)",
@@ -479,20 +484,14 @@ class SqlLedger(abc.ABC):
         withdrawn from the queue (:meth:`queued_placement`)."""
         import uuid
 
+        check_id("agent", agent)
+        check_id("actor", actor)
+        rid = check_id("run", run_id) if run_id is not None else f"r-{uuid.uuid4().hex[:12]}"
         self.ensure_session(session_id)
-        rid = run_id or f"r-{uuid.uuid4().hex[:12]}"
         extra = {"request": {"text": text, "actor": actor, "request_id": request_id}}
         try:
             with self._tx() as c:
-                c.execute("SELECT refusing FROM sessions WHERE id = ?", (session_id,))
-                s = c.fetchone()
-                if s is None:
-                    raise NotFound(f"no session {session_id!r}")
-                if s[0]:
-                    raise SessionRefusing(
-                        f"session {session_id!r} refuses new prompts: {s[0]}; "
-                        f"after checking it, clear it with `tether session clear {session_id}`"
-                    )
+                self._check_takes_prompts(c, session_id)
                 c.execute(
                     "INSERT INTO runs (id, session, agent, status, epoch, extra, request_id, "
                     "placement) VALUES (?, ?, ?, 'queued', 0, ?, ?, ?)",
