@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 export TETHER_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
 .PHONY: install local test lint typecheck pytest demo clean bench fmt
-.PHONY: dist
+.PHONY: dist extension
 
 # The pages' browser tests drive Debian's chromium (never a browser Playwright downloads).
 install: $(VENV)/.installed node_modules/.installed
@@ -32,12 +32,23 @@ $(VENV)/.local-installed: $(VENV)/.installed requirements/local.txt tools/instal
 	tools/install-local.sh $(BIN)/python $(VENV)/local-install.log
 	touch $@
 
+# tether's pi extensions ship compiled, in src/tether/extension/js/ (committed, so a wheel needs
+# no Node to build): pi imports compiled modules natively, where each .ts file would cost every pi
+# start a TypeScript transform. Run this after changing a .ts file; `make lint` checks it was.
+extension: node_modules/.installed
+	node_modules/.bin/tsc -p tsconfig.build.json
+
 # The extension is checked against the pinned pi's own declarations (tsconfig.json): a pi upgrade
 # that changes an API the extension calls fails here, not in a run.
 lint: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	node_modules/.bin/tsc -p tsconfig.json
+	rm -rf .stamp-extension && node_modules/.bin/tsc -p tsconfig.build.json --outDir .stamp-extension
+	cp src/tether/extension/js/package.json .stamp-extension/
+	diff -r src/tether/extension/js .stamp-extension || \
+	  (echo "src/tether/extension/js/ is not built from the .ts sources: run make extension"; exit 1)
+	rm -rf .stamp-extension
 
 # After the `local` extra: the model server's modules are checked against starlette's own types.
 typecheck: install $(VENV)/.local-installed

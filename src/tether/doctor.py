@@ -101,7 +101,9 @@ def _pi() -> list[Check]:
 
 
 def _extension() -> Check:
-    ext = Path(__file__).resolve().parent / "extension" / "continuation.ts"
+    from tether.pi.install import extension_file
+
+    ext = extension_file("continuation")
     if ext.is_file():
         return Check("extension", Status.OK, str(ext))
     return Check("extension", Status.FAIL, f"{ext} is missing", "reinstall tether")

@@ -23,7 +23,8 @@
  * Every other compaction (pi's threshold and overflow compactions, a user's `/compact`) is left
  * to pi: the handler returns undefined.
  *
- * Loaded with `pi -e PATH`; pi compiles it on load (jiti), so there is no build step.
+ * Loaded with `pi -e PATH` from `js/continuation.js`, compiled from this file by `make extension`
+ * (pi imports compiled modules natively; see `pimodules.ts`).
  */
 
 import type { AgentMessage, StreamFn } from "@earendil-works/pi-agent-core";
@@ -39,8 +40,13 @@ import type {
 	TranscriptContext,
 	Usage,
 } from "@earendil-works/pi-ai";
-import type { ExtensionAPI, ExtensionContext, SessionManager } from "@earendil-works/pi-coding-agent";
-import { generateSummaryWithUsage } from "@earendil-works/pi-coding-agent";
+import type {
+	ExtensionAPI,
+	ExtensionContext,
+	generateSummaryWithUsage,
+	SessionManager,
+} from "@earendil-works/pi-coding-agent";
+import { piCodingAgent } from "./pimodules.js";
 
 export const MARKER_TAG = "continuation";
 export const MARKER_VERSION = 1;
@@ -219,8 +225,10 @@ interface SummaryRequest {
 	retry: RetryPolicy | undefined;
 }
 
+type SummaryGenerator = typeof generateSummaryWithUsage;
+
 /** The one call into pi's summary generator, with every parameter named. */
-function summarize(request: SummaryRequest): Promise<{ text: string; usage: Usage }> {
+function summarize(generate: SummaryGenerator, request: SummaryRequest): Promise<{ text: string; usage: Usage }> {
 	const args: SummaryParameters = [
 		request.conversation,
 		request.model,
@@ -235,7 +243,7 @@ function summarize(request: SummaryRequest): Promise<{ text: string; usage: Usag
 		undefined, // env
 		request.retry,
 	];
-	return generateSummaryWithUsage(...args);
+	return generate(...args);
 }
 
 /** pi's session manager stores a null `firstKeptEntryId` as the compaction entry's own id (a
@@ -279,7 +287,8 @@ function observedStream(
 	};
 }
 
-export default function continuation(pi: ExtensionAPI): void {
+export default async function continuation(pi: ExtensionAPI): Promise<void> {
+	const { generateSummaryWithUsage: generate } = await piCodingAgent();
 	// The run whose compaction this extension handed to pi and pi has not yet written. pi checks
 	// the abort signal once more before writing, so an abort can still cancel it after the hook
 	// returned; the refusal receipt is then sent from `session_compact_failed`.
@@ -309,7 +318,7 @@ export default function continuation(pi: ExtensionAPI): void {
 
 			let summary: { text: string; usage: Usage };
 			try {
-				summary = await summarize({
+				summary = await summarize(generate, {
 					conversation,
 					model,
 					signal,

@@ -17,15 +17,13 @@
  * name, extension tools included, so the harness always names both; and should something
  * deactivate them, they are activated again before each run starts.
  *
- * Loaded with `pi -e PATH` (pi compiles it on load, no build step), beside the continuation
- * extension.
+ * Loaded with `pi -e PATH` from `js/tools.js` (compiled by `make extension`), beside the
+ * continuation extension.
  */
 
 import { createConnection } from "node:net";
 import type { ExtensionAPI } from "@earendil-works/pi-coding-agent";
-import { defineTool } from "@earendil-works/pi-coding-agent";
-// pi resolves `typebox` for every extension (its loader aliases it), as its docs import it.
-import { Type } from "typebox";
+import { piCodingAgent, typebox } from "./pimodules.js";
 
 export const SOCKET_ENV = "TETHER_TOOLS_SOCKET";
 export const TOKEN_ENV = "TETHER_TOOLS_TOKEN";
@@ -139,24 +137,25 @@ const UNAVAILABLE: Reply = {
 	error: "this pi was not started by tether's harness, so there is no ledger to reach",
 };
 
-const recallParameters = Type.Object({
-	query: Type.Optional(
-		Type.String({
-			description: "Words to search for in this session's earlier messages, e.g. \"deploy password\".",
-		}),
-	),
-	from: Type.Optional(Type.Integer({ minimum: 1, description: "First ledger row to read, e.g. 10." })),
-	to: Type.Optional(Type.Integer({ minimum: 1, description: "Last ledger row to read, e.g. 41." })),
-});
-
-const noteParameters = Type.Object({
-	text: Type.String({
-		description: "What to remember for later runs on this session (at most 2,000 bytes).",
-	}),
-});
-
-export default function tetherTools(pi: ExtensionAPI): void {
+export default async function tetherTools(pi: ExtensionAPI): Promise<void> {
 	const channel = takeChannel(process.env);
+	const [{ defineTool }, { Type }] = await Promise.all([piCodingAgent(), typebox()]);
+
+	const recallParameters = Type.Object({
+		query: Type.Optional(
+			Type.String({
+				description: "Words to search for in this session's earlier messages, e.g. \"deploy password\".",
+			}),
+		),
+		from: Type.Optional(Type.Integer({ minimum: 1, description: "First ledger row to read, e.g. 10." })),
+		to: Type.Optional(Type.Integer({ minimum: 1, description: "Last ledger row to read, e.g. 41." })),
+	});
+
+	const noteParameters = Type.Object({
+		text: Type.String({
+			description: "What to remember for later runs on this session (at most 2,000 bytes).",
+		}),
+	});
 
 	pi.registerTool(
 		defineTool({

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -47,6 +46,7 @@ from tether.ledger import ReceiptReason, Row, RowKind
 from tether.pi.agentdir import pi_settings
 from tether.pi.client import Record, is_notify
 from tether.pi.errors import TransportClosed
+from tether.pi.install import extension_file
 from tether.pi.protocol import Command, Response
 from tether.sizes import measure
 
@@ -62,8 +62,8 @@ __all__ = [
     "view_bytes",
 ]
 
-EXTENSION_PATH = Path(__file__).resolve().parent.parent / "extension" / "continuation.ts"
-"""The continuation extension, shipped inside the package (``pi -e PATH``, no build step)."""
+EXTENSION_PATH = extension_file("continuation")
+"""The continuation extension, shipped inside the package, compiled (``pi -e PATH``)."""
 
 MARKER_TAG = "continuation"
 MARKER_VERSION = 1

@@ -34,11 +34,12 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from tether.access import Obligations
 from tether.errors import LedgerError, NotFound, RecallError
 from tether.ledger import Fence, Ledger
+from tether.pi.install import extension_file
 from tether.recall import RecallAnswer, add_note, read_range, search
 
 __all__ = ["EXTENSION_PATH", "SOCKET_ENV", "TOKEN_ENV", "TOOL_NAMES", "ToolName", "ToolServer"]
 
-EXTENSION_PATH = Path(__file__).resolve().parent.parent / "extension" / "tools.ts"
+EXTENSION_PATH = extension_file("tools")
 """The tools extension, loaded into every run's pi (``--extension``) whatever the agent's tools."""
 
 SOCKET_ENV = "TETHER_TOOLS_SOCKET"

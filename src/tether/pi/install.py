@@ -19,7 +19,15 @@ from pathlib import Path
 
 from tether.pi.errors import PiNotInstalled
 
-__all__ = ["ALLOWED_ENV", "PiInstall", "data_dir", "find_pi", "pi_argv", "pi_env"]
+__all__ = [
+    "ALLOWED_ENV",
+    "PiInstall",
+    "data_dir",
+    "extension_file",
+    "find_pi",
+    "pi_argv",
+    "pi_env",
+]
 
 PI_PACKAGE = "node_modules/@earendil-works/pi-coding-agent"
 PI_CLI = f"{PI_PACKAGE}/dist/cli.js"
@@ -29,6 +37,16 @@ INSTALL_HINT = (
     "run `tether setup` (it installs the pinned pi and Node 22 from the npm registry), or point "
     "TETHER_PI at pi's dist/cli.js and TETHER_NODE at a node >= 22.19"
 )
+
+
+EXTENSION_DIR = Path(__file__).resolve().parent.parent / "extension" / "js"
+
+
+def extension_file(name: str) -> Path:
+    """One of tether's pi extensions, as shipped: compiled from ``extension/NAME.ts`` into
+    ``extension/js/NAME.js`` (``make extension``). pi imports a compiled module natively; a
+    ``.ts`` file would cost every pi start a TypeScript transform (about 0.1 s each)."""
+    return EXTENSION_DIR / f"{name}.js"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tether.errors import ConfigError
+from tether.pi.install import extension_file
 
 __all__ = ["KEYS_EXTENSION", "KEY_FD_ENV", "KeyChannel", "key_channel"]
 
-KEYS_EXTENSION = Path(__file__).resolve().parent.parent / "extension" / "keys.ts"
+KEYS_EXTENSION = extension_file("keys")
 KEY_FD_ENV = "TETHER_KEY_FD"
 PIPE_LIMIT = 60_000
 """Written whole before pi starts, so it must fit the pipe's buffer (64 KiB on Linux)."""

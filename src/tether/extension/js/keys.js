@@ -1,0 +1,42 @@
+/**
+ * Provider keys over a private channel (DESIGN §3.10).
+ *
+ * tether never puts a provider key in pi's environment, argv or a file: pi's tools inherit pi's
+ * environment, and files outlive the run. Instead the harness writes the keys into a pipe whose
+ * read end pi inherits; `TETHER_KEY_FD` names its descriptor. This extension reads the pipe once
+ * at load, closes it, forgets the variable, and registers each key with pi's provider registry,
+ * where only pi's provider calls use it.
+ */
+import { closeSync, readFileSync } from "node:fs";
+/** The variable naming the inherited descriptor. */
+export const KEY_FD_ENV = "TETHER_KEY_FD";
+function isKeyGrant(value) {
+    if (typeof value !== "object" || value === null)
+        return false;
+    const grant = value;
+    return typeof grant.provider === "string" && typeof grant.key === "string";
+}
+/** pi reads `$NAME` in an apiKey as a variable and a leading `!` as a command: a literal key
+ * escapes both (`$$`, `$!`). */
+export function literalKey(key) {
+    const escaped = key.split("$").join("$$");
+    return escaped.startsWith("!") ? `$${escaped}` : escaped;
+}
+export function readGrants(fd) {
+    try {
+        const parsed = JSON.parse(readFileSync(fd, "utf8"));
+        return Array.isArray(parsed) ? parsed.filter(isKeyGrant) : [];
+    }
+    finally {
+        closeSync(fd);
+    }
+}
+export default function tetherKeys(pi) {
+    const fd = process.env[KEY_FD_ENV];
+    if (fd === undefined)
+        return;
+    delete process.env[KEY_FD_ENV];
+    for (const grant of readGrants(Number(fd))) {
+        pi.registerProvider(grant.provider, { apiKey: literalKey(grant.key) });
+    }
+}
