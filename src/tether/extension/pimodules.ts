@@ -7,7 +7,8 @@
  * `bench/harness.py`). A native import resolves bare names from the importing file, and tether's
  * files do not sit under pi's `node_modules`, so what an extension needs from pi at run time is
  * imported from the pi that loaded it, as pi's own loader would alias it: the harness always
- * starts pi as `node <pi>/dist/cli.js`. Types still come from the pinned pi (`tsc`).
+ * starts pi as `node <pi>/dist/bundle/cli.js`, beside the bundle's package index. Types still
+ * come from the pinned pi (`tsc`).
  */
 
 import { existsSync } from "node:fs";
@@ -21,7 +22,7 @@ import type * as TypeBox from "typebox";
 function piCli(): string {
 	const cli = process.argv[1];
 	if (cli === undefined || !existsSync(cli)) {
-		throw new Error(`tether's extensions run inside pi started as \`node <pi>/dist/cli.js\`; got ${String(cli)}`);
+		throw new Error(`tether's extensions run inside pi started as \`node <pi>/dist/bundle/cli.js\`; got ${String(cli)}`);
 	}
 	return cli;
 }
