@@ -239,6 +239,9 @@ def test_recall_calls_with_bad_arguments_get_an_error_the_model_can_act_on(
                 tool_calls=[
                     ToolCall("recall", {}, id="c1"),
                     ToolCall("note", {"text": "x" * 2001}, id="c2"),
+                    # Refused by pi against the tools' JSON Schema, before the harness is asked.
+                    ToolCall("recall", {"from": 0}, id="c3"),
+                    ToolCall("note", {}, id="c4"),
                 ]
             ),
             Reply("I will ask properly."),
@@ -247,8 +250,10 @@ def test_recall_calls_with_bad_arguments_get_an_error_the_model_can_act_on(
     outcome = run(store, make_config(tmp_path, p.url), "Try the tools", tmp_path)
 
     assert outcome.status is RunStatus.FINISHED, outcome.error
-    bare, long_note = tool_results(p, 1)
+    bare, long_note, row_zero, no_text = tool_results(p, 1)
     assert 'recall({"query":' in bare
+    assert "from: expected >= 1" in row_zero
+    assert "text: missing" in no_text
     assert "2000-byte limit" in long_note
     assert store.notes("s1", "rev") == []
 

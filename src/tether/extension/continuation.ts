@@ -287,8 +287,9 @@ function observedStream(
 	};
 }
 
-export default async function continuation(pi: ExtensionAPI): Promise<void> {
-	const { generateSummaryWithUsage: generate } = await piCodingAgent();
+export default function continuation(pi: ExtensionAPI): void {
+	// pi's summary generator, imported at the first checkpoint, not on every pi start.
+	let generator: SummaryGenerator | undefined;
 	// The run whose compaction this extension handed to pi and pi has not yet written. pi checks
 	// the abort signal once more before writing, so an abort can still cancel it after the hook
 	// returned; the refusal receipt is then sent from `session_compact_failed`.
@@ -318,7 +319,8 @@ export default async function continuation(pi: ExtensionAPI): Promise<void> {
 
 			let summary: { text: string; usage: Usage };
 			try {
-				summary = await summarize(generate, {
+				generator ??= (await piCodingAgent()).generateSummaryWithUsage;
+				summary = await summarize(generator, {
 					conversation,
 					model,
 					signal,

@@ -12,11 +12,9 @@
  */
 
 import { existsSync } from "node:fs";
-import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { pathToFileURL } from "node:url";
 import type * as PiCodingAgent from "@earendil-works/pi-coding-agent";
-import type * as TypeBox from "typebox";
 
 /** pi's entry script, which tether's harness passes as node's first argument. */
 function piCli(): string {
@@ -31,10 +29,4 @@ function piCli(): string {
 export async function piCodingAgent(): Promise<typeof PiCodingAgent> {
 	const index = join(dirname(piCli()), "index.js");
 	return (await import(pathToFileURL(index).href)) as typeof PiCodingAgent;
-}
-
-/** `typebox`, as the running pi resolves it. */
-export async function typebox(): Promise<typeof TypeBox> {
-	const entry = createRequire(piCli()).resolve("typebox");
-	return (await import(pathToFileURL(entry).href)) as typeof TypeBox;
 }

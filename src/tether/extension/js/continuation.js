@@ -202,8 +202,9 @@ function observedStream(ctx, evidence, outcome) {
         return stream;
     };
 }
-export default async function continuation(pi) {
-    const { generateSummaryWithUsage: generate } = await piCodingAgent();
+export default function continuation(pi) {
+    // pi's summary generator, imported at the first checkpoint, not on every pi start.
+    let generator;
     // The run whose compaction this extension handed to pi and pi has not yet written. pi checks
     // the abort signal once more before writing, so an abort can still cancel it after the hook
     // returned; the refusal receipt is then sent from `session_compact_failed`.
@@ -233,7 +234,8 @@ export default async function continuation(pi) {
             const outcome = { stopReason: undefined };
             let summary;
             try {
-                summary = await summarize(generate, {
+                generator ??= (await piCodingAgent()).generateSummaryWithUsage;
+                summary = await summarize(generator, {
                     conversation,
                     model,
                     signal,

@@ -11,7 +11,6 @@
  * come from the pinned pi (`tsc`).
  */
 import { existsSync } from "node:fs";
-import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { pathToFileURL } from "node:url";
 /** pi's entry script, which tether's harness passes as node's first argument. */
@@ -26,9 +25,4 @@ function piCli() {
 export async function piCodingAgent() {
     const index = join(dirname(piCli()), "index.js");
     return (await import(pathToFileURL(index).href));
-}
-/** `typebox`, as the running pi resolves it. */
-export async function typebox() {
-    const entry = createRequire(piCli()).resolve("typebox");
-    return (await import(pathToFileURL(entry).href));
 }

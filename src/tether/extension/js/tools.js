@@ -21,7 +21,6 @@
  * continuation extension.
  */
 import { createConnection } from "node:net";
-import { piCodingAgent, typebox } from "./pimodules.js";
 export const SOCKET_ENV = "TETHER_TOOLS_SOCKET";
 export const TOKEN_ENV = "TETHER_TOOLS_TOKEN";
 export const TOOL_NAMES = ["recall", "note"];
@@ -108,22 +107,33 @@ const UNAVAILABLE = {
     ok: false,
     error: "this pi was not started by tether's harness, so there is no ledger to reach",
 };
-export default async function tetherTools(pi) {
-    const channel = takeChannel(process.env);
-    const [{ defineTool }, { Type }] = await Promise.all([piCodingAgent(), typebox()]);
-    const recallParameters = Type.Object({
-        query: Type.Optional(Type.String({
+/** The tools' parameters as plain JSON Schema (what pi validates arguments against). TypeBox
+ * builds the same objects, but importing it costs every pi start about 0.1 s: pi bundles its own
+ * copy, and the package an extension may import is another. */
+const recallParameters = {
+    type: "object",
+    properties: {
+        query: {
+            type: "string",
             description: "Words to search for in this session's earlier messages, e.g. \"deploy password\".",
-        })),
-        from: Type.Optional(Type.Integer({ minimum: 1, description: "First ledger row to read, e.g. 10." })),
-        to: Type.Optional(Type.Integer({ minimum: 1, description: "Last ledger row to read, e.g. 41." })),
-    });
-    const noteParameters = Type.Object({
-        text: Type.String({
+        },
+        from: { type: "integer", minimum: 1, description: "First ledger row to read, e.g. 10." },
+        to: { type: "integer", minimum: 1, description: "Last ledger row to read, e.g. 41." },
+    },
+};
+const noteParameters = {
+    type: "object",
+    properties: {
+        text: {
+            type: "string",
             description: "What to remember for later runs on this session (at most 2,000 bytes).",
-        }),
-    });
-    pi.registerTool(defineTool({
+        },
+    },
+    required: ["text"],
+};
+export default function tetherTools(pi) {
+    const channel = takeChannel(process.env);
+    pi.registerTool({
         name: "recall",
         label: "Recall",
         description: "Look up earlier parts of this session that are not shown here (left out, or only summarized). " +
@@ -147,8 +157,8 @@ export default async function tetherTools(pi) {
                 args.to = params.to;
             return answer(await callHarness(channel, "recall", args, signal));
         },
-    }));
-    pi.registerTool(defineTool({
+    });
+    pi.registerTool({
         name: "note",
         label: "Note",
         description: "Save a short note for your later runs on this session (at most 2,000 bytes), e.g. a decision, " +
@@ -161,7 +171,7 @@ export default async function tetherTools(pi) {
                 return answer(UNAVAILABLE);
             return answer(await callHarness(channel, "note", { text: params.text }, signal));
         },
-    }));
+    });
     // `--tools` (the agent's list) replaces pi's selection, extension tools included: activate
     // both again before each run starts (a no-op once they are active).
     pi.on("before_agent_start", () => {
