@@ -21,6 +21,7 @@ import pytest
 from pg import fresh_schema_url
 from provider import Reply, ScriptedProvider, Step, ToolCall
 from tether.ledger import Ledger, Run, RunStatus, open_ledger
+from tether.pi.gate import WITHDRAWN_STATUS
 
 TETHER = [sys.executable, "-m", "tether"]
 
@@ -203,6 +204,10 @@ def test_two_tether_runs_on_a_session_serialize_and_the_second_sees_the_first(
     assert busy.returncode == 3, busy.stderr
     assert json.loads(busy.stdout)["status"] == "refused"
     assert json.loads(busy.stdout)["reason"] == "session_busy"
+    # Every request's pi started when it was admitted: C's was ended at its gate with its run
+    # directory, and A and B ended well, so no run directory and no pi are left.
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == []
+    assert descendants_with(str(tmp_path / "runs")) == []
 
     runs = assert_serialized(store, "s1")
     assert [r.extra["request"]["text"] for r in runs] == ["A", "B"]
@@ -531,6 +536,16 @@ def test_a_waiting_tether_run_killed_in_the_queue_does_not_block_it(
     wait_until(lambda: store.queued_runs("s1"), what="the second request to queue")
     waiting.send_signal(signal.SIGKILL)
     waiting.communicate(timeout=10)
+    # B's pi waited at its gate; the gate's end of file (its harness gone) ended it and its
+    # keeper, which recorded pi's "withdrawn" status.
+    (queued,) = store.queued_runs("s1")
+    wait_until(
+        lambda: not descendants_with(str(tmp_path / "runs" / queued.id)),
+        within=10,
+        what="the waiting request's pi to end at its gate",
+    )
+    exit_record = json.loads((tmp_path / "runs" / queued.id / "exit.json").read_text())
+    assert exit_record["status"] == WITHDRAWN_STATUS
     third = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "C")
     assert third.returncode == 0, third.stderr
     assert json.loads(third.stdout)["answer"] == "answer to C"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from tether.ledger import Ledger, Row, RowKind, RunStatus, open_ledger
 from tether.pi.install import PiInstall
 
 FAKE_PI = Path(__file__).with_name("fake_pi.py")
+FAKE_NODE = Path(__file__).with_name("fake_node.py")
 
 
 def make_config(tmp: Path, url: str, *, window: int = 8192, **agent: Any) -> Config:
@@ -450,7 +450,7 @@ def test_pi_killed_mid_run_fails_the_run_and_keeps_what_it_wrote(
 
 
 def fake_pi() -> PiInstall:
-    return PiInstall(node=Path(sys.executable), cli=FAKE_PI, version="fake")
+    return PiInstall(node=FAKE_NODE, cli=FAKE_PI, version="fake")
 
 
 def test_fake_pi_printing_malformed_lines(

@@ -21,6 +21,7 @@ from tether.followup import FollowupView, build_view
 from tether.harness.tools import ToolServer
 from tether.ledger import Ledger, open_ledger
 from tether.ledger.jsonl import dump_session, load_file
+from tether.pi.toolchannel import ToolChannel
 from tether.recall import (
     MAX_ANSWER_BYTES,
     MAX_HITS,
@@ -222,7 +223,7 @@ def test_the_tool_socket_is_private_and_asks_for_the_token(tmp_path: Path) -> No
             agent="rev",
             actor="user:ana",
             obligations=obligations,
-            run_dir=tmp_path / "run",
+            channel=ToolChannel.new(tmp_path / "run"),
         )
         (tmp_path / "run").mkdir()
 

@@ -1,206 +1,38 @@
-"""``tether run``: one task turn of an agent on a session (DESIGN §3.5)."""
+"""``tether run``: one task turn of an agent on a session (DESIGN §3.5).
+
+The command admits the request and starts pi at once (held at its gate, :mod:`tether.pi.gate`);
+what the run needs beyond that is imported while pi loads (:mod:`tether.cli.run_live`).
+"""
 
 from __future__ import annotations
 
-import json
-import signal
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
-import anyio
 import typer
 
 from tether.cli.common import ConfigOpt, LedgerOpt
-from tether.cli.exits import Exit, command, err_console, out_console
+from tether.cli.exits import Exit, command, err_console
 from tether.cli.exits import escape as esc
-from tether.config import load_config
-from tether.errors import HarnessError, SessionBusy, SessionRefusing, StorageError
-from tether.events import (
-    Compacted,
-    Compacting,
-    Notice,
-    Retrying,
-    RunEvent,
-    RunStarted,
-    StopRequested,
-    StrayOutput,
-    ToolFinished,
-    ToolStarted,
-    TurnStarted,
-    Waiting,
-)
-from tether.followup import Refused
+from tether.config import Config, load_config
 from tether.followup.admission import admit_request
-from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
-from tether.harness.run import RunOutcome, RunRequest, execute_run
-from tether.harness.stops import StopControl, StopReason
-from tether.harness.turn import CheckpointStatus
-from tether.ledger import Ledger, RunStatus, open_ledger
-from tether.ledger.ids import check_id
+from tether.followup.view import Refused
+from tether.ledger import Ledger, open_ledger
+from tether.ledger.ids import check_id, new_run_id
 from tether.pi.errors import PiNotInstalled
-from tether.pi.install import PiInstall, find_pi
-
-if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
+from tether.pi.install import PiInstall, extension_file, find_pi
+from tether.pi.launch import PiLaunch, check_workdir
 
 __all__ = ["run"]
 
-
-class Progress:
-    """Live progress on a terminal: turns, tool calls, elapsed time. Quiet otherwise."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.started = time.monotonic()
-        self.turn = 0
-        self.tools = 0
-        self.running: dict[str, str] = {}
-        self.status = "starting pi"
-        self.live: Live | None = None
-
-    def __enter__(self) -> Progress:
-        from rich.live import Live
-
-        # A renderable function, so the elapsed time moves between events too.
-        self.live = Live(
-            get_renderable=self._render, console=self.console, refresh_per_second=8, transient=True
-        )
-        self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.__exit__(None, None, None)
-
-    def _render(self) -> Text:
-        from rich.text import Text
-
-        elapsed = time.monotonic() - self.started
-        running = ", ".join(self.running.values())
-        line = f"⏳ {self.status} · turn {self.turn} · {self.tools} tool calls · {elapsed:.1f}s"
-        if running:
-            line += f" · running {running}"
-        return Text(line, style="dim")
-
-    def refresh(self) -> None:
-        if self.live is not None:
-            self.live.refresh()
-
-    def __call__(self, event: RunEvent) -> None:
-        if isinstance(event, Waiting):
-            self.status = f"waiting for run {event.behind or '(queued ahead)'}"
-        elif isinstance(event, RunStarted):
-            kind = "follow-up" if event.follow_up else "first run"
-            self.console.print(
-                f"[dim]run {esc(event.run)} on session {esc(event.session)} ({kind})[/]"
-            )
-        elif isinstance(event, TurnStarted):
-            self.turn = event.turn
-            self.status = "working"
-        elif isinstance(event, ToolStarted):
-            self.tools += 1
-            self.running[event.call_id] = event.name
-            args = json.dumps(event.args, ensure_ascii=False)
-            self.console.print(f"[cyan]→ {esc(event.name)}[/] {esc(args[:100])}")
-        elif isinstance(event, ToolFinished):
-            self.running.pop(event.call_id, None)
-            mark = "[red]✗[/]" if event.is_error else "[green]✓[/]"
-            took = f" {event.duration_ms:.0f}ms" if event.duration_ms is not None else ""
-            self.console.print(f"  {mark} {esc(event.name)}{took}")
-        elif isinstance(event, Retrying):
-            self.console.print(
-                f"[yellow]retrying ({event.attempt}/{event.max_attempts}):[/] "
-                f"{esc(event.error[:120])}"
-            )
-        elif isinstance(event, Compacting):
-            self.status = f"compacting ({event.reason})"
-        elif isinstance(event, Compacted):
-            self.status = "working"
-        elif isinstance(event, Notice):
-            self.console.print(f"[magenta]{esc(event.level)}:[/] {esc(event.message[:200])}")
-        elif isinstance(event, StrayOutput):
-            self.console.print(f"[red]pi wrote a non-protocol line:[/] {esc(event.line[:120])}")
-        elif isinstance(event, StopRequested):
-            self.status = f"stopping ({event.reason})"
-        self.refresh()
-
-
-def _say_waiting(event: RunEvent) -> None:
-    """Always say, on stderr, which run a waiting request waits for (DESIGN §3.7)."""
-    if isinstance(event, Waiting):
-        behind = f"run {event.behind}" if event.behind else "the runs queued before it"
-        err_console.print(f"run {event.run} waits for {behind} on session {event.session}")
-
-
-async def _run(
-    store: Ledger, cfg: Any, req: RunRequest, show: bool, pi: PiInstall, wait: bool = True
-) -> RunOutcome:
-    stop = StopControl()
-    subscribers: list[Any] = [_say_waiting]
-    progress = Progress(err_console) if show else None
-    if progress is not None:
-        subscribers.append(progress)
-
-    async def on_signals() -> None:
-        # First Ctrl-C (or SIGTERM, or SIGHUP: a closed terminal): abort and wait for pi to
-        # settle; a second: kill it.
-        watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        with anyio.open_signal_receiver(*watched) as signals:
-            async for _ in signals:
-                if stop.requested:
-                    stop.stop_hard(StopReason.HARD_STOP)
-                else:
-                    stop.soft(StopReason.SOFT_STOP)
-                    if show:
-                        err_console.print("[yellow]stopping: Ctrl-C again to kill pi[/]")
-
-    async def execute() -> RunOutcome:
-        if progress is None:
-            return await execute_run(
-                store,
-                cfg,
-                req,
-                stop=stop,
-                subscribers=subscribers,
-                checkpoint=continuation_checkpoint,
-                pi=pi,
-                wait=wait,
-            )
-        with progress:
-            return await execute_run(
-                store,
-                cfg,
-                req,
-                stop=stop,
-                subscribers=subscribers,
-                checkpoint=continuation_checkpoint,
-                pi=pi,
-                wait=wait,
-            )
-
-    result: list[RunOutcome] = []
-    failure: list[BaseException] = []
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(on_signals)
-        try:
-            result.append(await execute())
-        except Exception as exc:  # re-raised below, outside the task group (no exception group)
-            failure.append(exc)
-        tg.cancel_scope.cancel()
-    if failure:
-        raise failure[0]
-    return result[0]
+CONTINUATION_EXTENSION = extension_file("continuation")
 
 
 def _refused(reason: str, detail: str, as_json: bool) -> NoReturn:
-    if as_json:
-        out_console.out(json.dumps({"status": "refused", "reason": reason, "detail": detail}))
-    err_console.print(f"[bold red]refused ({reason}):[/] {esc(detail)}")
-    raise typer.Exit(Exit.REFUSED)
+    from tether.cli.run_live import refused
+
+    refused(reason, detail, as_json)
 
 
 @command
@@ -250,46 +82,47 @@ def run(
         err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
         raise typer.Exit(Exit.USAGE) from None
     store = open_ledger(ledger or cfg.ledger.url)
-    req = RunRequest(
+    run_id = new_run_id()
+    launch = _start_pi(store, cfg, agent, workdir, run_id, pi)
+    # The run itself (anyio, the harness, the mirror) is imported only now: pi loads meanwhile.
+    from tether.cli.run_live import execute
+
+    execute(
+        store,
+        cfg,
         session=session,
         agent=agent,
         text=text,
         actor=actor,
         workdir=workdir,
-        extensions=(EXTENSION_PATH,),
+        run_id=run_id,
+        extensions=(CONTINUATION_EXTENSION,),
+        pi=pi,
+        as_json=as_json,
+        wait=not no_wait,
+        launch=launch,
     )
-    show = not as_json and err_console.is_terminal
+
+
+def _start_pi(
+    store: Ledger, cfg: Config, agent: str, workdir: Path | None, run_id: str, pi: PiInstall
+) -> PiLaunch | None:
+    """pi for this request, started now and held at its gate until the run is ready (under
+    custody's keeper; without custody, the run starts its own pi). A workdir holding the
+    ledger, the config or the run directories, or a missing provider key, is refused first."""
+    if not cfg.custody.detached:
+        return None
+    checked = check_workdir(
+        workdir or cfg.workdir(agent), agent=agent, config=cfg, ledger_path=store.path
+    )
     try:
-        with store:
-            outcome = anyio.run(_run, store, cfg, req, show, pi, not no_wait)
-    except Refused as exc:
-        _refused(exc.reason.value, exc.detail, as_json)
-    except SessionRefusing as exc:
-        _refused("session_refusing", str(exc), as_json)
-    except SessionBusy as exc:
-        _refused(exc.reason, str(exc), as_json)
-    except PiNotInstalled as exc:
-        err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
-        raise typer.Exit(Exit.USAGE) from None
-    except StorageError as exc:  # before pi started: the run (if any) is ended, or kept
-        err_console.print(f"[bold red]ledger error:[/] {esc(' '.join(str(exc).split()))}")
-        raise typer.Exit(Exit.RUN_FAILED) from None
-    except HarnessError as exc:
-        err_console.print(f"[bold red]not run:[/] {esc(str(exc))}")
-        raise typer.Exit(Exit.RUN_FAILED) from None
-    if as_json:
-        out_console.out(json.dumps(outcome.to_json(), ensure_ascii=False))
-    elif outcome.answer is not None:
-        out_console.out(outcome.answer)
-    if outcome.status is not RunStatus.FINISHED:
-        err_console.print(
-            f"[bold red]run {outcome.run} {outcome.status.value}[/] ({outcome.stop_reason.value})"
-            + (f": {esc(outcome.error)}" if outcome.error else "")
-            + f"; pi's log: {esc(str(outcome.run_dir / 'pi.log'))}"
+        return PiLaunch.start(
+            cfg,
+            agent,
+            pi=pi,
+            run_id=run_id,
+            workdir=checked,
+            extensions=(CONTINUATION_EXTENSION,),
         )
-        raise typer.Exit(Exit.RUN_FAILED)
-    if outcome.checkpoint.status is CheckpointStatus.REFUSED:
-        err_console.print(
-            f"[yellow]the continuation checkpoint was {esc(outcome.checkpoint.label)}[/]"
-        )
-        raise typer.Exit(Exit.REFUSED)
+    except OSError:
+        return None  # the run tries again, and fails with pi's startup error

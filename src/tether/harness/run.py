@@ -35,7 +35,7 @@ import functools
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -72,8 +72,7 @@ from tether.harness.relay import LivePi, RelayHook
 from tether.harness.rundir import check_workdir, make_run_dir, runs_dir
 from tether.harness.stops import StopControl, Stopped, StopReason, race_clock
 from tether.harness.stranded import keep_stranded_end, record_stranded_ends
-from tether.harness.tools import EXTENSION_PATH as TOOLS_EXTENSION
-from tether.harness.tools import TOOL_NAMES, ToolServer
+from tether.harness.tools import ToolServer
 from tether.harness.turn import (
     NOT_NEEDED,
     CheckpointResult,
@@ -91,14 +90,16 @@ from tether.ledger import Fence, Ledger, NewRow, ReceiptReason, RowKind, RunStat
 from tether.ledger.models import now_iso
 from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror
-from tether.pi.agentdir import provider_keys, write_agent_dir
+from tether.pi.agentdir import provider_keys
 from tether.pi.client import RpcClient
 from tether.pi.detached import KeeperTransport
 from tether.pi.errors import PiStartupFailed, TransportClosed
-from tether.pi.install import PiInstall, find_pi, pi_argv, pi_env
+from tether.pi.install import PiInstall, find_pi
 from tether.pi.keys import key_channel
+from tether.pi.launch import PiLaunch, pi_command
 from tether.pi.protocol import Command, Disposition
 from tether.pi.sessionfile import PreEntry, write_session_file
+from tether.pi.toolchannel import ToolChannel
 from tether.pi.transport import SubprocessTransport
 
 __all__ = [
@@ -148,6 +149,7 @@ async def execute_run(
     pi: PiInstall | None = None,
     wait: bool = True,
     relay: RelayHook | None = None,
+    launch: PiLaunch | None = None,
 ) -> RunOutcome:
     """Run one task turn. Raises ``ConfigError``, ``PiNotInstalled``, ``SessionRefusing``,
     ``Refused`` or (``wait=False``, the session busy) ``SessionBusy`` before anything is
@@ -156,7 +158,48 @@ async def execute_run(
 
     The request is admitted (the agent, its provider key, its workdir, the view), queued behind
     the session's live run (DESIGN §3.7: one live run per session, FIFO; expired leases on the
-    session are reconciled first), and run when its turn comes (:func:`run_claimed`)."""
+    session are reconciled first), and run when its turn comes (:func:`run_claimed`).
+
+    ``launch``: pi already started for this request (``PiLaunch.start`` with the request's
+    ``run_id``), held at its gate; the run takes it over, and discards it if it never starts."""
+    if launch is not None and launch.run_id != request.run_id:
+        raise ValueError(f"pi was launched for run {launch.run_id}, not {request.run_id}")
+    try:
+        return await _execute_run(
+            ledger,
+            config,
+            request,
+            clock=clock,
+            stop=stop,
+            subscribers=subscribers,
+            checkpoint=checkpoint,
+            pi=pi,
+            wait=wait,
+            relay=relay,
+            launch=launch,
+        )
+    finally:
+        if launch is not None and not launch.released:
+            # Admission refused, the session busy, the wait withdrawn, or a failure before pi
+            # was let through: it has read and written nothing; end it and its directory.
+            with anyio.CancelScope(shield=True):
+                await in_thread(launch.discard, config.harness.stop_grace_s)
+
+
+async def _execute_run(
+    ledger: Ledger,
+    config: Config,
+    request: RunRequest,
+    *,
+    clock: Clock | None,
+    stop: StopControl | None,
+    subscribers: Sequence[Subscriber],
+    checkpoint: CheckpointStep | None,
+    pi: PiInstall | None,
+    wait: bool,
+    relay: RelayHook | None,
+    launch: PiLaunch | None,
+) -> RunOutcome:
     config.agent(request.agent)
     admit_request(request.text, config.followup)  # before any write (DESIGN §3.5)
     provider_keys(config, request.agent)  # a missing key refuses before any write
@@ -211,7 +254,15 @@ async def execute_run(
         pi=pi,
         request=request,
         relay=relay,
+        launch=launch,
     )
+
+
+@contextlib.asynccontextmanager
+async def _not_started(why: str) -> AsyncIterator[Any]:
+    """The transport of a pi that could not be started: entering it fails the task turn."""
+    raise PiStartupFailed(why)
+    yield  # pragma: no cover  (never reached: it makes this a generator)
 
 
 def _refusing(session: str, why: str) -> SessionRefusing:
@@ -294,6 +345,7 @@ async def run_claimed(
     pi: PiInstall | None = None,
     request: RunRequest | None = None,
     relay: RelayHook | None = None,
+    launch: PiLaunch | None = None,
 ) -> RunOutcome:
     """Execute one claimed run exactly as ``tether run`` does: the view, the request row, pi,
     the mirror, the checkpoint, heartbeats, and the run's end. ``request`` defaults to the
@@ -365,6 +417,7 @@ async def run_claimed(
         keys=keys,
         workdir=workdir,
         relay=relay,
+        launch=launch,
     )
     return await _drive_recorded(driver, ledger, fence, bus, driver.drive(view))
 
@@ -462,6 +515,7 @@ class _Driver:
         keys: dict[str, str],
         workdir: Path,
         relay: RelayHook | None = None,
+        launch: PiLaunch | None = None,
     ) -> None:
         self.ledger = ledger
         self.config = config
@@ -478,6 +532,8 @@ class _Driver:
         self.keys = keys
         self.workdir = workdir
         self.relay = relay
+        self.launch = launch
+        """pi started for this run ahead of it, held at its gate (custody only)."""
         self.actors = Actors(user=request.actor, agent=request.agent)
         self.grace = config.harness.stop_grace_s
         self.state = RunState()
@@ -537,20 +593,83 @@ class _Driver:
         return entries
 
     async def drive(self, view: FollowupView | None) -> RunOutcome:
+        if not self.config.custody.detached:
+            return await self._drive_child(view)
+        # pi starts first (or was started when the request was admitted) and loads while the
+        # run's rows and its session file are written; then it is let through its gate.
+        launch, start_error = self.launch, None
+        if launch is None:
+            try:
+                launch = PiLaunch.start(
+                    self.config,
+                    self.request.agent,
+                    pi=self.pi,
+                    run_id=self.fence.run,
+                    workdir=self.workdir,
+                    extensions=self.request.extensions,
+                )
+            except OSError as exc:
+                start_error = exc
+        try:
+            tools = launch.tools if launch is not None else ToolChannel.new(self.run_dir)
+            mirror, view_record = await self._prepare(view, tools)
+        except BaseException:
+            if launch is not None:
+                with anyio.CancelScope(shield=True):
+                    await in_thread(launch.discard, self.grace, keep_dir=True)
+            raise
+        if launch is None:
+            opener = _not_started(f"cannot start pi's keeper: {start_error}")
+        else:
+            launch.release()
+            opener = KeeperTransport.adopt(
+                self.run_dir, launch.keeper, stderr_log=launch.stderr_log, grace_s=self.grace
+            )
+        return await self._drive_pi(
+            opener, mirror, self.run_dir / "pi.log", view_record, self._tools(tools)
+        )
+
+    async def _drive_child(self, view: FollowupView | None) -> RunOutcome:
+        """pi as this process's child (``custody.detached = false``): it ends with the harness."""
+        tools = ToolChannel.new(make_run_dir(self.config, self.fence.run))
+        mirror, view_record = await self._prepare(view, tools)
+        log_path = self.run_dir / "pi.log"
+        # The provider key reaches pi over this channel only (DESIGN §3.10).
+        with key_channel(self.keys) as keys:
+            command = pi_command(
+                self.config,
+                self.request.agent,
+                pi=self.pi,
+                run_dir=self.run_dir,
+                keys=keys,
+                tools=tools,
+                extensions=self.request.extensions,
+            )
+            opener = SubprocessTransport.open(
+                command.argv,
+                env=command.env,
+                cwd=self.workdir,
+                stderr_log=log_path,
+                grace_s=self.grace,
+                pass_fds=command.pass_fds,
+            )
+            return await self._drive_pi(opener, mirror, log_path, view_record, self._tools(tools))
+
+    async def _prepare(
+        self, view: FollowupView | None, tools: ToolChannel
+    ) -> tuple[Mirror, dict[str, Any] | None]:
+        """The run's rows (the view's copies, the request) and pi's session file, and what a
+        harness taking the run over needs (DESIGN §3.7)."""
         entries = await self._write_view(view) if view is not None else []
         if view is not None:
             self.obligations.add(view.sources)
         view_record = _view_record(view, sum(vm.copied for vm in view.messages)) if view else None
         request_seq = await self._record_request()
         make_run_dir(self.config, self.fence.run)
-        agent_dir = write_agent_dir(self.run_dir / "agent", self.config, self.request.agent)
         session_file = private_file(self.run_dir / "session.jsonl")
-        workdir = self.workdir
         offset, known = write_session_file(
-            session_file, session_id=self.fence.run, cwd=workdir, messages=entries
+            session_file, session_id=self.fence.run, cwd=self.workdir, messages=entries
         )
-        tools = self._tools()
-        # What a harness that takes this run over needs to go on mirroring it (DESIGN §3.7).
         custody_place.save_run_state(
             self.run_dir,
             {
@@ -564,51 +683,7 @@ class _Driver:
                 "tools_path": str(tools.path),
             },
         )
-        mirror = self._mirror(session_file, offset, known, request_seq)
-        log_path = self.run_dir / "pi.log"
-        # The provider key reaches pi over this channel only (DESIGN §3.10).
-        with key_channel(self.keys) as channel:
-            argv = pi_argv(
-                self.pi,
-                session_file=session_file,
-                provider=self.agent.provider,
-                model=self.agent.model,
-                effort=self.agent.effort,
-                # `--tools` is an allowlist that unregisters every tool it does not name,
-                # extension tools included: recall and note are named whatever the agent's
-                # list holds.
-                tools=list(dict.fromkeys((*self.agent.tools, *TOOL_NAMES))),
-                system_prompt=self.agent.system_prompt,
-                extensions=tuple(
-                    dict.fromkeys((*channel.extensions, *self.request.extensions, TOOLS_EXTENSION))
-                ),
-            )
-            env = pi_env(
-                {**agent_dir.env, **channel.env, **tools.env},
-                self.pi,
-                tmpdir=self.run_dir / "tmp",
-                agent_env=self.agent.env,
-            )
-            if self.config.custody.detached:
-                opener: contextlib.AbstractAsyncContextManager[Any] = KeeperTransport.open(
-                    argv,
-                    env=env,
-                    cwd=workdir,
-                    run_dir=self.run_dir,
-                    stderr_log=log_path,
-                    grace_s=self.grace,
-                    pass_fds=channel.pass_fds,
-                )
-            else:
-                opener = SubprocessTransport.open(
-                    argv,
-                    env=env,
-                    cwd=workdir,
-                    stderr_log=log_path,
-                    grace_s=self.grace,
-                    pass_fds=channel.pass_fds,
-                )
-            return await self._drive_pi(opener, mirror, log_path, view_record, tools)
+        return self._mirror(session_file, offset, known, request_seq), view_record
 
     def _mirror(
         self, session_file: Path, offset: int, known: dict[str, int | None], request_seq: int
@@ -644,12 +719,13 @@ class _Driver:
         # pi knows the tools socket and token it was started with: serve those again.
         tools = None
         if saved.get("tools_token") and saved.get("tools_path"):
-            tools = self._tools(token=saved["tools_token"], path=Path(saved["tools_path"]))
+            channel = ToolChannel(Path(saved["tools_path"]), str(saved["tools_token"]))
+            tools = self._tools(channel)
         return await self._drive_pi(
             opener, mirror, self.run_dir / "pi.log", saved.get("view"), tools
         )
 
-    def _tools(self, *, token: str | None = None, path: Path | None = None) -> ToolServer:
+    def _tools(self, channel: ToolChannel) -> ToolServer:
         return ToolServer(
             ledger=self.ledger,
             grants=self.config.access.grants,
@@ -657,9 +733,7 @@ class _Driver:
             agent=self.request.agent,
             actor=self.request.actor,
             obligations=self.obligations,
-            run_dir=self.run_dir,
-            token=token,
-            path=path,
+            channel=channel,
         )
 
     async def _drive_pi(

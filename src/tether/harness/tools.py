@@ -2,8 +2,9 @@
 directory (mode 0600) that answers the extension inside pi (``extension/tools.ts``), one JSON
 line each way per connection, for callers that present the run's capability token.
 
-    tools = ToolServer(ledger=…, grants=…, fence=…, agent=…, actor=…, obligations=…, run_dir=…)
-    env = {**env, **tools.env}        # the socket's path and the token, for pi
+    channel = ToolChannel.new(run_dir)  # pi is started with channel.env
+    tools = ToolServer(ledger=…, grants=…, fence=…, agent=…, actor=…, obligations=…,
+                       channel=channel)
     await task_group.start(tools.serve)
 
 pi never opens the ledger: every answer comes from :mod:`tether.recall` here, for the run's
@@ -14,14 +15,10 @@ the rows the run writes after a recall carry them (DESIGN §3.10).
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import hmac
 import json
-import os
-import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,31 +31,22 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from tether.access import Obligations
 from tether.errors import LedgerError, NotFound, RecallError
 from tether.ledger import Fence, Ledger
-from tether.pi.install import extension_file
+from tether.pi.toolchannel import (
+    SOCKET_ENV,
+    TOKEN_ENV,
+    TOOL_NAMES,
+    TOOLS_EXTENSION,
+    ToolChannel,
+    ToolName,
+)
 from tether.recall import RecallAnswer, add_note, read_range, search
 
 __all__ = ["EXTENSION_PATH", "SOCKET_ENV", "TOKEN_ENV", "TOOL_NAMES", "ToolName", "ToolServer"]
 
-EXTENSION_PATH = extension_file("tools")
-"""The tools extension, loaded into every run's pi (``--extension``) whatever the agent's tools."""
-
-SOCKET_ENV = "TETHER_TOOLS_SOCKET"
-TOKEN_ENV = "TETHER_TOOLS_TOKEN"
+EXTENSION_PATH = TOOLS_EXTENSION
 MAX_REQUEST_BYTES = 64 * 1024
-# Unix socket paths are limited (108 bytes on Linux, with the NUL); a run directory deeper than
-# this gets its socket in a private directory of its own under the system's temporary directory.
-_MAX_SOCKET_PATH = 100
 
 T = TypeVar("T")
-
-
-class ToolName(enum.StrEnum):
-    RECALL = "recall"
-    NOTE = "note"
-
-
-TOOL_NAMES = tuple(ToolName)
-"""The tools every run's pi has, whatever the agent's ``tools`` list holds."""
 
 
 def _int(value: Any, name: str) -> int | None:
@@ -89,32 +77,29 @@ class ToolServer:
         agent: str,
         actor: str,
         obligations: Obligations,
-        run_dir: Path,
-        token: str | None = None,
-        path: Path | None = None,
+        channel: ToolChannel,
     ) -> None:
-        """``token`` and ``path``: those of the server a resumed run's pi already knows."""
+        """``channel``: the socket and token the run's pi was started with."""
         self.ledger = ledger
         self.grants = grants
         self.fence = fence
         self.agent = agent
         self.actor = actor
         self.obligations = obligations
-        self.token = token or secrets.token_urlsafe(32)
-        self._private_dir: Path | None = None
-        if path is not None:
-            self.path = path
-            return
-        path = run_dir / "tools.sock"
-        if len(os.fsencode(path.resolve())) > _MAX_SOCKET_PATH:
-            self._private_dir = Path(tempfile.mkdtemp(prefix="tether-tools-"))  # 0700
-            path = self._private_dir / "tools.sock"
-        self.path = path.resolve()
+        self.channel = channel
+
+    @property
+    def path(self) -> Path:
+        return self.channel.path
+
+    @property
+    def token(self) -> str:
+        return self.channel.token
 
     @property
     def env(self) -> dict[str, str]:
         """What pi's environment needs for the extension to reach this server."""
-        return {SOCKET_ENV: str(self.path), TOKEN_ENV: self.token}
+        return self.channel.env
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -131,8 +116,8 @@ class ToolServer:
         finally:
             with contextlib.suppress(OSError):
                 self.path.unlink()
-            if self._private_dir is not None:
-                shutil.rmtree(self._private_dir, ignore_errors=True)
+            if self.channel.private_dir is not None:
+                shutil.rmtree(self.channel.private_dir, ignore_errors=True)
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         async with stream:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tether.errors import InvalidId
 
-__all__ = ["MAX_ID_CHARS", "check_id", "id_problem"]
+__all__ = ["MAX_ID_CHARS", "check_id", "id_problem", "new_run_id"]
 
 MAX_ID_CHARS = 1024
 
@@ -28,6 +28,13 @@ def id_problem(value: object) -> str | None:
         bad = next(ch for ch in value if not ch.isprintable())
         return f"must be printable on one line (it holds {bad!a})"
     return None
+
+
+def new_run_id() -> str:
+    """A fresh run id (``r-`` and 12 hex digits)."""
+    import uuid
+
+    return f"r-{uuid.uuid4().hex[:12]}"
 
 
 def check_id(kind: str, value: object) -> str:

@@ -32,7 +32,7 @@ from tether.errors import (
     SessionRefusing,
     StorageError,
 )
-from tether.ledger.ids import check_id
+from tether.ledger.ids import check_id, new_run_id
 from tether.ledger.models import (
     ENDED_STATUSES,
     Fence,
@@ -362,10 +362,8 @@ class SqlLedger(abc.ABC):
         extra: dict[str, Any] | None = None,
     ) -> Run:
         """A queued run. Refused while the session is refusing prompts."""
-        import uuid
-
         check_id("agent", agent)
-        rid = check_id("run", run_id) if run_id is not None else f"r-{uuid.uuid4().hex[:12]}"
+        rid = check_id("run", run_id) if run_id is not None else new_run_id()
         try:
             with self._tx() as c:
                 self._check_takes_prompts(c, session_id)
@@ -482,11 +480,9 @@ class SqlLedger(abc.ABC):
         Refused (``SessionRefusing``) while the session refuses prompts. ``waiter`` records the
         process that waits to run it itself (``tether run``), so a waiter that died can be
         withdrawn from the queue (:meth:`queued_placement`)."""
-        import uuid
-
         check_id("agent", agent)
         check_id("actor", actor)
-        rid = check_id("run", run_id) if run_id is not None else f"r-{uuid.uuid4().hex[:12]}"
+        rid = check_id("run", run_id) if run_id is not None else new_run_id()
         self.ensure_session(session_id)
         extra = {"request": {"text": text, "actor": actor, "request_id": request_id}}
         try:

@@ -22,7 +22,7 @@ import json
 import os
 import signal
 import subprocess
-import sys
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -33,7 +33,6 @@ import anyio
 import anyio.to_thread
 import psutil
 
-from tether.files import private_file
 from tether.pi import keeper
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.jsonl import LineSplitter
@@ -142,31 +141,39 @@ class KeeperTransport:
         """Start pi under its keeper; ``pass_fds`` reach pi through the keeper (the key
         channel), which closes its own copies once pi has them."""
         run_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (local, instant)
-        command = [
-            sys.executable,
-            "-I",
-            "-S",
-            keeper.__file__,
-            str(run_dir),
-            str(stderr_log),
-            "--",
-            *argv,
-        ]
         try:
             # Popen, not anyio: the keeper must outlive this event loop and this process.
-            proc = subprocess.Popen(  # noqa: ASYNC220
-                command,
+            proc = keeper.start(
+                list(argv),
                 env=dict(env),
-                cwd=str(cwd),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=private_file(stderr_log).open("ab"),
-                start_new_session=True,  # a session of its own: the harness's end is not its end
+                cwd=cwd,
+                run_dir=run_dir,
+                stderr_log=stderr_log,
                 pass_fds=tuple(pass_fds),
             )
         except OSError as exc:
             raise PiStartupFailed(f"cannot start pi's keeper: {exc}") from exc
-        placement = await cls._await_placement(run_dir, proc)
+        async with cls.adopt(run_dir, proc, stderr_log=stderr_log, grace_s=grace_s) as transport:
+            yield transport
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def adopt(
+        cls,
+        run_dir: Path,
+        proc: subprocess.Popen[bytes],
+        *,
+        stderr_log: Path,
+        grace_s: float = 3.0,
+    ) -> AsyncIterator[KeeperTransport]:
+        """Take over a keeper this process started (``keeper.start``, or a
+        :class:`~tether.pi.launch.PiLaunch`): wait for it to record pi, then talk to pi."""
+        try:
+            placement = await cls._await_placement(run_dir, proc)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            raise
         # The keeper is pi's parent and has not reaped it, and we have not reaped the keeper:
         # neither pid can name another process yet, so their start times read now are theirs.
         placement["pi_start"] = _start_time(placement.get("pi_pid"))
@@ -325,11 +332,16 @@ class KeeperTransport:
             os.killpg(self.pid, sig)
 
     async def _wait_exit(self, seconds: float) -> bool:
-        with anyio.move_on_after(seconds):
+        # Woken by exit.json landing (inotify), and looking at least every 50 ms: a keeper that
+        # was killed writes none.
+        with _DirWatch(self.run_dir) as watch, anyio.move_on_after(seconds):
             while self.exit_status is None:
                 if not self.pi_alive() and not self._keeper_alive():
                     return True  # pi and its keeper are both gone (keeper killed too)
-                await anyio.sleep(0.01)
+                if watch.fd is None:
+                    await anyio.sleep(0.01)
+                else:
+                    await watch.wait(0.05)
             return True
         return self.exit_status is not None
 
@@ -378,7 +390,7 @@ class KeeperTransport:
                 # Our child: reap it once it is done (it writes exit.json just before).
                 with anyio.move_on_after(self._grace):
                     while self._keeper.poll() is None:  # noqa: ASYNC110  (a Popen, no event)
-                        await anyio.sleep(0.01)
+                        await anyio.sleep(0.002)  # it exits right after writing exit.json
 
 
 class _DirWatch:
@@ -412,7 +424,9 @@ class _DirWatch:
 
     def __exit__(self, *exc: object) -> None:
         if self.fd is not None:
-            os.close(self.fd)
+            # Closing an inotify descriptor waits for the kernel's grace period (10-20 ms):
+            # done off this thread, so that a run's end does not wait for it.
+            threading.Thread(target=os.close, args=(self.fd,), daemon=True).start()
             self.fd = None
 
     async def wait(self, within: float) -> None:

@@ -25,16 +25,15 @@ starts fast) and never parses the protocol beyond spotting its own control line.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import json
+# Only os and sys before pi is started: every import here delays pi's start (pi starts at
+# once, with os.posix_spawn; the rest is imported while it loads).
 import os
-import signal
-import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
+    from pathlib import Path
 
 FIFO_NAME = "commands.fifo"
 EVENTS_NAME = "events.jsonl"
@@ -42,14 +41,50 @@ PLACEMENT_NAME = "keeper.json"
 EXIT_NAME = "exit.json"
 CONTROL_TYPE = "tether_keeper"
 CLOSE_STDIN = b'{"type":"tether_keeper","op":"close_stdin"}'
+PASSED_FDS = ("TETHER_KEY_FD", "TETHER_GATE_FD")
+"""Variables naming descriptors the keeper hands on to pi (the key channel, the gate)."""
 _PR_SET_CHILD_SUBREAPER = 36
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 _CHUNK = 256 * 1024
 
 
-def _write_atomic(path: Path, data: dict[str, object]) -> None:
+def start(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    cwd: Path,
+    run_dir: Path,
+    stderr_log: Path,
+    pass_fds: tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """Start a keeper running pi (``argv``) for ``run_dir``, in a session of its own: the
+    harness's end is not its end. Raises ``OSError``."""
+    import subprocess
+
+    command = [sys.executable, "-I", "-S", __file__, str(run_dir), str(stderr_log), "--", *argv]
+    log = os.open(stderr_log, _APPEND, 0o600)
+    try:
+        os.fchmod(log, 0o600)
+        return subprocess.Popen(
+            command,
+            env=env,
+            cwd=str(cwd),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+    finally:
+        os.close(log)
+
+
+def _write_atomic(path: str, data: dict[str, object]) -> None:
     # Renamed into place, not synced: these records matter while the host is up (a host that
     # goes down takes pi with it), and a sync costs a run dearly on a busy disk.
-    tmp = path.with_name(path.name + ".tmp")
+    import json
+
+    tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)
@@ -58,15 +93,24 @@ def _write_atomic(path: Path, data: dict[str, object]) -> None:
 
 def _become_subreaper() -> bool:
     try:
+        import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
 
-def _relay(fifo_fd: int, pi: subprocess.Popen[bytes]) -> None:
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _relay(fifo_fd: int, stdin_fd: int) -> None:
     """FIFO lines → pi's stdin, until pi's stdin is closed or broken."""
-    assert pi.stdin is not None
+    import time
+
     buf = b""
     while True:
         chunk = os.read(fifo_fd, _CHUNK)
@@ -77,19 +121,29 @@ def _relay(fifo_fd: int, pi: subprocess.Popen[bytes]) -> None:
         *lines, buf = buf.split(b"\n")
         for line in lines:
             if line.strip() == CLOSE_STDIN:
-                with contextlib.suppress(OSError):
-                    pi.stdin.close()
+                try:
+                    os.close(stdin_fd)
+                except OSError:
+                    pass
                 return
             try:
-                pi.stdin.write(line + b"\n")
-                pi.stdin.flush()
-            except (OSError, ValueError):
+                _write_all(stdin_fd, line + b"\n")
+            except OSError:
                 return
 
 
 def _children(me: int) -> list[int]:
-    """Pids whose parent is ``me`` (from ``/proc``; the keeper reaps what it kills, so a pid
-    found here is ours until we reap it)."""
+    """Pids whose parent is ``me`` (the keeper reaps what it kills, so a pid found here is ours
+    until we reap it): from each of its threads' ``children`` list, or, on a kernel without
+    those, from every process's ``stat``."""
+    try:
+        found: list[int] = []
+        for task in os.listdir(f"/proc/{me}/task"):
+            with open(f"/proc/{me}/task/{task}/children", "rb") as f:
+                found += [int(pid) for pid in f.read().split()]
+        return found
+    except OSError:
+        pass
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -107,76 +161,99 @@ def _children(me: int) -> list[int]:
 def _end_everything(me: int) -> None:
     """Kill and reap every process left under the keeper: pi's tools, reparented here when
     their parents die (the keeper is their subreaper), round after round until none is left."""
+    import signal
+    import time
+
     for _ in range(200):
-        with contextlib.suppress(ChildProcessError):
+        try:
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
+        except ChildProcessError:
+            pass
         left = _children(me)
         if not left:
             return
         for pid in left:
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         time.sleep(0.01)
-
-
-_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         print("usage: keeper.py RUN_DIR STDERR_LOG -- PI_ARGV...", file=sys.stderr)
         return 2
-    run_dir, log_path, pi_argv = Path(argv[0]), Path(argv[1]), argv[3:]
+    run_dir, log_path, pi_argv = argv[0], argv[1], argv[3:]
+    fifo = os.path.join(run_dir, FIFO_NAME)
+    try:
+        os.unlink(fifo)
+    except FileNotFoundError:
+        pass
+    os.mkfifo(fifo, 0o600)
+    fifo_fd = os.open(fifo, os.O_RDWR)
+    # Private files (0600), whatever the umask: they hold what pi says and sees.
+    events_fd = os.open(os.path.join(run_dir, EVENTS_NAME), _APPEND, 0o600)
+    log_fd = os.open(log_path, _APPEND, 0o600)
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    # The key channel and the gate (inherited pipes, inheritable here) go on to pi; everything
+    # the keeper opened itself is close-on-exec.
+    named = (os.environ.get(name, "") for name in PASSED_FDS)
+    passed = tuple(int(text) for text in named if text.isdigit())
+    pi_pid = os.posix_spawn(
+        pi_argv[0],
+        pi_argv,
+        os.environ,
+        file_actions=[
+            (os.POSIX_SPAWN_DUP2, stdin_r, 0),
+            (os.POSIX_SPAWN_DUP2, stdout_w, 1),
+            (os.POSIX_SPAWN_DUP2, log_fd, 2),
+        ],
+        setsid=True,  # its own session and group, so a stop reaches what it starts
+    )
+    for fd in (stdin_r, stdout_w, *passed):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    # pi is loading: now the rest.
+    import signal
+    import threading
+    import time
+
     # The harness's hangup or terminal signals are not ours: only pi's end ends the keeper.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     subreaper = _become_subreaper()
-    fifo = run_dir / FIFO_NAME
-    with contextlib.suppress(FileNotFoundError):
-        fifo.unlink()
-    os.mkfifo(fifo, 0o600)
-    fifo_fd = os.open(fifo, os.O_RDWR)
-    # Private files (0600), whatever the umask: they hold what pi says and sees.
-    events = os.fdopen(os.open(run_dir / EVENTS_NAME, _APPEND, 0o600), "ab")
-    log = os.fdopen(os.open(log_path, _APPEND, 0o600), "ab")
-    # The key channel (an inherited pipe) goes on to pi; the keeper keeps no copy.
-    key_fd = os.environ.get("TETHER_KEY_FD")
-    passed = (int(key_fd),) if key_fd and key_fd.isdigit() else ()
-    pi = subprocess.Popen(
-        pi_argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        start_new_session=True,  # its own group, so a stop reaches what it starts
-        pass_fds=passed,
-    )
-    for fd in passed:
-        with contextlib.suppress(OSError):
-            os.close(fd)
     me = os.getpid()
     _write_atomic(
-        run_dir / PLACEMENT_NAME, {"keeper_pid": me, "pi_pid": pi.pid, "subreaper": subreaper}
+        os.path.join(run_dir, PLACEMENT_NAME),
+        {"keeper_pid": me, "pi_pid": pi_pid, "subreaper": subreaper},
     )
-    threading.Thread(target=_relay, args=(fifo_fd, pi), daemon=True).start()
-    assert pi.stdout is not None
-    out_fd = pi.stdout.fileno()
+    threading.Thread(target=_relay, args=(fifo_fd, stdin_w), daemon=True).start()
     while True:
         try:
-            chunk = os.read(out_fd, _CHUNK)
+            chunk = os.read(stdout_r, _CHUNK)
         except OSError:
             break
         if not chunk:
             break
-        events.write(chunk)
-        events.flush()
-    status = pi.wait()
+        _write_all(events_fd, chunk)
+    status = os.waitstatus_to_exitcode(os.waitpid(pi_pid, 0)[1])
     _end_everything(me)
-    events.close()
-    log.close()
-    _write_atomic(run_dir / EXIT_NAME, {"status": status, "at": time.time()})
+    os.close(events_fd)
+    os.close(log_fd)
+    _write_atomic(os.path.join(run_dir, EXIT_NAME), {"status": status, "at": time.time()})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # Everything is written and closed: end without the interpreter's teardown (its relay
+    # thread and modules), which the harness would otherwise wait for to reap the keeper.
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,50 @@
+/**
+ * pi held at its start until its run is ready (DESIGN §3.7).
+ *
+ * A Node preload module (`node --import gate.js <pi>/dist/bundle/cli.js …`), not a pi extension:
+ * it runs before pi's entry. The harness starts pi as soon as a request is admitted, while it
+ * still records the request and writes the session file pi will open; pi loads its modules
+ * meanwhile (most of its start), then waits here until the harness writes one byte to the pipe
+ * `TETHER_GATE_FD` names. End of file instead (the harness withdrew the run, or is gone) ends pi
+ * with status 75 before it has read or written anything.
+ */
+
+import { closeSync, readSync } from "node:fs";
+import { enableCompileCache } from "node:module";
+import { dirname, join } from "node:path";
+import { pathToFileURL } from "node:url";
+
+export const GATE_FD_ENV = "TETHER_GATE_FD";
+/** pi's exit status when its run was withdrawn before pi was let through. */
+export const WITHDRAWN_STATUS = 75;
+
+/** True once the harness lets pi through; false at end of file. */
+function released(fd: number): boolean {
+	const byte = Buffer.alloc(1);
+	for (;;) {
+		try {
+			return readSync(fd, byte, 0, 1, null) === 1;
+		} catch (error) {
+			const code = (error as NodeJS.ErrnoException).code;
+			if (code !== "EAGAIN" && code !== "EINTR") throw error;
+		}
+	}
+}
+
+const fdText = process.env[GATE_FD_ENV];
+if (fdText !== undefined) {
+	// Neither pi nor the tools it runs see the descriptor.
+	delete process.env[GATE_FD_ENV];
+	// pi's entry turns Node's compile cache on too, but only after this module's imports.
+	enableCompileCache();
+	try {
+		// The bundle's package index loads most of pi's runtime: pi's start, done while waiting.
+		await import(pathToFileURL(join(dirname(process.argv[1] ?? "."), "index.js")).href);
+	} catch {
+		// Only a head start: pi's entry loads whatever it needs.
+	}
+	const fd = Number(fdText);
+	const go = released(fd);
+	closeSync(fd);
+	if (!go) process.exit(WITHDRAWN_STATUS);
+}

@@ -1,0 +1,229 @@
+"""Starting one run's pi: where it works, its command line and environment, and (custody) pi
+started under its keeper ahead of its run, held at its gate (:mod:`tether.pi.gate`).
+
+``PiLaunch.start`` needs only the config and the admitted request: ``tether run`` starts pi
+right after admission, and the harness writes the run's rows and pi's session file while pi
+loads, then releases the gate. Nothing here touches the ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tether.config import Config
+from tether.errors import ConfigError
+from tether.files import private_dir
+from tether.pi import keeper
+from tether.pi.agentdir import provider_keys, write_agent_dir
+from tether.pi.gate import Gate
+from tether.pi.install import PiInstall, pi_argv, pi_env
+from tether.pi.keys import KeyChannel, key_channel
+from tether.pi.toolchannel import TOOL_NAMES, TOOLS_EXTENSION, ToolChannel
+
+__all__ = ["PiCommand", "PiLaunch", "check_workdir", "make_run_dir", "pi_command", "runs_dir"]
+
+
+def runs_dir(config: Config) -> Path:
+    """Where runs keep their directories (``harness.runs_dir``; relative to the config file)."""
+    base = config.path.parent if config.path else Path.cwd()
+    chosen = config.harness.runs_dir
+    if chosen is None:
+        return (base / ".tether" / "runs").resolve()
+    return (chosen if chosen.is_absolute() else base / chosen).resolve()
+
+
+def make_run_dir(config: Config, run_id: str) -> Path:
+    """The run's private directory, with a private TMPDIR inside."""
+    path = private_dir(runs_dir(config) / run_id)
+    private_dir(path / "tmp")
+    return path
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    return path == directory or directory in path.parents
+
+
+def check_workdir(workdir: Path, *, agent: str, config: Config, ledger_path: Path | None) -> Path:
+    """``workdir`` resolved (and created if missing), or ``ConfigError`` (nothing written yet)
+    when it contains what the agent's tools must not reach (DESIGN §3.10): the ledger, the
+    config, the run directories."""
+    workdir = workdir.resolve()
+    guarded = [
+        ("the ledger", ledger_path),
+        ("the config", config.path.resolve() if config.path else None),
+        ("the run directories", runs_dir(config)),
+    ]
+    for what, path in guarded:
+        if path is not None and _inside(path.resolve(), workdir):
+            raise ConfigError(
+                f"agent {agent!r} would work in {workdir}, which contains {what} ({path}): its "
+                f"tools could read or change it. Set [agents.{agent}] workdir (or --workdir) to a "
+                f"directory that does not contain it, or move {what} out of {workdir}"
+            )
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
+@dataclass(frozen=True, slots=True)
+class PiCommand:
+    """How one run's pi is started."""
+
+    argv: list[str]
+    env: dict[str, str]
+    pass_fds: tuple[int, ...]
+
+
+def pi_command(
+    config: Config,
+    agent_name: str,
+    *,
+    pi: PiInstall,
+    run_dir: Path,
+    keys: KeyChannel,
+    tools: ToolChannel,
+    extensions: Sequence[Path] = (),
+    gate: Gate | None = None,
+) -> PiCommand:
+    """pi's command line and environment for the run in ``run_dir`` (its agent dir written
+    there): the agent's model, tools and prompt; the keys, tools and continuation extensions;
+    the key channel, the tool channel and the gate."""
+    agent = config.agent(agent_name)
+    agent_dir = write_agent_dir(run_dir / "agent", config, agent_name)
+    argv = pi_argv(
+        pi,
+        session_file=run_dir / "session.jsonl",
+        provider=agent.provider,
+        model=agent.model,
+        effort=agent.effort,
+        # `--tools` is an allowlist that unregisters every tool it does not name, extension
+        # tools included: recall and note are named whatever the agent's list holds.
+        tools=list(dict.fromkeys((*agent.tools, *TOOL_NAMES))),
+        system_prompt=agent.system_prompt,
+        extensions=tuple(dict.fromkeys((*keys.extensions, *extensions, TOOLS_EXTENSION))),
+    )
+    extra: dict[str, str] = {**agent_dir.env, **keys.env, **tools.env}
+    pass_fds = keys.pass_fds
+    if gate is not None:
+        argv = gate.argv(argv)
+        extra.update(gate.env)
+        pass_fds = (*pass_fds, *gate.pass_fds)
+    env = pi_env(extra, pi, tmpdir=run_dir / "tmp", agent_env=agent.env)
+    return PiCommand(argv, env, pass_fds)
+
+
+class PiLaunch:
+    """pi for one run, started under its keeper before the run's files are written and held at
+    its gate. The harness adopts it (:meth:`release` once pi's session file is written, then
+    ``KeeperTransport.adopt``); a run that never starts is :meth:`discard`-ed."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        run_dir: Path,
+        tools: ToolChannel,
+        keeper_proc: subprocess.Popen[bytes],
+        gate: Gate,
+    ) -> None:
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.tools = tools
+        self.keeper = keeper_proc
+        self.gate = gate
+        self.stderr_log = run_dir / "pi.log"
+        self._discarded = False
+
+    @classmethod
+    def start(
+        cls,
+        config: Config,
+        agent_name: str,
+        *,
+        pi: PiInstall,
+        run_id: str,
+        workdir: Path,
+        extensions: Sequence[Path] = (),
+    ) -> PiLaunch:
+        """Start the run's pi, held at its gate. ``workdir`` must have passed
+        :func:`check_workdir`. Raises ``ConfigError`` (a missing provider key) or ``OSError``."""
+        keys = provider_keys(config, agent_name)
+        run_dir = make_run_dir(config, run_id)
+        tools = ToolChannel.new(run_dir)
+        gate = Gate()
+        try:
+            with key_channel(keys) as channel:
+                command = pi_command(
+                    config,
+                    agent_name,
+                    pi=pi,
+                    run_dir=run_dir,
+                    keys=channel,
+                    tools=tools,
+                    extensions=extensions,
+                    gate=gate,
+                )
+                proc = keeper.start(
+                    command.argv,
+                    env=command.env,
+                    cwd=workdir,
+                    run_dir=run_dir,
+                    stderr_log=run_dir / "pi.log",
+                    pass_fds=command.pass_fds,
+                )
+        except BaseException:
+            gate.close()
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        gate.handed_over()
+        return cls(run_id=run_id, run_dir=run_dir, tools=tools, keeper_proc=proc, gate=gate)
+
+    @property
+    def released(self) -> bool:
+        return self.gate.released
+
+    def release(self) -> None:
+        """Let pi through: the run's session file is written."""
+        self.gate.release()
+
+    def discard(self, grace_s: float = 3.0, *, keep_dir: bool = False) -> None:
+        """The run will not start: end pi at its gate, wait for its keeper, and remove the run
+        directory (``keep_dir``: a run that failed keeps it, as every failed run does). Never
+        raises."""
+        if self.gate.released or self._discarded:
+            return
+        self._discarded = True
+        self.gate.close()
+        try:
+            self.keeper.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            # Still loading (or stuck): its keeper's pi has read and written nothing yet.
+            placement = keeper_placement(self.run_dir)
+            pid = placement.get("pi_pid") if placement else None
+            if isinstance(pid, int):
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                self.keeper.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.keeper.wait(timeout=grace_s)
+        if self.tools.private_dir is not None:
+            shutil.rmtree(self.tools.private_dir, ignore_errors=True)
+        if not keep_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def keeper_placement(run_dir: Path) -> Mapping[str, object] | None:
+    """What the keeper recorded (its pid, pi's), or None."""
+    try:
+        data = json.loads((run_dir / keeper.PLACEMENT_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

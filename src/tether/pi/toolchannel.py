@@ -1,0 +1,62 @@
+"""Where pi's tools extension reaches the harness (DESIGN §3.9): a Unix socket in the run
+directory (0600) and a per-run capability token, both named to pi in its environment
+(``extension/tools.ts`` reads and removes them at load).
+
+The harness serves the channel (:class:`tether.harness.tools.ToolServer`); this module only
+says where it is and what pi is told, so that pi can be started before the server listens.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tether.pi.install import extension_file
+
+__all__ = ["SOCKET_ENV", "TOKEN_ENV", "TOOLS_EXTENSION", "TOOL_NAMES", "ToolChannel", "ToolName"]
+
+TOOLS_EXTENSION = extension_file("tools")
+"""The tools extension, loaded into every run's pi (``--extension``) whatever the agent's tools."""
+
+SOCKET_ENV = "TETHER_TOOLS_SOCKET"
+TOKEN_ENV = "TETHER_TOOLS_TOKEN"
+# Unix socket paths are limited (108 bytes on Linux, with the NUL); a run directory deeper than
+# this gets its socket in a private directory of its own under the system's temporary directory.
+_MAX_SOCKET_PATH = 100
+
+
+class ToolName(enum.StrEnum):
+    RECALL = "recall"
+    NOTE = "note"
+
+
+TOOL_NAMES = tuple(ToolName)
+"""The tools every run's pi has, whatever the agent's ``tools`` list holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChannel:
+    path: Path
+    token: str
+    private_dir: Path | None = None
+    """A directory made for the socket (a run directory too deep for a socket path): the
+    server removes it when it stops."""
+
+    @classmethod
+    def new(cls, run_dir: Path) -> ToolChannel:
+        """A new run's channel: the socket in ``run_dir``, a fresh token."""
+        token = secrets.token_urlsafe(32)
+        path = (run_dir / "tools.sock").resolve()
+        if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+            return cls(path, token)
+        private = Path(tempfile.mkdtemp(prefix="tether-tools-"))  # 0700
+        return cls(private / "tools.sock", token, private)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What pi's environment needs for the extension to reach the server."""
+        return {SOCKET_ENV: str(self.path), TOKEN_ENV: self.token}
