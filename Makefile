@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 export TETHER_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: install local test lint typecheck pytest demo clean bench fmt
+.PHONY: install local test test-fast lint typecheck pytest demo clean bench fmt
 .PHONY: dist extension
 
 # The pages' browser tests drive Debian's chromium (never a browser Playwright downloads).
@@ -59,6 +59,11 @@ pytest: install $(VENV)/.local-installed
 	$(BIN)/pytest -n 2 --dist loadgroup
 
 test: lint typecheck pytest
+
+# The inner loop: lint and the tests not marked slow (no wheel build, no local model runs).
+test-fast: lint
+	$(BIN)/python tests/check_postgres.py
+	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow"
 
 fmt: install
 	$(BIN)/ruff format src tests bench

@@ -149,3 +149,24 @@ def test_enqueue_checks_its_ids_before_writing(ledger: Ledger) -> None:
     with pytest.raises(InvalidId):
         ledger.enqueue_run("s1", "", actor="user:ana", text="hi")
     assert ledger.session("s1") is None
+
+
+def test_workers_pass_by_a_run_a_tether_run_waits_for(ledger: Ledger) -> None:
+    waiter = {"host": "h1", "harness_pid": 1, "harness_start": 0.0}
+    mine, _ = ledger.enqueue_run("s1", "rev", actor="u:a", text="1", waiter=waiter)
+    later, _ = ledger.enqueue_run("s1", "rev", actor="u:a", text="2")
+    other, _ = ledger.enqueue_run("s2", "rev", actor="u:a", text="3")
+    assert [r.id for r in ledger.waited_heads()] == [mine.id]
+    # A worker takes s2's run, never the run its waiter will claim, nor the one queued behind it.
+    taken = ledger.claim_next(owner="w1", lease_s=30)
+    assert taken is not None
+    assert taken.run == other.id
+    assert ledger.claim_next(owner="w1", lease_s=30) is None
+    # The waiter claims its own run by id; then the session's next run is any worker's.
+    own = ledger.claim_next(owner="cli", lease_s=30, run_id=mine.id)
+    assert own is not None
+    assert ledger.waited_heads() == []
+    ledger.end_run(own, RunStatus.FINISHED)
+    next_one = ledger.claim_next(owner="w2", lease_s=30)
+    assert next_one is not None
+    assert next_one.run == later.id

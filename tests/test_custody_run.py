@@ -4,6 +4,7 @@ recover`` as a user runs them, the real pi under its keeper, the scripted provid
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -15,11 +16,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psutil
 import pytest
 
 from pg import fresh_schema_url
 from provider import Reply, ScriptedProvider, Step, ToolCall
+from tether.config import load_config
+from tether.harness.custody import reconcile
+from tether.harness.placement import host_id
 from tether.ledger import Ledger, Run, RunStatus, open_ledger
 from tether.pi.gate import WITHDRAWN_STATUS
 
@@ -554,3 +559,26 @@ def test_a_waiting_tether_run_killed_in_the_queue_does_not_block_it(
     runs = assert_serialized(store, "s1")
     # B never started and was withdrawn: it wrote nothing.
     assert [r.extra["request"]["text"] for r in runs] == ["A", "C"]
+
+
+def test_workers_take_a_session_again_once_its_waiting_tether_run_is_gone(
+    tmp_path: Path, store: Ledger
+) -> None:
+    # A `tether run` queued its request and died while waiting: workers pass its run by (it
+    # was the waiter's to run) until the reconcile over all sessions confirms the waiter gone
+    # and withdraws it; then the session's next request is a worker's.
+    gone = subprocess.Popen(["true"])
+    gone_start = psutil.Process(gone.pid).create_time()
+    gone.wait()
+    waiter = {"host": host_id(), "harness_pid": gone.pid, "harness_start": gone_start}
+    stale, _ = store.enqueue_run("s1", "rev", actor="u:a", text="A", waiter=waiter)
+    nxt, _ = store.enqueue_run("s1", "rev", actor="u:a", text="B")
+    assert store.claim_next(owner="w1", lease_s=30) is None
+
+    config = load_config(write_config(tmp_path, "http://127.0.0.1:9/v1"))
+    anyio.run(functools.partial(reconcile, store, config))
+
+    assert store.run(stale.id) is None
+    taken = store.claim_next(owner="w1", lease_s=30)
+    assert taken is not None
+    assert taken.run == nxt.id

@@ -31,6 +31,7 @@ while pi is being closed. Whatever answer exists is kept in every outcome (invar
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import shutil
@@ -87,6 +88,7 @@ from tether.harness.turn import (
     verdict,
 )
 from tether.ledger import Fence, Ledger, NewRow, ReceiptReason, RowKind, RunStatus
+from tether.ledger.ids import new_run_id
 from tether.ledger.models import now_iso
 from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror
@@ -161,11 +163,36 @@ async def execute_run(
     session are reconciled first), and run when its turn comes (:func:`run_claimed`).
 
     ``launch``: pi already started for this request (``PiLaunch.start`` with the request's
-    ``run_id``), held at its gate; the run takes it over, and discards it if it never starts."""
+    ``run_id``, as ``tether run`` does before it imports the harness). Without one, pi is started
+    here, once the request is admitted (with custody). Either way it loads, held at its gate,
+    while the request is queued and the run's rows and session file are written, and is
+    discarded if the run never starts."""
+    config.agent(request.agent)
+    admit_request(request.text, config.followup)  # before any write (DESIGN §3.5)
+    provider_keys(config, request.agent)  # a missing key refuses before any write
+    workdir = check_workdir(
+        request.workdir or config.workdir(request.agent),
+        agent=request.agent,
+        config=config,
+        ledger=ledger,
+    )
+    pi = pi or find_pi()
     if launch is not None and launch.run_id != request.run_id:
         raise ValueError(f"pi was launched for run {launch.run_id}, not {request.run_id}")
+    if launch is None and config.custody.detached:
+        request = dataclasses.replace(request, run_id=request.run_id or new_run_id())
+        # A failure to start it here is met again, and reported, when the run starts pi.
+        with contextlib.suppress(OSError):
+            launch = PiLaunch.start(
+                config,
+                request.agent,
+                pi=pi,
+                run_id=str(request.run_id),
+                workdir=workdir,
+                extensions=request.extensions,
+            )
     try:
-        return await _execute_run(
+        return await _queue_and_run(
             ledger,
             config,
             request,
@@ -180,13 +207,13 @@ async def execute_run(
         )
     finally:
         if launch is not None and not launch.released:
-            # Admission refused, the session busy, the wait withdrawn, or a failure before pi
-            # was let through: it has read and written nothing; end it and its directory.
+            # The session refusing, busy or its view refused, the wait withdrawn, or a failure
+            # before pi was let through: it read and wrote nothing; end it and its directory.
             with anyio.CancelScope(shield=True):
                 await in_thread(launch.discard, config.harness.stop_grace_s)
 
 
-async def _execute_run(
+async def _queue_and_run(
     ledger: Ledger,
     config: Config,
     request: RunRequest,
@@ -195,21 +222,11 @@ async def _execute_run(
     stop: StopControl | None,
     subscribers: Sequence[Subscriber],
     checkpoint: CheckpointStep | None,
-    pi: PiInstall | None,
+    pi: PiInstall,
     wait: bool,
     relay: RelayHook | None,
     launch: PiLaunch | None,
 ) -> RunOutcome:
-    config.agent(request.agent)
-    admit_request(request.text, config.followup)  # before any write (DESIGN §3.5)
-    provider_keys(config, request.agent)  # a missing key refuses before any write
-    check_workdir(
-        request.workdir or config.workdir(request.agent),
-        agent=request.agent,
-        config=config,
-        ledger=ledger,
-    )
-    pi = pi or find_pi()
     stop = stop or StopControl()
     bus = EventBus(list(subscribers))
 

@@ -522,18 +522,23 @@ class SqlLedger(abc.ABC):
         self, c: Cursor, session_id: str, run_id: str | None, owner: str, lease_s: float
     ) -> Fence | None:
         """Inside a transaction holding the session's custody lock: claim the session's
-        oldest queued run (or ``run_id`` if it is the oldest) when no run of it is live."""
+        oldest queued run (or ``run_id`` if it is the oldest) when no run of it is live. Without
+        ``run_id``, a run a ``tether run`` waits for (its waiter is recorded) is not taken: it is
+        that process's to run, with the pi it already started."""
         c.execute(
             "SELECT id FROM runs WHERE session = ? AND status = 'running' LIMIT 1", (session_id,)
         )
         if c.fetchone() is not None:
             return None
         c.execute(
-            "SELECT id FROM runs WHERE session = ? AND status = 'queued' ORDER BY ord LIMIT 1",
+            "SELECT id, placement FROM runs WHERE session = ? AND status = 'queued' "
+            "ORDER BY ord LIMIT 1",
             (session_id,),
         )
         first = c.fetchone()
         if first is None or (run_id is not None and first[0] != run_id):
+            return None
+        if run_id is None and first[1]:
             return None
         c.execute(
             "UPDATE runs SET epoch = epoch + 1, status = 'running', started = ?, owner = ?, "
@@ -626,6 +631,20 @@ class SqlLedger(abc.ABC):
             c.execute(
                 f"SELECT {_RUN_COLS} FROM runs WHERE status = 'running' {where} ORDER BY ord",
                 params,
+            )
+            return [_run(r) for r in c.fetchall()]
+
+    def waited_heads(self, *, limit: int = 64) -> list[Run]:
+        """The first queued run of each session that has no live run, where a ``tether run``
+        waits for it (its waiter is recorded): the runs workers pass by."""
+        with self._read() as c:
+            c.execute(
+                f"SELECT {_RUN_COLS} FROM runs q WHERE q.status = 'queued' "
+                "AND q.placement IS NOT NULL AND q.ord = (SELECT MIN(h.ord) FROM runs h "
+                "WHERE h.session = q.session AND h.status = 'queued') AND NOT EXISTS "
+                "(SELECT 1 FROM runs l WHERE l.session = q.session AND l.status = 'running') "
+                "ORDER BY q.ord LIMIT ?",
+                (limit,),
             )
             return [_run(r) for r in c.fetchall()]
 

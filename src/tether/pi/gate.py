@@ -58,14 +58,14 @@ class Gate:
             self._read = None
 
     def release(self) -> None:
-        """Let pi through: its session file is written."""
+        """Let pi through: its session file is written. From now on pi is the transport's to
+        watch: a pi that already died (the write fails) is found dead there."""
         if self._write is None:
             return
-        try:
+        self.released = True
+        with contextlib.suppress(OSError):
             os.write(self._write, b"\n")
-            self.released = True
-        finally:
-            self.close()
+        self.close()
 
     def close(self) -> None:
         """Close the gate for good; a pi still waiting at it ends (:data:`WITHDRAWN_STATUS`)."""

@@ -153,8 +153,12 @@ class PiLaunch:
         extensions: Sequence[Path] = (),
     ) -> PiLaunch:
         """Start the run's pi, held at its gate. ``workdir`` must have passed
-        :func:`check_workdir`. Raises ``ConfigError`` (a missing provider key) or ``OSError``."""
+        :func:`check_workdir`. Raises ``ConfigError`` (a missing provider key) or ``OSError``
+        (``FileExistsError`` when the run already has a directory: a launch never takes over
+        another run's files, which :meth:`discard` would remove)."""
         keys = provider_keys(config, agent_name)
+        private_dir(runs_dir(config))
+        (runs_dir(config) / run_id).mkdir()
         run_dir = make_run_dir(config, run_id)
         tools = ToolChannel.new(run_dir)
         gate = Gate()
