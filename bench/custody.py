@@ -55,6 +55,7 @@ provider = "local"
 model = "scripted"
 tools = ["bash"]
 deadline_s = 300
+workdir = "work"
 
 [harness]
 runs_dir = "runs-{name}"

@@ -140,6 +140,7 @@ max_tokens = 1024
 provider = "local"
 model = "scripted"
 deadline_s = 600
+workdir = "tree"
 [harness]
 runs_dir = "runs"
 [service]
@@ -150,12 +151,14 @@ poll_s = 0.05
         )
         cfg = load_config(cfg_path)
         agent = cfg.agent("bench")
+        (work / "tree").mkdir()
 
         def baseline(label: str, count: int) -> tuple[list[tuple[float, float]], float]:
             specs = []
             for i in range(count):
                 run_dir = work / "direct" / f"{label}-{i}"
                 agent_dir = write_agent_dir(run_dir / "agent", cfg, "bench")
+                (run_dir / "tmp").mkdir()
                 argv = pi_argv(
                     pi,
                     session_file=run_dir / "session.jsonl",
@@ -169,8 +172,8 @@ poll_s = 0.05
                 specs.append(
                     (
                         argv,
-                        pi_env(agent_dir.env, pi),
-                        str(work),
+                        pi_env(agent_dir.env, pi, tmpdir=run_dir / "tmp"),
+                        str(work / "tree"),
                         f"request {i}",
                         str(run_dir / "pi.log"),
                     )

@@ -406,15 +406,29 @@ async def run_claimed(
             ledger=ledger,
         )
         pi = pi or find_pi()
+        if launch is None and config.custody.detached:
+            # A worker's run: pi loads while the view is built and the run's files written.
+            with contextlib.suppress(OSError):  # met again, and reported, when the run starts pi
+                launch = PiLaunch.start(
+                    config,
+                    request.agent,
+                    pi=pi,
+                    run_id=run.id,
+                    workdir=workdir,
+                    extensions=request.extensions,
+                )
         view = await _followup_view(ledger, config, request)
     except BaseException as exc:
-        with anyio.CancelScope(shield=True), contextlib.suppress(LedgerError):
-            await in_thread(
-                ledger.end_run,
-                fence,
-                RunStatus.FAILED,
-                extra={"error": f"refused before it started: {exc}", "answer": None},
-            )
+        with anyio.CancelScope(shield=True):
+            if launch is not None:
+                await in_thread(launch.discard, config.harness.stop_grace_s)
+            with contextlib.suppress(LedgerError):
+                await in_thread(
+                    ledger.end_run,
+                    fence,
+                    RunStatus.FAILED,
+                    extra={"error": f"refused before it started: {exc}", "answer": None},
+                )
         raise
     bus.emit(
         RunStarted(run=run.id, session=request.session, agent=request.agent, follow_up=bool(view))
