@@ -29,8 +29,8 @@ from __future__ import annotations
 # once, with os.posix_spawn; the rest is imported while it loads).
 import os
 import sys
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # typing itself takes longer to import than the keeper needs to start pi
 if TYPE_CHECKING:
     import subprocess
     from pathlib import Path
