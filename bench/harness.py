@@ -240,6 +240,11 @@ runs_dir = "runs"
     def med(name: str) -> float:
         return statistics.median(timings[name])
 
+    def paired(name: str, baseline: str) -> float:
+        # Each repetition times both back to back: their ratio drifts less with the load.
+        pairs = zip(timings[name], timings[baseline], strict=True)
+        return statistics.median(a / b for a, b in pairs)
+
     rows_per_run = len(lags) / args.reps
     print(
         f"harness bench: {args.turns}-turn run ({args.turns - 1} tool calls), "
@@ -249,7 +254,8 @@ runs_dir = "runs"
     print(f"  direct RPC, own process        median {med('direct'):6.3f} s   (baseline)")
     print(
         f"  tether run (CLI process)       median {med('cli'):6.3f} s   "
-        f"ratio {med('cli') / med('direct'):.3f}"
+        f"ratio {med('cli') / med('direct'):.3f}   (median of paired repetitions "
+        f"{paired('cli', 'direct'):.3f})"
     )
     if args.against:
         print(
@@ -263,7 +269,8 @@ runs_dir = "runs"
     print(f"  direct RPC, in process         median {med('direct_in'):6.3f} s   (baseline)")
     print(
         f"  execute_run, in process        median {med('inproc'):6.3f} s   "
-        f"ratio {med('inproc') / med('direct_in'):.3f}"
+        f"ratio {med('inproc') / med('direct_in'):.3f}   (median of paired repetitions "
+        f"{paired('inproc', 'direct_in'):.3f})"
     )
     print(
         f"  CPU of this process per run (the provider's threads included in both): direct "
