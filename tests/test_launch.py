@@ -4,6 +4,7 @@ and a run that never starts leaves neither a process nor a directory."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -13,25 +14,32 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import anyio
 import psutil
 import pytest
 
 from provider import Reply, ScriptedProvider
 from tether.config import Config, load_config
+from tether.followup import Refused
+from tether.harness.run import run_claimed
+from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 from tether.pi import keeper
 from tether.pi.gate import WITHDRAWN_STATUS
 from tether.pi.install import find_pi
 from tether.pi.launch import PiLaunch, runs_dir
 
 
-def make_config(tmp_path: Path, url: str) -> Config:
+def make_config(tmp_path: Path, url: str, *, budget: int = 240_000) -> Config:
     path = tmp_path / "tether.toml"
     path.write_text(
         textwrap.dedent(
             f"""
             [ledger]
             url = "sqlite://{tmp_path}/ledger.db"
+            [followup]
+            budget_bytes = {budget}
             [providers.local]
             base_url = "{url}"
             context_window = 64000
@@ -163,3 +171,53 @@ def test_pi_at_its_gate_ends_when_the_process_that_started_it_dies(
     wait_for(lambda: not alive(pids["keeper_pid"]), 10, "the keeper to end")
     assert not alive(pids["pi_pid"])
     assert not (run_dir / "session.jsonl").exists()
+
+
+def test_a_workers_run_refused_before_it_started_leaves_no_pi_and_no_directory(
+    tmp_path: Path,
+    scripted_provider: Callable[..., ScriptedProvider],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A worker claims a run and starts its pi at once; the view is then refused (its previous
+    # request alone is over a tiny budget): the run fails "refused before it started", and the
+    # pi that loaded meanwhile is ended at its gate with its directory.
+    config = make_config(tmp_path, scripted_provider([Reply("hello")]).url, budget=2_000)
+    with open_ledger(config.ledger.url) as ledger:
+        ledger.ensure_session("s1")
+        first = ledger.create_run("s1", "rev")
+        fence = ledger.claim_run(first.id)
+        request = {"role": "user", "content": [{"type": "text", "text": "x" * 3_000}]}
+        ledger.append(
+            fence, [NewRow(actor="user:ana", kind=RowKind.MESSAGE, body=request)], request=True
+        )
+        ledger.end_run(fence, RunStatus.FINISHED)
+        queued, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="and now?")
+        claimed = ledger.claim_next(owner="worker", lease_s=30)
+        assert claimed is not None
+        assert claimed.run == queued.id
+
+        launched: list[PiLaunch] = []
+        start = PiLaunch.start
+
+        def spy(*args: Any, **kwargs: Any) -> PiLaunch:
+            launched.append(start(*args, **kwargs))
+            return launched[-1]
+
+        monkeypatch.setattr(PiLaunch, "start", spy)
+        with pytest.raises(Refused):
+            anyio.run(functools.partial(run_claimed, ledger, config, claimed))
+        # pi was started, then ended at its gate (its keeper saw it end) and never let through.
+        (held,) = launched
+        assert held.keeper.returncode == 0
+        assert not held.released
+
+        run = ledger.get_run(queued.id)
+        assert run.status is RunStatus.FAILED
+        assert "refused before it started" in run.extra["error"]
+    assert not (runs_dir(config) / queued.id).exists()
+    leftovers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(runs_dir(config)) in " ".join(p.info["cmdline"] or [])
+    ]
+    assert leftovers == []
