@@ -36,6 +36,7 @@ import psutil
 from tether.pi import keeper
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.jsonl import LineSplitter
+from tether.pi.keeper import read_placement
 
 __all__ = ["KeeperTransport", "Placement", "process_matches", "read_placement"]
 
@@ -63,15 +64,6 @@ def process_matches(pid: object, start: object) -> bool:
         return abs(proc.create_time() - float(start)) <= _START_TOLERANCE_S
     except psutil.Error:
         return False
-
-
-def read_placement(run_dir: Path) -> Placement | None:
-    """What the keeper recorded about where pi runs, or None."""
-    try:
-        data = json.loads((run_dir / keeper.PLACEMENT_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def read_exit(run_dir: Path) -> int | None:

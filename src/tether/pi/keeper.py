@@ -34,6 +34,7 @@ TYPE_CHECKING = False  # typing itself takes longer to import than the keeper ne
 if TYPE_CHECKING:
     import subprocess
     from pathlib import Path
+    from typing import Any
 
 FIFO_NAME = "commands.fifo"
 EVENTS_NAME = "events.jsonl"
@@ -77,6 +78,18 @@ def start(
         )
     finally:
         os.close(log)
+
+
+def read_placement(run_dir: Path) -> dict[str, Any] | None:
+    """What a keeper recorded in ``run_dir`` (its pid, pi's), or None."""
+    import json
+
+    try:
+        with open(os.path.join(run_dir, PLACEMENT_NAME), "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _write_atomic(path: str, data: dict[str, object]) -> None:

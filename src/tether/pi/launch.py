@@ -9,12 +9,11 @@ loads, then releases the gate. Nothing here touches the ledger.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,6 +183,8 @@ class PiLaunch:
                 )
         except BaseException:
             gate.close()
+            if tools.private_dir is not None:
+                shutil.rmtree(tools.private_dir, ignore_errors=True)
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
         gate.handed_over()
@@ -209,7 +210,7 @@ class PiLaunch:
             self.keeper.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             # Still loading (or stuck): its keeper's pi has read and written nothing yet.
-            placement = keeper_placement(self.run_dir)
+            placement = keeper.read_placement(self.run_dir)
             pid = placement.get("pi_pid") if placement else None
             if isinstance(pid, int):
                 with contextlib.suppress(OSError):
@@ -222,12 +223,3 @@ class PiLaunch:
             shutil.rmtree(self.tools.private_dir, ignore_errors=True)
         if not keep_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
-
-
-def keeper_placement(run_dir: Path) -> Mapping[str, object] | None:
-    """What the keeper recorded (its pid, pi's), or None."""
-    try:
-        data = json.loads((run_dir / keeper.PLACEMENT_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
