@@ -9,6 +9,8 @@ interleaved, repetition by repetition:
 - ``tether run``: the CLI, as a user runs it (config, ledger, follow-up view, mirror, pi);
 - in process, ``execute_run`` against the same direct RPC driver run in process.
 
+Each repetition times the ways back to back, so the median of the per-repetition ratios is
+printed beside the ratio of medians (it drifts less with the load of a shared machine).
 Wall time on a shared machine is noisy, so the CPU this process spends per run (direct vs
 ``execute_run``, the provider's threads counted in both) is printed too. Then the mirror's lag:
 for every row, the time from pi creating the entry (its own timestamp) to the row being committed
