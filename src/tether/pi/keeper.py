@@ -25,8 +25,9 @@ starts fast) and never parses the protocol beyond spotting its own control line.
 
 from __future__ import annotations
 
-# Only os and sys before pi is started: every import here delays pi's start (pi starts at
+# Only os, sys and _signal before pi is started: every import here delays pi's start (pi starts at
 # once, with os.posix_spawn; the rest is imported while it loads).
+import _signal  # type: ignore[import-not-found]  # (no stubs: the builtin under signal)
 import os
 import sys
 
@@ -225,6 +226,9 @@ def main(argv: list[str]) -> int:
             (os.POSIX_SPAWN_DUP2, log_fd, 2),
         ],
         setsid=True,  # its own session and group, so a stop reaches what it starts
+        # Python ignores these; pi gets them back at their defaults, as subprocess would do.
+        # (_signal is the builtin under the signal module, which costs an enum import here.)
+        setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),
     )
     for fd in (stdin_r, stdout_w, *passed):
         try:
