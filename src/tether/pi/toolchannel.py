@@ -8,10 +8,9 @@ says where it is and what pi is told, so that pi can be started before the serve
 
 from __future__ import annotations
 
+import base64
 import enum
 import os
-import secrets
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +48,14 @@ class ToolChannel:
     @classmethod
     def new(cls, run_dir: Path) -> ToolChannel:
         """A new run's channel: the socket in ``run_dir``, a fresh token."""
-        token = secrets.token_urlsafe(32)
+        # secrets.token_urlsafe(32), spelled out: importing secrets (hmac, hashlib, random)
+        # would delay the start of pi, which is made right after this.
+        token = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode("ascii")
         path = (run_dir / "tools.sock").resolve()
         if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
             return cls(path, token)
+        import tempfile
+
         private = Path(tempfile.mkdtemp(prefix="tether-tools-"))  # 0700
         return cls(private / "tools.sock", token, private)
 
