@@ -158,10 +158,12 @@ class PiLaunch:
         keys = provider_keys(config, agent_name)
         private_dir(runs_dir(config))
         (runs_dir(config) / run_id).mkdir()
-        run_dir = make_run_dir(config, run_id)
-        tools = ToolChannel.new(run_dir)
-        gate = Gate()
+        tools: ToolChannel | None = None
+        gate: Gate | None = None
         try:
+            run_dir = make_run_dir(config, run_id)
+            tools = ToolChannel.new(run_dir)
+            gate = Gate()
             with key_channel(keys) as channel:
                 command = pi_command(
                     config,
@@ -182,10 +184,11 @@ class PiLaunch:
                     pass_fds=command.pass_fds,
                 )
         except BaseException:
-            gate.close()
-            if tools.private_dir is not None:
+            if gate is not None:
+                gate.close()
+            if tools is not None and tools.private_dir is not None:
                 shutil.rmtree(tools.private_dir, ignore_errors=True)
-            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(runs_dir(config) / run_id, ignore_errors=True)
             raise
         gate.handed_over()
         return cls(run_id=run_id, run_dir=run_dir, tools=tools, keeper_proc=proc, gate=gate)
