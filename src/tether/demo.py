@@ -91,8 +91,11 @@ LIVE_DIR = DEMO_DIR / "live"
 LIVE_SESSION = "demo"
 LIVE_AGENT = "assistant"
 LIVE_ACTOR = "user:ana"
-LIVE_BUDGET = 3_000
-"""Bytes a follow-up may read: about two exchanges with this model, so a checkpoint is due soon."""
+LIVE_BUDGET = 6_000
+"""Bytes a follow-up may read: pi's system message (its prompt and tool declarations, about
+2 KB) and two or three exchanges with this model, so a checkpoint is due soon, once pi has
+more than one exchange to summarize (it refuses to compact a session of one: "Nothing to
+compact")."""
 LIVE_REQUESTS = [
     "I am writing inventory.py with a function add_item(stock, name, qty) that adds qty of name "
     "to the dict stock. What should it check first?",
@@ -198,9 +201,10 @@ def live_session() -> int:
         return 0
     if outcome.startswith("refused:"):
         console.print(
-            f"[bold yellow]The checkpoint was refused ({outcome.removeprefix('refused:')})[/]: the "
-            "tiny model's summary did not pass; the receipt is in the timeline, and the next "
-            "follow-up falls back to the exact previous request and the recent exchanges."
+            f"[bold yellow]The checkpoint was refused ({outcome.removeprefix('refused:')})[/]: no "
+            "summary was stored (the run's `checkpoint_detail` says why: the tiny model's summary, "
+            "or pi itself); the receipt is in the timeline, and the next follow-up falls back to "
+            "the exact previous request and the recent exchanges."
         )
         return 0
     console.print("[bold red]No checkpoint was due[/]: the working view never exceeded the budget.")
