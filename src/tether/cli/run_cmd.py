@@ -22,7 +22,7 @@ from tether.ledger import Ledger, open_ledger
 from tether.ledger.ids import check_id, new_run_id
 from tether.pi.errors import PiNotInstalled
 from tether.pi.install import PiInstall, extension_file, find_pi
-from tether.pi.launch import PiLaunch, check_workdir
+from tether.pi.launch import PiLaunch, check_workdir, session_free
 
 __all__ = ["run"]
 
@@ -83,7 +83,7 @@ def run(
         raise typer.Exit(Exit.USAGE) from None
     store = open_ledger(ledger or cfg.ledger.url)
     run_id = new_run_id()
-    launch = _start_pi(store, cfg, agent, workdir, run_id, pi)
+    launch = _start_pi(store, cfg, session, agent, workdir, run_id, pi)
     # The run itself (anyio, the harness, the mirror) is imported only now: pi loads meanwhile.
     from tether.cli.run_live import execute
 
@@ -105,12 +105,19 @@ def run(
 
 
 def _start_pi(
-    store: Ledger, cfg: Config, agent: str, workdir: Path | None, run_id: str, pi: PiInstall
+    store: Ledger,
+    cfg: Config,
+    session: str,
+    agent: str,
+    workdir: Path | None,
+    run_id: str,
+    pi: PiInstall,
 ) -> PiLaunch | None:
     """pi for this request, started now and held at its gate until the run is ready (under
     custody's keeper; without custody, the run starts its own pi). A workdir holding the
-    ledger, the config or the run directories, or a missing provider key, is refused first."""
-    if not cfg.custody.detached:
+    ledger, the config or the run directories, or a missing provider key, is refused first.
+    Not when the session is busy: the request waits its turn, and its pi starts then."""
+    if not cfg.custody.detached or not session_free(store, session):
         return None
     checked = check_workdir(
         workdir or cfg.workdir(agent), agent=agent, config=cfg, ledger_path=store.path

@@ -98,7 +98,7 @@ from tether.pi.detached import KeeperTransport
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.install import PiInstall, find_pi
 from tether.pi.keys import key_channel
-from tether.pi.launch import PiLaunch, pi_command
+from tether.pi.launch import PiLaunch, pi_command, session_free
 from tether.pi.protocol import Command, Disposition
 from tether.pi.sessionfile import PreEntry, write_session_file
 from tether.pi.toolchannel import ToolChannel
@@ -179,7 +179,11 @@ async def execute_run(
     pi = pi or find_pi()
     if launch is not None and launch.run_id != request.run_id:
         raise ValueError(f"pi was launched for run {launch.run_id}, not {request.run_id}")
-    if launch is None and config.custody.detached:
+    if (
+        launch is None
+        and config.custody.detached
+        and await in_thread(session_free, ledger, request.session)
+    ):
         request = dataclasses.replace(request, run_id=request.run_id or new_run_id())
         # A failure to start it here is met again, and reported, when the run starts pi.
         with contextlib.suppress(OSError):

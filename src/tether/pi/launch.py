@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from tether.config import Config
 from tether.errors import ConfigError
@@ -27,7 +28,15 @@ from tether.pi.install import PiInstall, pi_argv, pi_env
 from tether.pi.keys import KeyChannel, key_channel
 from tether.pi.toolchannel import TOOL_NAMES, TOOLS_EXTENSION, ToolChannel
 
-__all__ = ["PiCommand", "PiLaunch", "check_workdir", "make_run_dir", "pi_command", "runs_dir"]
+__all__ = [
+    "PiCommand",
+    "PiLaunch",
+    "check_workdir",
+    "make_run_dir",
+    "pi_command",
+    "runs_dir",
+    "session_free",
+]
 
 
 def runs_dir(config: Config) -> Path:
@@ -69,6 +78,17 @@ def check_workdir(workdir: Path, *, agent: str, config: Config, ledger_path: Pat
             )
     workdir.mkdir(parents=True, exist_ok=True)
     return workdir
+
+
+class _Queues(Protocol):
+    def live_runs(self, *, session: str | None = None) -> Sequence[object]: ...
+    def queued_runs(self, session_id: str, *, limit: int = 1000) -> Sequence[object]: ...
+
+
+def session_free(ledger: _Queues, session: str) -> bool:
+    """No run of ``session`` is live or queued: a request now would run at once, so its pi is
+    worth starting ahead. A request that will wait does not hold an idle pi meanwhile."""
+    return not ledger.live_runs(session=session) and not ledger.queued_runs(session, limit=1)
 
 
 @dataclass(frozen=True, slots=True)
