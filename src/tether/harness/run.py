@@ -185,16 +185,8 @@ async def execute_run(
         and await in_thread(session_free, ledger, request.session)
     ):
         request = dataclasses.replace(request, run_id=request.run_id or new_run_id())
-        # A failure to start it here is met again, and reported, when the run starts pi.
-        with contextlib.suppress(OSError):
-            launch = PiLaunch.start(
-                config,
-                request.agent,
-                pi=pi,
-                run_id=str(request.run_id),
-                workdir=workdir,
-                extensions=request.extensions,
-            )
+        # A failure to start it here is met again, and reported, when the run is claimed.
+        launch, _ = _start_pi(config, request, pi=pi, run_id=str(request.run_id), workdir=workdir)
     try:
         return await _queue_and_run(
             ledger,
@@ -277,6 +269,24 @@ async def _queue_and_run(
         relay=relay,
         launch=launch,
     )
+
+
+def _start_pi(
+    config: Config, request: RunRequest, *, pi: PiInstall, run_id: str, workdir: Path
+) -> tuple[PiLaunch | None, OSError | None]:
+    """The run's pi, started now and held at its gate (custody); or why it could not start."""
+    try:
+        launch = PiLaunch.start(
+            config,
+            request.agent,
+            pi=pi,
+            run_id=run_id,
+            workdir=workdir,
+            extensions=request.extensions,
+        )
+    except OSError as exc:
+        return None, exc
+    return launch, None
 
 
 @contextlib.asynccontextmanager
@@ -410,17 +420,10 @@ async def run_claimed(
             ledger=ledger,
         )
         pi = pi or find_pi()
+        start_error: OSError | None = None
         if launch is None and config.custody.detached:
             # A worker's run: pi loads while the view is built and the run's files written.
-            with contextlib.suppress(OSError):  # met again, and reported, when the run starts pi
-                launch = PiLaunch.start(
-                    config,
-                    request.agent,
-                    pi=pi,
-                    run_id=run.id,
-                    workdir=workdir,
-                    extensions=request.extensions,
-                )
+            launch, start_error = _start_pi(config, request, pi=pi, run_id=run.id, workdir=workdir)
         view = await _followup_view(ledger, config, request)
     except BaseException as exc:
         with anyio.CancelScope(shield=True):
@@ -453,6 +456,7 @@ async def run_claimed(
         workdir=workdir,
         relay=relay,
         launch=launch,
+        start_error=start_error,
     )
     return await _drive_recorded(driver, ledger, fence, bus, driver.drive(view))
 
@@ -551,6 +555,7 @@ class _Driver:
         workdir: Path,
         relay: RelayHook | None = None,
         launch: PiLaunch | None = None,
+        start_error: OSError | None = None,
     ) -> None:
         self.ledger = ledger
         self.config = config
@@ -569,6 +574,8 @@ class _Driver:
         self.relay = relay
         self.launch = launch
         """pi started for this run ahead of it, held at its gate (custody only)."""
+        self.start_error = start_error
+        """Why ``launch`` is missing, with custody: pi's keeper could not be started."""
         self.actors = Actors(user=request.actor, agent=request.agent)
         self.grace = config.harness.stop_grace_s
         self.state = RunState()
@@ -630,21 +637,9 @@ class _Driver:
     async def drive(self, view: FollowupView | None) -> RunOutcome:
         if not self.config.custody.detached:
             return await self._drive_child(view)
-        # pi starts first (or was started when the request was admitted) and loads while the
-        # run's rows and its session file are written; then it is let through its gate.
-        launch, start_error = self.launch, None
-        if launch is None:
-            try:
-                launch = PiLaunch.start(
-                    self.config,
-                    self.request.agent,
-                    pi=self.pi,
-                    run_id=self.fence.run,
-                    workdir=self.workdir,
-                    extensions=self.request.extensions,
-                )
-            except OSError as exc:
-                start_error = exc
+        # pi was started when the request was admitted (or the run claimed) and loads while
+        # the run's rows and its session file are written; then it is let through its gate.
+        launch = self.launch
         try:
             tools = launch.tools if launch is not None else ToolChannel.new(self.run_dir)
             mirror, view_record = await self._prepare(view, tools)
@@ -654,7 +649,7 @@ class _Driver:
                     await in_thread(launch.discard, self.grace, keep_dir=True)
             raise
         if launch is None:
-            opener = _not_started(f"cannot start pi's keeper: {start_error}")
+            opener = _not_started(f"cannot start pi's keeper: {self.start_error}")
         else:
             launch.release()
             opener = KeeperTransport.adopt(
