@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
+from tether.errors import StorageError
 from tether.events import EventBus, RowsMirrored, RunEvent
 from tether.ledger import Fence, Ledger, NewRow, RowKind
 from tether.mirror.entries import Actors
@@ -155,6 +157,46 @@ def test_failed_attempt_omitted_by_pi_is_not_mirrored_but_a_final_failure_is(
         (None, None),
         ("bad2", "503 again"),
     ]
+
+
+class _FailingOnce:
+    """The ledger, whose next ``append`` fails as a full disk would."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self.fail_next = False
+
+    def append(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fail_next:
+            self.fail_next = False
+            raise StorageError("disk full")
+        return self._ledger.append(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+
+def test_a_failed_pass_is_read_again_whole(ledger: Ledger, tmp_path: Path) -> None:
+    # The pass that learns pi omitted an attempt fails to write: the retry must read that
+    # context edit again, or it writes the attempt pi left out of its context.
+    path = tmp_path / "s.jsonl"
+    fence, req = start(ledger)
+    flaky = _FailingOnce(ledger)
+    m = mirror_for(flaky, fence, path, req)  # type: ignore[arg-type]
+    write(path, user("u1", "do it"), assistant("bad", "", stop="error", errorMessage="503"))
+    anyio.run(m.sync)
+    write(
+        path,
+        _entry("ed", "context_edit", targetId="bad", replacement=None),
+        assistant("ok", "fine"),
+    )
+    flaky.fail_next = True
+    with pytest.raises(StorageError):
+        anyio.run(m.sync)
+    anyio.run(lambda: m.sync(final=True))
+    rows = list(ledger.iter_rows("s1"))
+    assert [r.entry_id for r in rows] == [None, "ok"]
+    assert m.omitted_attempts == 1
 
 
 def test_compactions_record_what_they_cover(ledger: Ledger, tmp_path: Path) -> None:

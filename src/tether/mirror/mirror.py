@@ -166,6 +166,7 @@ class Mirror:
         saved = (
             self._tail.offset,
             len(self._order),
+            len(self._known),
             self._held,
             list(self._omitted),
             self._request,
@@ -174,9 +175,13 @@ class Mirror:
         try:
             return await self._pass(final)
         except LedgerError:
-            offset, order, self._held, self._omitted, self._request, self.omitted_attempts = saved
+            offset, order, known, self._held, self._omitted, self._request = saved[:6]
+            self.omitted_attempts = saved[6]
             self._tail.offset = offset
             del self._order[order:]
+            # The entries this pass came to know (dicts keep insertion order) are read again.
+            for eid in list(self._known)[known:]:
+                del self._known[eid]
             raise
 
     async def _pass(self, final: bool) -> list[Row]:
