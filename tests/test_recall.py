@@ -85,6 +85,17 @@ def test_search_takes_no_query_syntax(ledger: Ledger) -> None:
         search(ledger, "s1", " ?! ", actor="user:ana", grants=GRANTS)
 
 
+def test_a_search_looks_for_its_first_words_however_they_are_joined(ledger: Ledger) -> None:
+    # One token can hold thousands of words (a.b.c…): the cap applies to the words searched,
+    # so the query stays small (PostgreSQL takes at most 65,535 parameters).
+    history(ledger)
+    joined = ".".join(["quokka", *(f"w{i}" for i in range(5_000)), "rollback"])
+    answer = search(ledger, "s1", joined, actor="user:ana", grants=GRANTS)
+    assert answer.hits, "quokka is among the first words"
+    assert answer.query is not None and len(answer.query) <= 201, "named by its start"
+    assert not ledger.search("s1", [".".join([*(f"w{i}" for i in range(16)), "rollback"])])
+
+
 def test_search_answers_stay_within_their_bounds(ledger: Ledger) -> None:
     w = RunWriter.start(ledger, "s1", "rev")
     w.request("Big rows")

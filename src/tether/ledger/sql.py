@@ -78,6 +78,9 @@ ROW_COLUMNS = (
 )
 _ROW_COLS = ", ".join(ROW_COLUMNS)
 _WORD = re.compile(r"\w+")
+MAX_SEARCH_WORDS = 16
+"""Words one search looks for: the cap is on the words searched, after splitting (a query of
+one token can hold thousands of words, e.g. ``a.b.c…``)."""
 _NOTE_COLS = "agent, text, at, extra, actor, run, sources"
 _RUN_COLS = "id, session, agent, status, request_seq, started, ended, epoch, extra"
 _ENDED = "(" + ", ".join(f"'{s.value}'" for s in sorted(ENDED_STATUSES)) + ")"
@@ -978,8 +981,9 @@ class SqlLedger(abc.ABC):
         """Rows of a session whose text holds any of ``words`` (whole words, any case), best
         ranked first, each with a snippet around the match. Words are passed as values, never
         as query syntax; a word that is not made of letters, digits or ``_`` is split into
-        those it contains."""
-        words = [w for w in dict.fromkeys(m.lower() for w in words for m in _WORD.findall(w))]
+        those it contains, and the first :data:`MAX_SEARCH_WORDS` words are searched."""
+        words = list(dict.fromkeys(m.lower() for w in words for m in _WORD.findall(w)))
+        words = words[:MAX_SEARCH_WORDS]
         if not words:
             return []
         sql, params = self._search_query(

@@ -15,6 +15,7 @@ checkpoint covers and rows a view left out in gaps alike.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from collections.abc import Mapping, Sequence
@@ -44,7 +45,8 @@ MAX_ANSWER_BYTES = 16_000
 MAX_HITS = 8
 MAX_SNIPPET_BYTES = 1_000
 MAX_NOTE_BYTES = 2_000
-MAX_WORDS = 16
+MAX_QUERY_SHOWN = 200
+"""Characters of the query an answer repeats."""
 # A search looks at this many ranked candidates at most to find hits the actor is admitted to.
 _CANDIDATE_PAGE = 32
 _CANDIDATE_PAGES = 4
@@ -238,7 +240,7 @@ def _words(query: str) -> list[str]:
         raise RecallError(
             "the query has no words to search for: give words that the row you want contains"
         )
-    return words[:MAX_WORDS]
+    return words
 
 
 def search(
@@ -254,6 +256,9 @@ def search(
     """Ranked full-text search over every retained row of ``session`` (optionally only rows
     ``first``–``last``): the best :data:`MAX_HITS` rows the actor is admitted to."""
     words = _words(query)
+    # The answer names its query; a long one (the tool takes 64 KB) is named by its start.
+    if len(query) > MAX_QUERY_SHOWN:
+        query = query[:MAX_QUERY_SHOWN] + "…"
     session_last = ledger.last_seq(session)  # NotFound for an unknown session
     admission = Admission(grants, actor)
     shown: list[Row] = []
@@ -292,7 +297,7 @@ def search(
         withheld_more=more,
         session_last=session_last,
     )
-    while not _fits(answer):  # eight snippets of 1,000 bytes fit; escaping could still tip it
+    while hits and not _fits(answer):  # eight snippets of 1,000 bytes fit; escaping could tip it
         hits.pop()
         shown.pop()
         answer = RecallAnswer(
@@ -309,21 +314,7 @@ def search(
 
 
 def _with_sources(answer: RecallAnswer, shown: Sequence[Row]) -> RecallAnswer:
-    return RecallAnswer(
-        session=answer.session,
-        actor=answer.actor,
-        mode=answer.mode,
-        query=answer.query,
-        first=answer.first,
-        last=answer.last,
-        hits=answer.hits,
-        rows=answer.rows,
-        withheld=answer.withheld,
-        withheld_more=answer.withheld_more,
-        next=answer.next,
-        session_last=answer.session_last,
-        sources=_sources(shown),
-    )
+    return dataclasses.replace(answer, sources=_sources(shown))
 
 
 def read_range(
