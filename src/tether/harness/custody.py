@@ -126,8 +126,7 @@ async def withdraw_abandoned(ledger: Ledger) -> list[str]:
     host) is confirmed gone: withdrawn (they wrote nothing). Workers pass such a run by, since
     it is its waiter's to run; withdrawn, the session's next request is theirs."""
     withdrawn = []
-    for run in await in_thread(ledger.waited_heads):
-        waiter = await in_thread(ledger.queued_placement, run.id)
+    for run, waiter in await in_thread(ledger.waited_heads):
         if place.harness_gone(waiter) and await in_thread(ledger.cancel_queued, run.id):
             withdrawn.append(run.id)
     return withdrawn

@@ -637,19 +637,19 @@ class SqlLedger(abc.ABC):
             )
             return [_run(r) for r in c.fetchall()]
 
-    def waited_heads(self, *, limit: int = 64) -> list[Run]:
+    def waited_heads(self, *, limit: int = 64) -> list[tuple[Run, dict[str, Any]]]:
         """The first queued run of each session that has no live run, where a ``tether run``
-        waits for it (its waiter is recorded): the runs workers pass by."""
+        waits for it, with that waiter (its placement): the runs workers pass by."""
         with self._read() as c:
             c.execute(
-                f"SELECT {_RUN_COLS} FROM runs q WHERE q.status = 'queued' "
+                f"SELECT {_RUN_COLS}, placement FROM runs q WHERE q.status = 'queued' "
                 "AND q.placement IS NOT NULL AND q.ord = (SELECT MIN(h.ord) FROM runs h "
                 "WHERE h.session = q.session AND h.status = 'queued') AND NOT EXISTS "
                 "(SELECT 1 FROM runs l WHERE l.session = q.session AND l.status = 'running') "
                 "ORDER BY q.ord LIMIT ?",
                 (limit,),
             )
-            return [_run(r) for r in c.fetchall()]
+            return [(_run(r[:-1]), json.loads(r[-1])) for r in c.fetchall()]
 
     def queued_runs(self, session_id: str, *, limit: int = 1000) -> list[Run]:
         """A session's queued runs, in the order they will run."""
