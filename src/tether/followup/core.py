@@ -43,7 +43,7 @@ from tether.followup.view import (
 from tether.ledger.models import Note, Row, RowKind, Run
 from tether.sizes import measure
 
-__all__ = ["MAX_SKIPS", "PROBE_ROWS", "Inputs", "compose", "compose_view", "coverage"]
+__all__ = ["MAX_SKIPS", "PROBE_ROWS", "Inputs", "compose_view", "coverage"]
 
 PROBE_ROWS = 16
 """Rows read between the checkpoint's coverage and the request to name that gap exactly."""
@@ -171,7 +171,7 @@ def gaps_of(last: int, covers: int, covered: _Mark, marks: Mapping[int, _Mark]) 
 
 @dataclass(frozen=True, slots=True)
 class Inputs:
-    """Everything the bounded reads returned: :func:`compose` is a pure function of it."""
+    """Everything the bounded reads returned: :func:`compose_view` is a pure function of it."""
 
     session: str
     agent: str
@@ -675,11 +675,6 @@ def choose(f: _Frame, units: Sequence[Sequence[Row]]) -> tuple[list[_Plan], bool
     after = [u for u in units if u[0].seq > f.floor]
     plans, starved = request_first(f, after)
     return plans, r is not None, starved
-
-
-def compose(inp: Inputs, request_text: str | None = None) -> FollowupView | Refusal:
-    """The view, from what the bounded reads returned: pure."""
-    return compose_view(inp, request_text)[0]
 
 
 def compose_view(inp: Inputs, request_text: str | None) -> tuple[FollowupView | Refusal, bool]:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tether.errors import AlreadyExists, InterchangeError, LedgerError
+from tether.errors import AlreadyExists, InterchangeError
 from tether.interop.pi_format import (
     AFTER_KEY,
     BEFORE_KEY,
@@ -49,6 +49,7 @@ from tether.interop.pi_format import (
     ms_of_iso,
 )
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus, Session
+from tether.ledger.ids import check_id
 from tether.ledger.models import now_iso
 from tether.mirror.entries import Actors, compaction_body, message_actor
 
@@ -489,11 +490,6 @@ def iter_rows(plan: ImportPlan, session: str, run_ids: list[str], actors: Actors
             )
 
 
-def _check_id(value: str, what: str) -> None:
-    if not value or not value.isprintable():
-        raise LedgerError(f"{what} {value!r} is not an id: ids are non-empty and printable")
-
-
 def import_pi(
     ledger: Ledger,
     path: str | Path,
@@ -504,10 +500,10 @@ def import_pi(
 ) -> ImportReport:
     """Bring a pi session file into a new ledger session, in one transaction (a bad file or a
     taken session id writes nothing)."""
-    for value, what in ((session, "session id"), (agent, "agent name")):
-        _check_id(value, what)
+    check_id("session", session)
+    check_id("agent", agent)
     if actor is not None:
-        _check_id(actor, "actor")
+        check_id("actor", actor)
     if ledger.session(session) is not None:
         raise AlreadyExists(
             f"session {session!r} already exists; import into a new session id "
