@@ -79,6 +79,10 @@ bench: install
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/interop.py
 	$(BIN)/python bench/cli_start.py
+	$(BIN)/python bench/custody.py
+	$(BIN)/python bench/recall.py
+	$(BIN)/python bench/service.py --baseline-extension
+	$(BIN)/python bench/load_memory.py
 
 # The sdist and the wheel in dist/ (the wheel carries the pinned npm manifest for `tether setup`).
 dist: install

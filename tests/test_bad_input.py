@@ -362,19 +362,19 @@ def test_a_session_file_is_written_whatever_a_stored_timestamp_holds(tmp_path: P
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "kind"),
     [
-        ["ledger", "dump", "--session", ""],
-        ["log", "--session", "a\nb"],
-        ["session", "clear", "\x1b[2J"],
-        ["context", "--session", "s", "--agent", ""],
-        ["context", "--session", "s", "--agent", "a", "--actor", "user:\n"],
+        (["ledger", "dump", "--session", ""], "session"),
+        (["log", "--session", "a\nb"], "session"),
+        (["session", "clear", "\x1b[2J"], "session"),
+        (["context", "--session", "s", "--agent", ""], "agent"),
+        (["context", "--session", "s", "--agent", "a", "--actor", "user:\n"], "actor"),
     ],
 )
-def test_bad_ids_on_the_command_line_exit_2(tmp_path: Path, args: list[str]) -> None:
+def test_bad_ids_on_the_command_line_exit_2(tmp_path: Path, args: list[str], kind: str) -> None:
     result = runner.invoke(app, [*args, "--ledger", f"sqlite:{tmp_path}/l.db"])
     assert result.exit_code == 2, result.output
-    assert "id" in result.output
+    assert f"{kind} id" in " ".join(result.output.split())
     assert not (tmp_path / "l.db").exists()  # refused before the ledger was opened
 
 

@@ -118,7 +118,8 @@ def test_bad_ids_exit_2_and_write_nothing(tmp_path: Path, flag: str, value: str)
     flat = [x for pair in args.items() for x in pair]
     done = tether(tmp_path, "run", "--config", str(cfg), *flat, "go")
     assert done.returncode == 2
-    assert "id" in _one_line(done)
+    kind = {"-s": "session", "-a": "agent", "--actor": "actor"}[flag]
+    assert f"{kind} id" in _one_line(done)
     _nothing_written(tmp_path)
 
 

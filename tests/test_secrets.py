@@ -189,7 +189,7 @@ def test_a_quoted_withheld_row_makes_the_answer_withheld(
     answer = next(r for r in written if r.role == "assistant")
     assert "repo:acme/secret" in answer.sources
 
-    def view(actor: str) -> dict[str, object]:
+    def view(actor: str, status: int) -> dict[str, object]:
         shown = tether(
             tmp_path,
             "context",
@@ -203,15 +203,15 @@ def test_a_quoted_withheld_row_makes_the_answer_withheld(
             actor,
             "--json",
         )
-        assert shown.returncode in (0, 3), shown.stderr
+        assert shown.returncode == status, shown.stderr
         return dict(json.loads(shown.stdout))
 
-    bob = view("user:bob")
+    bob = view("user:bob", 0)
     text = json.dumps(bob)
     assert "launch on Friday" not in text
     assert "SECRET PLAN" not in text
     assert any(g["why"] == "withheld" and g["from"] <= answer.seq <= g["to"] for g in bob["gaps"])
-    carl = view("user:carl")
+    carl = view("user:carl", 0)
     assert "launch on Friday" in json.dumps(carl["messages"])
 
 

@@ -144,7 +144,7 @@ def test_a_terminated_backend_is_reconnected_and_the_write_retried() -> None:
         again = ledger.append(
             fence, [NewRow.message("agent:a", {"role": "user", "content": "e"}, entry_id="e1")]
         )
-        _terminate(marker)
+        assert _terminate(marker) >= 1
         same = ledger.append(
             fence, [NewRow.message("agent:a", {"role": "user", "content": "e"}, entry_id="e1")]
         )
