@@ -248,6 +248,10 @@ def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
         )
         assert unknown.status_code == 422
         assert "unknown agent 'nobody'" in unknown.text
+        # Over [followup] request_max_bytes (a quarter of the budget): refused, as tether run is.
+        huge = s.post("s1", "x" * 200_000)
+        assert huge.status_code == 409, huge.text
+        assert huge.json()["detail"]["reason"] == "request_too_large"
         assert s.get("/v1/sessions").json() == {"sessions": []}, "nothing was written"
         with pytest.raises(httpx.HTTPStatusError):
             s.client.get("/v1/runs/nope").raise_for_status()

@@ -14,8 +14,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from tether.errors import ConfigError, SessionRefusing
-from tether.followup import Refusal, RefusalReason, build_view
+from tether.errors import ConfigError, SessionRefusing, UsageError
+from tether.followup import Refusal, RefusalReason, Refused, build_view
+from tether.followup.admission import admit_request
 from tether.harness.relay import Deliver
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
@@ -56,7 +57,7 @@ StateDep = Annotated[ServiceState, Depends(state)]
 
 class RequestIn(BaseModel):
     agent: str = Field(min_length=1)
-    text: str = Field(min_length=1, pattern=r"\S")
+    text: str = Field(min_length=1)
     """The request; not blank."""
     request_id: str | None = Field(None, min_length=1, max_length=200)
     """The client's key: the same key again on the session returns the same answer and writes
@@ -165,12 +166,16 @@ def _session_or_404(ledger: Ledger, session: str, caller: Caller) -> None:
 
 
 def _admit_request(st: ServiceState, session: str, body: RequestIn, caller: Caller) -> None:
-    """The request's admission, as ``tether run`` checks it: the view its run would be given
-    (when the session has history) must not be refused; nothing is written."""
+    """The request's admission, as ``tether run`` checks it: the request itself (not empty, at
+    most ``[followup] request_max_bytes``), then the view its run would be given (when the
+    session has history) must not be refused; nothing is written."""
     try:
         st.config.agent(body.agent)
-    except ConfigError as exc:
+        admit_request(body.text, st.config.followup)
+    except (ConfigError, UsageError) as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+    except Refused as exc:
+        raise refused(status.HTTP_409_CONFLICT, exc.reason.value, exc.detail) from None
     found = st.ledger.session(session)
     if found is None:
         return
