@@ -513,6 +513,25 @@ def test_version_1_and_2_files_are_migrated_as_pi_migrates_them(tmp_path: Path) 
     assert canon([r.body for r in rows]) == canon(pi_context(v2))
 
 
+def test_an_entry_time_no_date_can_hold_exports_as_the_time_of_writing(tmp_path: Path) -> None:
+    stamp = "2024-12-03T14:00:00.000Z"
+    path = _write(
+        tmp_path / "far.jsonl",
+        [
+            {"type": "session", "version": 3, "id": "far", "timestamp": stamp, "cwd": "/w"},
+            {"type": "message", "id": "a1", "parentId": None, "message": _msg("user", "hi", 3e14)},
+        ],
+    )
+    store = open_ledger("memory:")
+    with store:
+        import_pi(store, path, session="far", agent=AGENT, actor="user:ana")
+        out = io.StringIO()
+        export_pi(store, "far", out)
+    entries = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["type"] for e in entries] == ["session", "message"]
+    assert entries[1]["timestamp"].endswith("Z")  # a date pi can parse, not a crash
+
+
 def test_a_bad_file_or_a_taken_session_writes_nothing(tmp_path: Path) -> None:
     not_pi = _write(tmp_path / "x.jsonl", [{"type": "message", "id": "a"}])
     bad_message = _write(

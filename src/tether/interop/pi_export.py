@@ -31,6 +31,7 @@ from tether.interop.pi_format import (
 )
 from tether.interop.pi_import import message_of
 from tether.ledger import Ledger, Row, RowKind
+from tether.pi.sessionfile import new_entry_id
 
 __all__ = ["ExportReport", "export_pi"]
 
@@ -68,11 +69,7 @@ class _Ids:
         if isinstance(wanted, str) and wanted and wanted not in self.taken:
             self.taken.add(wanted)
             return wanted
-        while True:
-            eid = uuid.uuid4().hex[:8]
-            if eid not in self.taken:
-                self.taken.add(eid)
-                return eid
+        return new_entry_id(self.taken)
 
 
 def _entry(row: Row, eid: str, parent: str | None, first_kept: str) -> dict[str, Any]:

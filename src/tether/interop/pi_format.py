@@ -21,6 +21,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from tether.pi.sessionfile import SESSION_VERSION, iso_of_ms
+
 __all__ = [
     "AFTER_KEY",
     "BEFORE_KEY",
@@ -32,9 +34,6 @@ __all__ = [
     "iso_of_ms",
     "ms_of_iso",
 ]
-
-SESSION_VERSION = 3
-"""The pi session format an export writes (pi 1.6.0's current version)."""
 
 PI_KEY = "pi"
 BEFORE_KEY = "pi_before"
@@ -69,14 +68,3 @@ def ms_of_iso(stamp: Any) -> int | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return (when - _EPOCH) // timedelta(milliseconds=1)
-
-
-def iso_of_ms(ms: Any) -> str:
-    """Unix milliseconds as pi writes entry timestamps (``Date.toISOString``); now when absent."""
-    if isinstance(ms, int) and not isinstance(ms, bool):
-        when = _EPOCH + timedelta(milliseconds=ms)
-    elif isinstance(ms, float) and ms == ms and abs(ms) < 1e15:
-        when = _EPOCH + timedelta(milliseconds=int(ms))
-    else:
-        when = datetime.now(UTC)
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")

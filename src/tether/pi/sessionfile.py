@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SESSION_VERSION", "PreEntry", "new_entry_id", "write_session_file"]
+__all__ = ["SESSION_VERSION", "PreEntry", "iso_of_ms", "new_entry_id", "write_session_file"]
 
 SESSION_VERSION = 3
 
@@ -31,7 +31,9 @@ def new_entry_id(taken: set[str]) -> str:
             return eid
 
 
-def _iso(ms: Any) -> str:
+def iso_of_ms(ms: Any) -> str:
+    """Unix milliseconds as pi writes entry timestamps (``Date.toISOString``); now when absent
+    or out of any date's range."""
     when = datetime.now(UTC)
     if isinstance(ms, int | float) and not isinstance(ms, bool):
         # a timestamp no date can hold (NaN, 1e23 from a row written before loads checked
@@ -58,7 +60,7 @@ def write_session_file(
         "type": "session",
         "version": SESSION_VERSION,
         "id": session_id,
-        "timestamp": _iso(None),
+        "timestamp": iso_of_ms(None),
         "cwd": str(cwd.resolve()),
     }
     lines = [json.dumps(header, ensure_ascii=False)]
@@ -73,7 +75,7 @@ def write_session_file(
                     "type": "message",
                     "id": eid,
                     "parentId": parent,
-                    "timestamp": _iso(pre.message.get("timestamp")),
+                    "timestamp": iso_of_ms(pre.message.get("timestamp")),
                     "message": pre.message,
                 },
                 ensure_ascii=False,
