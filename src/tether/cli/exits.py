@@ -23,12 +23,13 @@ from tether.errors import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["Exit", "err_console", "escape", "out_console", "translate_errors"]
+__all__ = ["Exit", "err_console", "escape", "translate_errors"]
 
 
 class _LazyConsole:
     """A rich console made on first use: a command that prints nothing for people (``tether
-    context --json``, ``tether run --json``) does not load rich at all."""
+    context --json``, ``tether run --json``) does not load rich at all. Data (an answer, JSON)
+    goes to stdout without rich."""
 
     def __init__(self, *, stderr: bool) -> None:
         self._stderr = stderr
@@ -43,7 +44,6 @@ class _LazyConsole:
 
 
 err_console = cast("Console", _LazyConsole(stderr=True))
-out_console = cast("Console", _LazyConsole(stderr=False))
 
 
 def escape(text: str) -> str:

@@ -22,7 +22,7 @@ from tether.ledger import Ledger, open_ledger
 from tether.ledger.ids import check_id, new_run_id
 from tether.pi.errors import PiNotInstalled
 from tether.pi.install import PiInstall, extension_file, find_pi
-from tether.pi.launch import PiLaunch, check_workdir, session_free
+from tether.pi.launch import PiLaunch, check_workdir
 
 __all__ = ["run"]
 
@@ -117,7 +117,7 @@ def _start_pi(
     custody's keeper; without custody, the run starts its own pi). A workdir holding the
     ledger, the config or the run directories, or a missing provider key, is refused first.
     Not when the session is busy: the request waits its turn, and its pi starts then."""
-    if not cfg.custody.detached or not session_free(store, session):
+    if not cfg.custody.detached or not store.session_free(session):
         return None
     checked = check_workdir(
         workdir or cfg.workdir(agent), agent=agent, config=cfg, ledger_path=store.path

@@ -40,7 +40,6 @@ from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
 from tether.harness.turn import CheckpointStatus
 from tether.ledger import Ledger, RunStatus
-from tether.pi.errors import PiNotInstalled
 from tether.pi.install import PiInstall
 from tether.pi.launch import PiLaunch
 
@@ -248,9 +247,6 @@ def execute(
         refused("session_refusing", str(exc), as_json)
     except SessionBusy as exc:
         refused(exc.reason, str(exc), as_json)
-    except PiNotInstalled as exc:
-        err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
-        raise typer.Exit(Exit.USAGE) from None
     except StorageError as exc:  # before pi started: the run (if any) is ended, or kept
         err_console.print(f"[bold red]ledger error:[/] {esc(' '.join(str(exc).split()))}")
         raise typer.Exit(Exit.RUN_FAILED) from None

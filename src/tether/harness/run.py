@@ -98,7 +98,7 @@ from tether.pi.detached import KeeperTransport
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.install import PiInstall, find_pi
 from tether.pi.keys import key_channel
-from tether.pi.launch import PiLaunch, pi_command, session_free
+from tether.pi.launch import PiLaunch, pi_command
 from tether.pi.protocol import Command, Disposition
 from tether.pi.sessionfile import PreEntry, write_session_file
 from tether.pi.toolchannel import ToolChannel
@@ -167,27 +167,29 @@ async def execute_run(
     here, once the request is admitted (with custody). Either way it loads, held at its gate,
     while the request is queued and the run's rows and session file are written, and is
     discarded if the run never starts."""
-    config.agent(request.agent)
-    admit_request(request.text, config.followup)  # before any write (DESIGN §3.5)
-    provider_keys(config, request.agent)  # a missing key refuses before any write
-    workdir = check_workdir(
-        request.workdir or config.workdir(request.agent),
-        agent=request.agent,
-        config=config,
-        ledger=ledger,
-    )
-    pi = pi or find_pi()
-    if launch is not None and launch.run_id != request.run_id:
-        raise ValueError(f"pi was launched for run {launch.run_id}, not {request.run_id}")
-    if (
-        launch is None
-        and config.custody.detached
-        and await in_thread(session_free, ledger, request.session)
-    ):
-        request = dataclasses.replace(request, run_id=request.run_id or new_run_id())
-        # A failure to start it here is met again, and reported, when the run is claimed.
-        launch, _ = _start_pi(config, request, pi=pi, run_id=str(request.run_id), workdir=workdir)
-    try:
+    try:  # a launch given or made here is discarded if the run never starts
+        config.agent(request.agent)
+        admit_request(request.text, config.followup)  # before any write (DESIGN §3.5)
+        provider_keys(config, request.agent)  # a missing key refuses before any write
+        workdir = check_workdir(
+            request.workdir or config.workdir(request.agent),
+            agent=request.agent,
+            config=config,
+            ledger=ledger,
+        )
+        pi = pi or find_pi()
+        if launch is not None and launch.run_id != request.run_id:
+            raise ValueError(f"pi was launched for run {launch.run_id}, not {request.run_id}")
+        if (
+            launch is None
+            and config.custody.detached
+            and await in_thread(ledger.session_free, request.session)
+        ):
+            request = dataclasses.replace(request, run_id=request.run_id or new_run_id())
+            # A failure to start it here is met again, and reported, when the run is claimed.
+            launch, _ = _start_pi(
+                config, request, pi=pi, run_id=str(request.run_id), workdir=workdir
+            )
         return await _queue_and_run(
             ledger,
             config,
@@ -837,7 +839,12 @@ class _Driver:
         where = custody_place.placement(pi=pi_place, run_dir=self.run_dir)
         lease_s = self.config.custody.lease_s
         while True:
-            await in_thread(self.ledger.heartbeat, self.fence, lease_s=lease_s, placement=where)
+            try:
+                await in_thread(self.ledger.heartbeat, self.fence, lease_s=lease_s, placement=where)
+            except StorageError:
+                # A ledger that cannot be written does not stop pi (the mirror rides it out):
+                # the lease lasts lease_s, and the next beat, a third of it later, tries again.
+                self.storage_retries += 1
             await anyio.sleep(lease_s / 3)
 
     async def _with_pi(

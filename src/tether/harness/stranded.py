@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.errors import FencedOut, NotFound, RunNotActive, StorageError
+from tether.files import private_dir, private_file
 from tether.ledger import Fence, Ledger, RunStatus
 
 __all__ = ["UNRECORDED_DIR", "keep_stranded_end", "record_stranded_ends"]
@@ -44,9 +45,9 @@ def keep_stranded_end(
         "refusing": refusing,
     }
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)  # it holds the run's answer: private whatever the umask
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
+        private_file(tmp).write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
         return f"nowhere ({path} could not be written: {exc.strerror}; the run stays running)"

@@ -31,19 +31,11 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from tether.access import Obligations
 from tether.errors import LedgerError, NotFound, RecallError
 from tether.ledger import Fence, Ledger
-from tether.pi.toolchannel import (
-    SOCKET_ENV,
-    TOKEN_ENV,
-    TOOL_NAMES,
-    TOOLS_EXTENSION,
-    ToolChannel,
-    ToolName,
-)
+from tether.pi.toolchannel import ToolChannel, ToolName
 from tether.recall import RecallAnswer, add_note, read_range, search
 
-__all__ = ["EXTENSION_PATH", "SOCKET_ENV", "TOKEN_ENV", "TOOL_NAMES", "ToolName", "ToolServer"]
+__all__ = ["ToolServer"]
 
-EXTENSION_PATH = TOOLS_EXTENSION
 MAX_REQUEST_BYTES = 64 * 1024
 
 T = TypeVar("T")
@@ -95,11 +87,6 @@ class ToolServer:
     @property
     def token(self) -> str:
         return self.channel.token
-
-    @property
-    def env(self) -> dict[str, str]:
-        """What pi's environment needs for the extension to reach this server."""
-        return self.channel.env
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED

@@ -30,7 +30,6 @@ from __future__ import annotations
 import enum
 import json
 import sys
-import uuid
 from array import array
 from collections import Counter
 from collections.abc import Iterator
@@ -49,7 +48,7 @@ from tether.interop.pi_format import (
     ms_of_iso,
 )
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus, Session
-from tether.ledger.ids import check_id
+from tether.ledger.ids import check_id, new_run_id
 from tether.ledger.models import now_iso
 from tether.mirror.entries import Actors, compaction_body, message_actor
 
@@ -519,7 +518,7 @@ def import_pi(
     record = Session(
         id=session, created=created if isinstance(created, str) else now_iso(), extra=extra
     )
-    run_ids = [f"r-{uuid.uuid4().hex[:12]}" for _ in plan.runs]
+    run_ids = [new_run_id() for _ in plan.runs]
     runs = []
     with plan.path.open("rb") as f:
         # a run's start and end: the timestamps of its first and last entries

@@ -637,6 +637,16 @@ class SqlLedger(abc.ABC):
             )
             return [_run(r) for r in c.fetchall()]
 
+    def session_free(self, session_id: str) -> bool:
+        """No run of the session is live or queued: a request now would run at once (so its
+        pi is worth starting ahead; one that will wait holds no idle pi meanwhile)."""
+        with self._read() as c:
+            c.execute(
+                "SELECT 1 FROM runs WHERE session = ? AND status IN ('running', 'queued') LIMIT 1",
+                (session_id,),
+            )
+            return c.fetchone() is None
+
     def waited_heads(self, *, limit: int = 64) -> list[tuple[Run, dict[str, Any]]]:
         """The first queued run of each session that has no live run, where a ``tether run``
         waits for it, with that waiter (its placement): the runs workers pass by."""

@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,8 @@ def _write_marker(path: Path, data: dict[str, Any]) -> None:
 
 
 class KeeperTransport:
-    """pi under a keeper. ``async with KeeperTransport.open(...)`` starts one;
+    """pi under a keeper. ``async with KeeperTransport.adopt(...)`` takes one this process
+    started (a :class:`~tether.pi.launch.PiLaunch`);
     ``async with KeeperTransport.attach(run_dir)`` takes over one that is running."""
 
     def __init__(
@@ -116,37 +117,6 @@ class KeeperTransport:
         """Set once everything in the events file when reading began has been delivered."""
 
     # -- starting and attaching ------------------------------------------------------------------
-
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def open(
-        cls,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        cwd: Path,
-        run_dir: Path,
-        stderr_log: Path,
-        grace_s: float = 3.0,
-        pass_fds: Sequence[int] = (),
-    ) -> AsyncIterator[KeeperTransport]:
-        """Start pi under its keeper; ``pass_fds`` reach pi through the keeper (the key
-        channel), which closes its own copies once pi has them."""
-        run_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (local, instant)
-        try:
-            # Popen, not anyio: the keeper must outlive this event loop and this process.
-            proc = keeper.start(
-                list(argv),
-                env=dict(env),
-                cwd=cwd,
-                run_dir=run_dir,
-                stderr_log=stderr_log,
-                pass_fds=tuple(pass_fds),
-            )
-        except OSError as exc:
-            raise PiStartupFailed(f"cannot start pi's keeper: {exc}") from exc
-        async with cls.adopt(run_dir, proc, stderr_log=stderr_log, grace_s=grace_s) as transport:
-            yield transport
 
     @classmethod
     @contextlib.asynccontextmanager

@@ -16,7 +16,6 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from tether.config import Config
 from tether.errors import ConfigError
@@ -35,7 +34,6 @@ __all__ = [
     "make_run_dir",
     "pi_command",
     "runs_dir",
-    "session_free",
 ]
 
 
@@ -78,17 +76,6 @@ def check_workdir(workdir: Path, *, agent: str, config: Config, ledger_path: Pat
             )
     workdir.mkdir(parents=True, exist_ok=True)
     return workdir
-
-
-class _Queues(Protocol):
-    def live_runs(self, *, session: str | None = None) -> Sequence[object]: ...
-    def queued_runs(self, session_id: str, *, limit: int = 1000) -> Sequence[object]: ...
-
-
-def session_free(ledger: _Queues, session: str) -> bool:
-    """No run of ``session`` is live or queued: a request now would run at once, so its pi is
-    worth starting ahead. A request that will wait does not hold an idle pi meanwhile."""
-    return not ledger.live_runs(session=session) and not ledger.queued_runs(session, limit=1)
 
 
 @dataclass(frozen=True, slots=True)

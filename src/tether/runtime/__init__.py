@@ -94,7 +94,8 @@ def _node(prefix: Path) -> Path:
 
 
 def _cli(prefix: Path) -> Path:
-    return prefix / "node_modules" / PI_PACKAGE / "dist" / "cli.js"
+    # The entry runs start (tether.pi.install.PI_CLI, the package's bin).
+    return prefix / "node_modules" / PI_PACKAGE / "dist" / "bundle" / "cli.js"
 
 
 def _run_version(argv: list[str]) -> str:

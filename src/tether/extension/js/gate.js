@@ -10,8 +10,7 @@
  */
 import { closeSync, readSync } from "node:fs";
 import { enableCompileCache } from "node:module";
-import { dirname, join } from "node:path";
-import { pathToFileURL } from "node:url";
+import { piCodingAgent } from "./pimodules.js";
 export const GATE_FD_ENV = "TETHER_GATE_FD";
 /** pi's exit status when its run was withdrawn before pi was let through. */
 export const WITHDRAWN_STATUS = 75;
@@ -37,7 +36,7 @@ if (fdText !== undefined) {
     enableCompileCache();
     try {
         // The bundle's package index loads most of pi's runtime: pi's start, done while waiting.
-        await import(pathToFileURL(join(dirname(process.argv[1] ?? "."), "index.js")).href);
+        await piCodingAgent();
     }
     catch {
         // Only a head start: pi's entry loads whatever it needs.
