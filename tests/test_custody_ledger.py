@@ -157,6 +157,8 @@ def test_workers_pass_by_a_run_a_tether_run_waits_for(ledger: Ledger) -> None:
     later, _ = ledger.enqueue_run("s1", "rev", actor="u:a", text="2")
     other, _ = ledger.enqueue_run("s2", "rev", actor="u:a", text="3")
     assert [(r.id, w) for r, w in ledger.waited_heads()] == [(mine.id, waiter)]
+    assert [r.id for r, _ in ledger.waited_heads(session="s1")] == [mine.id]
+    assert ledger.waited_heads(session="s2") == []
     # A worker takes s2's run, never the run its waiter will claim, nor the one queued behind it.
     taken = ledger.claim_next(owner="w1", lease_s=30)
     assert taken is not None

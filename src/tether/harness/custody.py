@@ -109,24 +109,23 @@ async def reconcile(
 ) -> list[Reconciled]:
     """Reconcile every lapsed lease (of ``session``, or all) per DESIGN §3.7. A run another
     reconciler took first is skipped. A resumed run gets ``relay`` (the takeover inherits the
-    relay of requests into the live run). Over all sessions, queued runs whose waiting
-    ``tether run`` is gone are withdrawn too (:func:`withdraw_abandoned`)."""
+    relay of requests into the live run). Then queued runs heading their queue whose waiting
+    ``tether run`` is gone are withdrawn (:func:`withdraw_abandoned`)."""
     done: list[Reconciled] = []
     for run in await in_thread(lapsed, ledger, session=session):
         found = await _reconcile_one(ledger, config, run, subscribers, pi, clock, relay)
         if found is not None:
             done.append(found)
-    if session is None:
-        await withdraw_abandoned(ledger)
+    await withdraw_abandoned(ledger, session=session)
     return done
 
 
-async def withdraw_abandoned(ledger: Ledger) -> list[str]:
+async def withdraw_abandoned(ledger: Ledger, *, session: str | None = None) -> list[str]:
     """Queued runs that head their session's queue, whose waiter (a ``tether run`` on this
     host) is confirmed gone: withdrawn (they wrote nothing). Workers pass such a run by, since
     it is its waiter's to run; withdrawn, the session's next request is theirs."""
     withdrawn = []
-    for run, waiter in await in_thread(ledger.waited_heads):
+    for run, waiter in await in_thread(ledger.waited_heads, session=session):
         if place.harness_gone(waiter) and await in_thread(ledger.cancel_queued, run.id):
             withdrawn.append(run.id)
     return withdrawn

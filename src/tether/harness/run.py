@@ -336,8 +336,6 @@ async def _wait_turn(
         live = await in_thread(ledger.live_runs, session=session)
         if not wait:
             raise SessionBusy(session, live[0].id if live else None)
-        if not live:
-            await _withdraw_orphans(ledger, session, run_id)
         behind = live[0].id if live else None
         if announced != (behind,):
             announced = (behind,)
@@ -353,17 +351,6 @@ async def _wait_turn(
         found = await in_thread(ledger.session, session)
         if found is not None and found.refusing:
             raise _refusing(session, found.refusing)
-
-
-async def _withdraw_orphans(ledger: Ledger, session: str, mine: str) -> None:
-    """Queued runs ahead of ``mine`` whose waiter (a ``tether run`` on this host) is confirmed
-    gone will never run: withdraw them (they wrote nothing)."""
-    for queued in await in_thread(ledger.queued_runs, session, limit=64):
-        if queued.id == mine:
-            return
-        waiter = await in_thread(ledger.queued_placement, queued.id)
-        if custody_place.harness_gone(waiter):
-            await in_thread(ledger.cancel_queued, queued.id)
 
 
 async def run_claimed(

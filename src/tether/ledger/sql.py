@@ -482,7 +482,7 @@ class SqlLedger(abc.ABC):
         ``(session, request_id)`` again returns ``(that run, False)`` and writes nothing.
         Refused (``SessionRefusing``) while the session refuses prompts. ``waiter`` records the
         process that waits to run it itself (``tether run``), so a waiter that died can be
-        withdrawn from the queue (:meth:`queued_placement`)."""
+        withdrawn from the queue (:meth:`waited_heads`)."""
         check_id("agent", agent)
         check_id("actor", actor)
         rid = check_id("run", run_id) if run_id is not None else new_run_id()
@@ -620,13 +620,6 @@ class SqlLedger(abc.ABC):
             r = c.fetchone()
         return _lease(r) if r else None
 
-    def queued_placement(self, run_id: str) -> dict[str, Any] | None:
-        """The waiter recorded for a queued run (None when any worker may run it)."""
-        with self._read() as c:
-            c.execute("SELECT placement FROM runs WHERE id = ? AND status = 'queued'", (run_id,))
-            r = c.fetchone()
-        return json.loads(r[0]) if r and r[0] else None
-
     def live_runs(self, *, session: str | None = None) -> list[Run]:
         """Running runs (of one session, or all), oldest first."""
         where, params = ("AND session = ?", (session,)) if session is not None else ("", ())
@@ -647,17 +640,21 @@ class SqlLedger(abc.ABC):
             )
             return c.fetchone() is None
 
-    def waited_heads(self, *, limit: int = 64) -> list[tuple[Run, dict[str, Any]]]:
-        """The first queued run of each session that has no live run, where a ``tether run``
-        waits for it, with that waiter (its placement): the runs workers pass by."""
+    def waited_heads(
+        self, *, session: str | None = None, limit: int = 64
+    ) -> list[tuple[Run, dict[str, Any]]]:
+        """The first queued run of each session (or of ``session``) that has no live run, where
+        a ``tether run`` waits for it, with that waiter (its placement): the runs workers pass
+        by."""
+        where, params = ("AND q.session = ? ", (session,)) if session is not None else ("", ())
         with self._read() as c:
             c.execute(
                 f"SELECT {_RUN_COLS}, placement FROM runs q WHERE q.status = 'queued' "
                 "AND q.placement IS NOT NULL AND q.ord = (SELECT MIN(h.ord) FROM runs h "
                 "WHERE h.session = q.session AND h.status = 'queued') AND NOT EXISTS "
                 "(SELECT 1 FROM runs l WHERE l.session = q.session AND l.status = 'running') "
-                "ORDER BY q.ord LIMIT ?",
-                (limit,),
+                f"{where}ORDER BY q.ord LIMIT ?",
+                (*params, limit),
             )
             return [(_run(r[:-1]), json.loads(r[-1])) for r in c.fetchall()]
 
