@@ -41,6 +41,7 @@ from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.relay import RelayHook
 from tether.harness.run import _drive_recorded, _Driver, in_thread
 from tether.harness.stops import StopControl
+from tether.harness.stranded import record_stranded_ends
 from tether.harness.turn import RunOutcome, RunRequest
 from tether.ledger import Fence, Ledger, Run, RunStatus
 from tether.mirror.entries import Actors, message_text
@@ -48,6 +49,7 @@ from tether.mirror.mirror import Mirror
 from tether.pi import keeper
 from tether.pi.detached import process_matches, read_placement
 from tether.pi.install import PiInstall, find_pi
+from tether.pi.launch import runs_dir
 
 __all__ = ["Reconciled", "Resolution", "lapsed", "reconcile"]
 
@@ -110,7 +112,10 @@ async def reconcile(
     """Reconcile every lapsed lease (of ``session``, or all) per DESIGN §3.7. A run another
     reconciler took first is skipped. A resumed run gets ``relay`` (the takeover inherits the
     relay of requests into the live run). Then queued runs heading their queue whose waiting
-    ``tether run`` is gone are withdrawn (:func:`withdraw_abandoned`)."""
+    ``tether run`` is gone are withdrawn (:func:`withdraw_abandoned`). Run ends kept on disk
+    because the ledger could not take them are recorded first, so that no lapsed lease ends
+    such a run as lost."""
+    await in_thread(record_stranded_ends, ledger, runs_dir(config))
     done: list[Reconciled] = []
     for run in await in_thread(lapsed, ledger, session=session):
         found = await _reconcile_one(ledger, config, run, subscribers, pi, clock, relay)

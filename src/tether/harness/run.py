@@ -72,7 +72,7 @@ from tether.harness.pump import RunState, follow
 from tether.harness.relay import LivePi, RelayHook
 from tether.harness.rundir import check_workdir, make_run_dir, runs_dir
 from tether.harness.stops import StopControl, Stopped, StopReason, race_clock
-from tether.harness.stranded import keep_stranded_end, record_stranded_ends
+from tether.harness.stranded import keep_stranded_end
 from tether.harness.tools import ToolServer
 from tether.harness.turn import (
     NOT_NEEDED,
@@ -229,7 +229,6 @@ async def _queue_and_run(
     bus = EventBus(list(subscribers))
 
     session = await in_thread(ledger.ensure_session, request.session)
-    await in_thread(record_stranded_ends, ledger, runs_dir(config))
     await _reconcile(ledger, config, request.session)
     if session.refusing:
         raise _refusing(session.id, session.refusing)
