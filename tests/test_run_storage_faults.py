@@ -19,6 +19,7 @@ import pytest
 
 from pg import TEST_URL, fresh_schema_url
 from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
+from tether.harness.stranded import keep_stranded_end, record_stranded_ends
 from tether.ledger import Ledger, RunStatus, open_ledger
 
 TETHER = [sys.executable, "-m", "tether"]
@@ -254,3 +255,21 @@ def test_a_terminated_backend_mid_run_is_reconnected_and_the_answer_written(
             _consistent(ledger)
             assert _texts(ledger)[-1] == "the answer"
             assert ledger.get_run(out["run"]).status is RunStatus.FINISHED
+
+
+def test_a_kept_end_whose_refusal_did_not_land_is_refused_on_the_next_pass(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    # A pass wrote the kept end, then the refusal after it failed: the next pass finds the run
+    # ended already, and must still refuse the session (pi's idle was never confirmed).
+    ledger.ensure_session("s1")
+    fence = ledger.claim_run(ledger.create_run("s1", "rev").id)
+    keep_stranded_end(
+        tmp_path / "runs", fence, RunStatus.INTERRUPTED, {"answer": None}, "pi's idle unconfirmed"
+    )
+    ledger.end_run(fence, RunStatus.INTERRUPTED, extra={"answer": None})
+    assert record_stranded_ends(ledger, tmp_path / "runs") == 1
+    session = ledger.session("s1")
+    assert session is not None
+    assert session.refusing == "pi's idle unconfirmed"
+    assert record_stranded_ends(ledger, tmp_path / "runs") == 0, "recorded once"

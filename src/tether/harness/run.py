@@ -574,6 +574,7 @@ class _Driver:
         """The harness's own failure (a helper task, the final mirror pass): it wins."""
         self.resuming = False
         """Taking over a run whose harness was lost (pi was prompted by the lost harness)."""
+        self.end_recorded = False
         self.storage_retry_s = config.harness.storage_retry_s
         self.storage_retries = 0
         """Ledger writes that failed and were tried again (a full disk, a lost connection)."""
@@ -1068,7 +1069,11 @@ class _Driver:
     async def _record_end(
         self, status: RunStatus, extra: dict[str, Any], refusing: str | None
     ) -> None:
-        await in_thread(self.ledger.end_run, self.fence, status, extra=extra)
+        # Retried as a whole while the ledger fails: an end already written is not written
+        # again (that would raise RunNotActive and lose the refusal after it).
+        if not self.end_recorded:
+            await in_thread(self.ledger.end_run, self.fence, status, extra=extra)
+            self.end_recorded = True
         if refusing:
             await in_thread(self.ledger.set_refusing, self.fence.session, refusing)
 

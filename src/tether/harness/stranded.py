@@ -71,13 +71,15 @@ def record_stranded_ends(ledger: Ledger, runs_dir: Path) -> int:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not ours to judge: left for an operator
         try:
-            ledger.end_run(fence, status, extra=extra)
+            # Ended already (perhaps by a pass whose refusal then failed): refuse still.
+            with contextlib.suppress(RunNotActive):
+                ledger.end_run(fence, status, extra=extra)
             if refusing:
                 ledger.set_refusing(fence.session, refusing)
-        except (FencedOut, RunNotActive, NotFound):
-            pass  # another owner ended it, or it is gone: nothing left to record
+        except (FencedOut, NotFound):
+            pass  # another owner holds it, or it is gone: nothing left to record
         except StorageError:
-            return recorded  # still cannot write: the next run tries again
+            return recorded  # still cannot write: the next reconcile tries again
         with contextlib.suppress(OSError):
             path.unlink()
         recorded += 1
