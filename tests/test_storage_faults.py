@@ -152,3 +152,22 @@ def test_a_terminated_backend_is_reconnected_and_the_write_retried() -> None:
         assert ledger.last_seq("s") == 7
         assert [r.seq for r in ledger.iter_rows("s")] == list(range(1, 8))
         ledger.close()
+
+
+def test_a_write_that_is_not_idempotent_is_not_tried_again_on_a_lost_connection() -> None:
+    # A lost connection may have lost a commit's acknowledgement: a note written again would
+    # be a second note. The caller gets ConnectionLost and decides; the ledger does not retry.
+    marker = f"tether-test-{uuid.uuid4().hex[:8]}"
+    with fresh_schema_url() as base:
+        ledger = open_ledger(f"{base}&application_name={marker}")
+        assert isinstance(ledger, PostgresLedger)
+        ledger.create_session("s")
+        ledger.add_note("s", "a", "first")
+        assert _terminate(marker) >= 1
+        with pytest.raises(StorageError):
+            ledger.add_note("s", "a", "second")
+        # (the backend was gone before the insert: nothing of it committed)
+        assert sorted(n.text for n in ledger.notes("s", "a")) == ["first"]
+        ledger.add_note("s", "a", "third")  # a new connection
+        assert sorted(n.text for n in ledger.notes("s", "a")) == ["first", "third"]
+        ledger.close()

@@ -575,6 +575,7 @@ class _Driver:
         self.resuming = False
         """Taking over a run whose harness was lost (pi was prompted by the lost harness)."""
         self.end_recorded = False
+        self.end_tried = False
         self.storage_retry_s = config.harness.storage_retry_s
         self.storage_retries = 0
         """Ledger writes that failed and were tried again (a full disk, a lost connection)."""
@@ -1072,7 +1073,14 @@ class _Driver:
         # Retried as a whole while the ledger fails: an end already written is not written
         # again (that would raise RunNotActive and lose the refusal after it).
         if not self.end_recorded:
-            await in_thread(self.ledger.end_run, self.fence, status, extra=extra)
+            try:
+                await in_thread(self.ledger.end_run, self.fence, status, extra=extra)
+            except RunNotActive:
+                # A try before this one failed as its commit's acknowledgement was lost.
+                if not self.end_tried:
+                    raise
+            finally:
+                self.end_tried = True
             self.end_recorded = True
         if refusing:
             await in_thread(self.ledger.set_refusing, self.fence.session, refusing)

@@ -426,9 +426,11 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def _retried(method: _F) -> _F:
     """Run ``method`` again on a new connection when its connection was lost, until the
-    ledger's retry window ends. Safe for writes: a transaction either committed or rolled back,
-    and appends are idempotent by pi entry id (and a run's request row by the run), so a retry
-    after a lost acknowledgement never duplicates a row."""
+    ledger's retry window ends. Only for reads and idempotent writes: a lost connection may
+    have lost the acknowledgement of a commit, and appends are idempotent by pi entry id (and a
+    run's request row by the run), a refusal or an extra merged again is the same. Writes that
+    are not (a new session, run or note, a claim, a run's end) raise ``ConnectionLost``: their
+    callers know whether a second try is the same."""
 
     @functools.wraps(method)
     def wrapper(self: PostgresLedger, *args: Any, **kwargs: Any) -> Any:
@@ -447,19 +449,23 @@ def _retried(method: _F) -> _F:
 
 
 for _name in (
-    "create_session",
     "session",
     "sessions",
+    "session_overview",
+    "session_free",
     "last_seq",
     "set_refusing",
-    "create_run",
     "run",
     "runs",
-    "claim_run",
+    "lease",
+    "live_runs",
+    "queued_runs",
+    "waited_heads",
+    "expired_leases",
     "append",
-    "end_run",
     "update_run_extra",
-    "add_note",
+    "search",
+    "run_rows_before",
     "notes",
     "all_notes",
     "row",
