@@ -19,9 +19,11 @@ FLOORS: dict[str, int] = {
     "config": 1,
     "events": 1,
     "files": 1,
+    "ids": 1,
     # 2: storage and admission
     "ledger": 2,
     "access": 2,
+    "admission": 2,
     # 3: pure logic over bounded reads; speaking to pi; the embedded model
     "followup": 3,
     "pi": 3,

@@ -1,3 +1,3 @@
-from tether.cli.app import main
+from tether.cli.entry import main
 
 main()

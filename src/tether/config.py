@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Self, TypeVar
 
 import msgspec
 
-from tether.errors import ConfigError
+from tether.errors import BadLedgerUrl, ConfigError
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -236,6 +236,23 @@ def _validate(source: Path, prefix: str, kind: type[_S], data: Any) -> _S:
             problem = "unknown key"
         key = ".".join(p for p in parts if p)
         raise ConfigError(f"{source}: {key}: {problem}" if key else f"{source}: {problem}") from exc
+
+
+def ledger_file(url: str) -> Path | None:
+    """The file a ledger URL names (``sqlite:///ABSOLUTE/PATH``, or ``sqlite:RELATIVE/PATH``
+    from the working directory); None for ``memory:`` and ``postgresql://``. A URL no ledger
+    takes is :class:`BadLedgerUrl`, as opening it would be."""
+    if url == "memory:" or url.startswith(("postgresql://", "postgres://")):
+        return None
+    if not url.startswith("sqlite:"):
+        raise BadLedgerUrl(
+            f"unknown ledger URL {url!r}: use memory:, sqlite:///PATH or postgresql://USER@HOST/DB"
+        )
+    raw = url.removeprefix("sqlite:")
+    raw = "/" + raw.lstrip("/") if raw.startswith("//") else raw
+    if not raw or "\x00" in raw:
+        raise BadLedgerUrl(f"not a SQLite ledger URL: {url!r} (it names no file)")
+    return Path(raw).resolve()
 
 
 def load_config(path: str | Path | None = None) -> Config:

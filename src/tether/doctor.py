@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tether.config import Config
+from tether.config import Config, ledger_file
+from tether.errors import BadLedgerUrl
 
 __all__ = ["Check", "Status", "run_checks"]
 
@@ -109,12 +110,6 @@ def _extension() -> Check:
     return Check("extension", Status.FAIL, f"{ext} is missing", "reinstall tether")
 
 
-def _sqlite_path(url: str) -> Path:
-    raw = url.removeprefix("sqlite:")
-    raw = "/" + raw.lstrip("/") if raw.startswith("//") else raw
-    return Path(raw).resolve()
-
-
 def _ledger(url: str) -> Check:
     name = "ledger"
     if url == "memory:":
@@ -122,7 +117,11 @@ def _ledger(url: str) -> Check:
     if url.startswith("sqlite:"):
         from tether.ledger.sqlite import SCHEMA_VERSION
 
-        path = _sqlite_path(url)
+        try:
+            path = ledger_file(url)
+        except BadLedgerUrl as exc:
+            return Check(name, Status.FAIL, str(exc), "fix [ledger] url")
+        assert path is not None
         if not path.exists():
             parent = next((p for p in (path.parent, *path.parents) if p.exists()), Path("/"))
             if not os.access(parent, os.W_OK):

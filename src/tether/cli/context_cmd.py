@@ -8,13 +8,13 @@ from typing import Annotated
 
 import typer
 
+from tether.admission import admit_request
 from tether.cli.common import ConfigOpt, LedgerOpt
 from tether.cli.exits import Exit, command, err_console
 from tether.config import load_config
 from tether.followup import FollowupView, Refusal, Refused, build_view
-from tether.followup.admission import admit_request
+from tether.ids import check_id
 from tether.ledger import open_ledger
-from tether.ledger.ids import check_id
 
 __all__ = ["context"]
 

@@ -15,9 +15,9 @@ from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import command
+from tether.ids import check_id
 from tether.ledger import Row, RowKind, open_ledger
 from tether.ledger.copy import copy_sessions
-from tether.ledger.ids import check_id
 from tether.ledger.jsonl import dump_session, load_file, row_record
 
 ledger_app = typer.Typer(

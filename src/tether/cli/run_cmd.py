@@ -1,6 +1,7 @@
 """``tether run``: one task turn of an agent on a session (DESIGN §3.5).
 
-The command admits the request and starts pi at once (held at its gate, :mod:`tether.pi.gate`);
+The command admits the request and starts pi at once (held at its gate, :mod:`tether.pi.gate`),
+or takes the start ``tether``'s entry made before the CLI loaded (:mod:`tether.cli.run_start`);
 what the run needs beyond that is imported while pi loads (:mod:`tether.cli.run_live`).
 """
 
@@ -12,21 +13,15 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from tether.admission import Refused
+from tether.cli import run_start
 from tether.cli.common import ConfigOpt, LedgerOpt
 from tether.cli.exits import Exit, command, err_console
 from tether.cli.exits import escape as esc
-from tether.config import Config, load_config
-from tether.followup.admission import admit_request
-from tether.followup.view import Refused
-from tether.ledger import Ledger, open_ledger
-from tether.ledger.ids import check_id, new_run_id
+from tether.cli.run_start import RunArgs
 from tether.pi.errors import PiNotInstalled
-from tether.pi.install import PiInstall, extension_file, find_pi
-from tether.pi.launch import PiLaunch, check_workdir
 
 __all__ = ["run"]
-
-CONTINUATION_EXTENSION = extension_file("continuation")
 
 
 def _refused(reason: str, detail: str, as_json: bool) -> NoReturn:
@@ -65,71 +60,32 @@ def run(
 
     Example: tether run --session s1 --agent reviewer "Review the last commit"
     """
-    # Admission comes first: a bad id or request writes nothing, not even a new ledger file.
-    check_id("session", session)
-    check_id("agent", agent)
-    check_id("actor", actor)
-    cfg = load_config(config)
-    try:
-        # stdin is read up to one byte past the limit: a huge pipe is refused, not held
-        raw = sys.stdin.buffer.read(cfg.followup.request_limit + 1) if request == "-" else request
-        text = admit_request(raw, cfg.followup)
-    except Refused as exc:
-        _refused(exc.reason.value, exc.detail, as_json)
-    try:
-        pi = find_pi()  # before the ledger is opened: nothing is created when pi is missing
-    except PiNotInstalled as exc:
-        err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
-        raise typer.Exit(Exit.USAGE) from None
-    store = open_ledger(ledger or cfg.ledger.url)
-    run_id = new_run_id()
-    launch = _start_pi(store, cfg, session, agent, workdir, run_id, pi)
+    args = RunArgs(request, session, agent, actor, workdir, config, ledger)
+    # Made by `tether`'s entry before the CLI loaded, when the arguments were plain.
+    started = run_start.take(args)
+    if started is None:
+        try:
+            started = run_start.start(args, stdin=sys.stdin.buffer)
+        except Refused as exc:
+            _refused(exc.reason.value, exc.detail, as_json)
+        except PiNotInstalled as exc:
+            err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
+            raise typer.Exit(Exit.USAGE) from None
     # The run itself (anyio, the harness, the mirror) is imported only now: pi loads meanwhile.
     from tether.cli.run_live import execute
 
     execute(
-        store,
-        cfg,
+        started.store,
+        started.config,
         session=session,
         agent=agent,
-        text=text,
+        text=started.text,
         actor=actor,
         workdir=workdir,
-        run_id=run_id,
-        extensions=(CONTINUATION_EXTENSION,),
-        pi=pi,
+        run_id=started.run_id,
+        extensions=(run_start.CONTINUATION_EXTENSION,),
+        pi=started.pi,
         as_json=as_json,
         wait=not no_wait,
-        launch=launch,
+        launch=started.launch,
     )
-
-
-def _start_pi(
-    store: Ledger,
-    cfg: Config,
-    session: str,
-    agent: str,
-    workdir: Path | None,
-    run_id: str,
-    pi: PiInstall,
-) -> PiLaunch | None:
-    """pi for this request, started now and held at its gate until the run is ready (under
-    custody's keeper; without custody, the run starts its own pi). A workdir holding the
-    ledger, the config or the run directories, or a missing provider key, is refused first.
-    Not when the session is busy: the request waits its turn, and its pi starts then."""
-    if not cfg.custody.detached or not store.session_free(session):
-        return None
-    checked = check_workdir(
-        workdir or cfg.workdir(agent), agent=agent, config=cfg, ledger_path=store.path
-    )
-    try:
-        return PiLaunch.start(
-            cfg,
-            agent,
-            pi=pi,
-            run_id=run_id,
-            workdir=checked,
-            extensions=(CONTINUATION_EXTENSION,),
-        )
-    except OSError:
-        return None  # the run tries again, and fails with pi's startup error

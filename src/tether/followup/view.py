@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from tether.errors import TetherError
+from tether.admission import RefusalReason, Refused
 
 __all__ = [
     "Checkpoint",
@@ -30,22 +30,6 @@ SYNTHETIC_ACTOR = "tether"
 """The actor of every message tether writes itself (notices, quoted evidence, unknown results)."""
 
 
-class RefusalReason(enum.StrEnum):
-    SOURCE_UNAVAILABLE = "source_unavailable"
-    """The previous request's row (or another source the view needs) cannot be read."""
-    INCOMPLETE_REQUEST = "incomplete_request"
-    """The previous run's request is partial (see ``build.py``'s module docstring)."""
-    PROTECTED_CONTEXT_OVER_BUDGET = "protected_context_over_budget"
-    """The request, notes and summary alone do not fit the budget."""
-    ACCESS_DENIED = "access_denied"
-    """The requesting actor is not admitted to the previous request."""
-    SESSION_REFUSING = "session_refusing"
-    """The session refuses new prompts until an operator clears it."""
-    REQUEST_TOO_LARGE = "request_too_large"
-    """The new request is over ``[followup] request_max_bytes`` (DESIGN §3.5): admitted, it
-    could not be quoted whole as the next run's previous request."""
-
-
 class GapWhy(enum.StrEnum):
     BUDGET = "budget"
     """Left out because it did not fit (or lies outside the bounded reads)."""
@@ -58,15 +42,6 @@ class RequestMode(enum.StrEnum):
     """The previous request and the suffix are contiguous stored rows, taken unchanged."""
     COPIED = "copied"
     """The view is not contiguous (or was changed), so its rows are written again as copies."""
-
-
-class Refused(TetherError):
-    """A follow-up view was refused; ``reason`` is a :class:`RefusalReason`."""
-
-    def __init__(self, reason: RefusalReason, detail: str) -> None:
-        super().__init__(f"follow-up refused ({reason.value}): {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)

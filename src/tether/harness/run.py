@@ -44,6 +44,7 @@ import anyio
 import anyio.to_thread
 
 from tether.access import Obligations
+from tether.admission import admit_request
 from tether.clock import Clock, SystemClock
 from tether.config import Config
 from tether.errors import (
@@ -66,7 +67,6 @@ from tether.events import (
 )
 from tether.files import private_file
 from tether.followup import FollowupView, Refusal, build_view
-from tether.followup.admission import admit_request
 from tether.harness import placement as custody_place
 from tether.harness.pump import RunState, follow
 from tether.harness.relay import LivePi, RelayHook
@@ -87,8 +87,8 @@ from tether.harness.turn import (
     TaskEnd,
     verdict,
 )
+from tether.ids import new_run_id
 from tether.ledger import Fence, Ledger, NewRow, ReceiptReason, RowKind, RunStatus
-from tether.ledger.ids import new_run_id
 from tether.ledger.models import now_iso
 from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror

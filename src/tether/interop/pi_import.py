@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tether.errors import AlreadyExists, InterchangeError
+from tether.ids import check_id, new_run_id
 from tether.interop.pi_format import (
     AFTER_KEY,
     BEFORE_KEY,
@@ -48,7 +49,6 @@ from tether.interop.pi_format import (
     ms_of_iso,
 )
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus, Session
-from tether.ledger.ids import check_id, new_run_id
 from tether.ledger.models import now_iso
 from tether.mirror.entries import Actors, compaction_body, message_actor
 

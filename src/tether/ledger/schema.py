@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from tether.ledger.ids import id_problem
+from tether.ids import id_problem
 from tether.ledger.models import ReceiptReason, RunStatus
 
 __all__ = [

@@ -32,7 +32,7 @@ from tether.errors import (
     SessionRefusing,
     StorageError,
 )
-from tether.ledger.ids import check_id, new_run_id
+from tether.ids import check_id, new_run_id
 from tether.ledger.models import (
     ENDED_STATUSES,
     Fence,

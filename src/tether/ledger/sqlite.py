@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tether.config import ledger_file
 from tether.errors import BadLedgerUrl, LedgerError, StorageError
 from tether.files import private_dir, private_file
 from tether.ledger.sql import ROW_COLUMNS, Cursor, SqlLedger
@@ -210,13 +211,7 @@ class SQLiteLedger(SqlLedger):
         if url == "memory:":
             target = ":memory:"
         elif url.startswith("sqlite:"):
-            # sqlite:///var/lib/x.db is the absolute path /var/lib/x.db; sqlite:rel/x.db is
-            # relative to the working directory.
-            raw = url.removeprefix("sqlite:")
-            raw = "/" + raw.lstrip("/") if raw.startswith("//") else raw
-            if not raw or "\x00" in raw:
-                raise BadLedgerUrl(f"not a SQLite ledger URL: {url!r} (it names no file)")
-            self.path = Path(raw).resolve()
+            self.path = ledger_file(url)
             target = str(self.path)
         else:
             raise BadLedgerUrl(

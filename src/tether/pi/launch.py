@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,15 +217,20 @@ class PiLaunch:
             return
         self._discarded = True
         self.gate.close()
-        try:
-            self.keeper.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            # Still loading (or stuck): its keeper's pi has read and written nothing yet.
+        # pi never passed its gate, so it has read and written nothing: it is ended now rather
+        # than left to finish loading (a few hundred ms) before it finds the gate closed.
+        deadline = time.monotonic() + grace_s
+        while self.keeper.poll() is None and time.monotonic() < deadline:
             placement = keeper.read_placement(self.run_dir)
             pid = placement.get("pi_pid") if placement else None
             if isinstance(pid, int):
                 with contextlib.suppress(OSError):
-                    os.killpg(pid, signal.SIGKILL)
+                    os.killpg(pid, signal.SIGKILL)  # its own group: pi and what it started
+                break
+            time.sleep(0.005)  # the keeper records pi's pid right after starting it
+        try:
+            self.keeper.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(OSError):
                 self.keeper.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -14,9 +14,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from tether.admission import admit_request
 from tether.errors import ConfigError, SessionRefusing, UsageError
 from tether.followup import Refusal, RefusalReason, Refused, build_view
-from tether.followup.admission import admit_request
 from tether.harness.relay import Deliver
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
