@@ -4,8 +4,11 @@ One scripted provider (tests/provider.py) and one script: a run of N turns, each
 tool call (``bash`` and ``read`` alternating), the last a text answer. The same run is timed,
 interleaved, repetition by repetition:
 
-- ``direct RPC``: a Python process that starts pi (same argv, same agent dir contents), sends the
-  prompt and reads stdout until ``agent_settled``: the baseline;
+- ``direct RPC``: a Python process that starts pi (the argv and agent dir contents tether gives
+  it, without tether's extensions), sends the prompt and reads stdout until ``agent_settled``: the
+  baseline;
+- ``direct RPC + tether's extensions``: the same, with pi loading tether's three extensions (keys,
+  continuation, tools) and the recall and note tools, as in a run: pi's own share of the gap;
 - ``tether run``: the CLI, as a user runs it (config, ledger, follow-up view, mirror, pi);
 - in process, ``execute_run`` against the same direct RPC driver run in process.
 
@@ -90,7 +93,11 @@ def main() -> None:
     from tether.harness.run import RunRequest, execute_run
     from tether.ledger import RunStatus, open_ledger
     from tether.pi.agentdir import write_agent_dir
-    from tether.pi.install import find_pi, pi_argv, pi_env
+    from tether.pi.install import extension_file, find_pi, pi_argv, pi_env
+    from tether.pi.keys import KEYS_EXTENSION
+    from tether.pi.toolchannel import TOOL_NAMES, TOOLS_EXTENSION
+
+    CONTINUATION = extension_file("continuation")
 
     work = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     # The agent's tools work in tree/, which holds neither the ledger nor the run directories.
@@ -137,8 +144,8 @@ runs_dir = "runs"
         cfg: Config = load_config(cfg_path)
         agent = cfg.agent("bench")
 
-        def baseline_spec(i: int) -> Path:
-            run_dir = work / "direct" / str(i)
+        def baseline_spec(i: int, *, extensions: bool = False) -> Path:
+            run_dir = work / ("direct-ext" if extensions else "direct") / str(i)
             agent_dir = write_agent_dir(run_dir / "agent", cfg, "bench")
             (run_dir / "tmp").mkdir()
             argv = pi_argv(
@@ -147,8 +154,9 @@ runs_dir = "runs"
                 provider=agent.provider,
                 model=agent.model,
                 effort=agent.effort,
-                tools=agent.tools,
+                tools=[*agent.tools, *TOOL_NAMES] if extensions else agent.tools,
                 system_prompt=agent.system_prompt,
+                extensions=(KEYS_EXTENSION, CONTINUATION, TOOLS_EXTENSION) if extensions else (),
             )
             spec = {
                 "argv": argv,
@@ -162,6 +170,7 @@ runs_dir = "runs"
 
         timings: dict[str, list[float]] = {
             "direct": [],
+            "direct_ext": [],
             "cli": [],
             "direct_in": [],
             "inproc": [],
@@ -177,6 +186,11 @@ runs_dir = "runs"
             t = time.perf_counter()
             subprocess.run([sys.executable, __file__, "baseline", str(spec)], check=True)
             timings["direct"].append(time.perf_counter() - t)
+
+            spec = baseline_spec(i, extensions=True)
+            t = time.perf_counter()
+            subprocess.run([sys.executable, __file__, "baseline", str(spec)], check=True)
+            timings["direct_ext"].append(time.perf_counter() - t)
 
             t = time.perf_counter()
             done = subprocess.run(
@@ -255,6 +269,11 @@ runs_dir = "runs"
     )
     print(f"  direct RPC, own process        median {med('direct'):6.3f} s   (baseline)")
     print(
+        f"  direct RPC + tether's extensions median {med('direct_ext'):6.3f} s   "
+        f"ratio {med('direct_ext') / med('direct'):.3f}   (median of paired repetitions "
+        f"{paired('direct_ext', 'direct'):.3f}): pi loading keys, continuation, tools"
+    )
+    print(
         f"  tether run (CLI process)       median {med('cli'):6.3f} s   "
         f"ratio {med('cli') / med('direct'):.3f}   (median of paired repetitions "
         f"{paired('cli', 'direct'):.3f})"
@@ -265,8 +284,12 @@ runs_dir = "runs"
             f"ratio {med('against') / med('direct'):.3f}"
         )
     print(
-        f"    of which the CLI's start (`tether run --help`): median {med('startup'):.3f} s; "
-        f"without it, ratio {(med('cli') - med('startup')) / med('direct'):.3f}"
+        f"    against direct RPC + tether's extensions: ratio "
+        f"{med('cli') / med('direct_ext'):.3f} (paired {paired('cli', 'direct_ext'):.3f})"
+    )
+    print(
+        f"    the CLI's start alone (`tether run --help`, not a part of the run since its pi "
+        f"starts first): median {med('startup'):.3f} s"
     )
     print(f"  direct RPC, in process         median {med('direct_in'):6.3f} s   (baseline)")
     print(
