@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from provider import Reply, ScriptedProvider
+from provider import Reply, ScriptedProvider, ToolCall
 from test_launch import alive, make_config, placement, wait_for
 from tether.cli import run_start
 from tether.cli.app import app, load_command
@@ -267,6 +267,65 @@ def test_the_command_runs_on_the_head_start_it_takes(
     assert done.returncode == 0, done.stderr
     head_run = done.stderr.splitlines()[0]
     assert json.loads(done.stdout)["run"] == head_run
+
+
+def _tether_run(tmp_path: Path, cfg: Config, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = ["run", "-c", str(cfg.path), "-s", "s1", "-a", "rev", "--json", *args]
+    return subprocess.run(
+        [sys.executable, "-m", "tether", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+
+
+def test_without_custody_the_run_starts_its_own_pi(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    # The bash tool's parent is pi; pi's parent is recorded from /proc.
+    record = "awk '{print $4}' /proc/$PPID/stat > parent.txt"
+    provider = scripted_provider(
+        [Reply(tool_calls=[ToolCall("bash", {"command": record})]), Reply("ok")]
+    )
+    cfg = make_config(tmp_path, provider.url)
+    assert cfg.path is not None
+    cfg.path.write_text(cfg.path.read_text() + "\n[custody]\ndetached = false\n")
+    argv = ["run", "-c", str(cfg.path), "-s", "s1", "-a", "rev", "--json", "go"]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "tether", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    out, err = cli.communicate(timeout=120)
+    assert cli.returncode == 0, err
+    assert json.loads(out)["status"] == "finished"
+    # No head start under a keeper: pi was the CLI's own child.
+    assert int((tmp_path / "work" / "parent.txt").read_text()) == cli.pid
+    assert _run_dirs(cfg) == []
+
+
+def test_workdir_on_the_command_line_is_where_the_tools_run_and_is_checked(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    provider = scripted_provider(
+        [Reply(tool_calls=[ToolCall("bash", {"command": "touch made-here"})]), Reply("ok")]
+    )
+    cfg = make_config(tmp_path, provider.url)
+    # A workdir that holds the ledger is refused before anything is written.
+    refused = _tether_run(tmp_path, cfg, "--workdir", str(tmp_path), "go")
+    assert refused.returncode == 2, refused.stderr
+    assert "contains the ledger" in refused.stderr
+    assert not (tmp_path / "ledger.db").exists()
+    assert not runs_dir(cfg).exists()
+    assert provider.task_requests == []
+    elsewhere = tmp_path / "elsewhere"
+    done = _tether_run(tmp_path, cfg, "--workdir", str(elsewhere), "go")
+    assert done.returncode == 0, done.stderr
+    assert (elsewhere / "made-here").exists()
+    assert not (tmp_path / "work" / "made-here").exists()
 
 
 EXIT_PROBE = textwrap.dedent(
