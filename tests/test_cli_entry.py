@@ -1,6 +1,6 @@
 """The ``tether`` program (``tether.cli.entry``): ``tether run``'s head start, made from the raw
-arguments before the CLI loads and taken by the command only for the same arguments; and the
-exit without the interpreter's teardown, which must lose nothing."""
+arguments before the CLI loads and run without the CLI only when the command would read them the
+same way; and the exit without the interpreter's teardown, which must lose nothing."""
 
 from __future__ import annotations
 
@@ -31,25 +31,25 @@ from tether.pi.launch import runs_dir
 RUN = load_command("run")
 
 
-class _Taken(Exception):
+class _Started(Exception):
     def __init__(self, args: RunArgs) -> None:
         self.args_seen = args
 
 
 def command_args(argv: list[str]) -> RunArgs | None:
-    """The arguments the `run` command itself would look for a head start with (typer's own
-    parsing of ``argv``), or None when it rejects them."""
+    """The arguments the `run` command itself would start the run with (typer's own parsing of
+    ``argv``), or None when it rejects them."""
 
-    def seen(args: RunArgs) -> None:
-        raise _Taken(args)
+    def seen(args: RunArgs, **_: object) -> None:
+        raise _Started(args)
 
-    original = run_start.take
-    run_start.take = seen  # type: ignore[assignment]
+    original = run_start.start
+    run_start.start = seen  # type: ignore[assignment]
     try:
         result = CliRunner().invoke(app, ["run", *argv])
     finally:
-        run_start.take = original  # type: ignore[assignment]
-    return result.exception.args_seen if isinstance(result.exception, _Taken) else None
+        run_start.start = original
+    return result.exception.args_seen if isinstance(result.exception, _Started) else None
 
 
 def test_the_parser_knows_every_option_of_the_command() -> None:
@@ -115,11 +115,12 @@ def test_a_head_start_is_made_only_for_what_the_command_reads_the_same_way(
 ) -> None:
     guessed = parse(argv)
     if guessed is not None:
-        # Whatever the head start guessed, the command reads the same arguments (or rejects
-        # them, and the start is abandoned at exit).
-        assert command_args(argv) in (guessed, None)
+        # `tether` runs these without the command: it must read them exactly as the command does.
+        assert command_args(argv) == guessed
     if "--help" not in argv and "--sess" not in argv:
         assert guessed == command_args(argv)
+    else:
+        assert guessed is None
 
 
 @pytest.mark.parametrize(
@@ -147,37 +148,17 @@ def _run_dirs(config: Config) -> list[Path]:
     return sorted(where.iterdir()) if where.exists() else []
 
 
-def test_a_head_start_for_other_arguments_is_abandoned(config: Config) -> None:
+def test_an_abandoned_head_start_leaves_nothing(config: Config) -> None:
     argv = ["--config", str(config.path), "-s", "s1", "-a", "rev", "--json", "hello"]
-    run_start.head_start(argv)
-    try:
-        head = run_start._head
-        assert head is not None
-        assert head.launch is not None
-        assert head.text == "hello"
-        wait_for(lambda: (head.launch.run_dir / keeper.PLACEMENT_NAME).exists(), 10, "keeper")
-        pi_pid = placement(head.launch.run_dir)["pi_pid"]
-        other = RunArgs("hello", "s2", "rev", config=config.path)
-        assert run_start.take(other) is None
-        assert not alive(pi_pid), "pi of the abandoned start still runs"
-        assert _run_dirs(config) == []
-        assert run_start._head is None
-    finally:
-        run_start._abandon_head()
-
-
-def test_a_head_start_is_taken_once_for_the_same_arguments(config: Config) -> None:
-    argv = ["hello", "--session=s1", "--agent", "rev", f"--config={config.path}"]
-    run_start.head_start(argv)
-    try:
-        taken = run_start.take(RunArgs("hello", "s1", "rev", config=config.path))
-        assert taken is not None
-        assert taken.launch is not None
-        assert run_start.take(RunArgs("hello", "s1", "rev", config=config.path)) is None
-        taken.abandon()
-        assert _run_dirs(config) == []
-    finally:
-        run_start._abandon_head()
+    head = run_start.head_start(argv)
+    assert head is not None
+    assert head.launch is not None
+    assert (head.text, head.args.as_json, head.args.wait) == ("hello", True, True)
+    wait_for(lambda: (head.launch.run_dir / keeper.PLACEMENT_NAME).exists(), 10, "keeper")
+    pi_pid = placement(head.launch.run_dir)["pi_pid"]
+    head.abandon()
+    assert not alive(pi_pid), "pi of the abandoned start still runs"
+    assert _run_dirs(config) == []
 
 
 @pytest.mark.parametrize(
@@ -193,30 +174,30 @@ def test_a_head_start_is_taken_once_for_the_same_arguments(config: Config) -> No
 def test_no_head_start_where_the_command_would_refuse_or_read_stdin(
     config: Config, argv: list[str]
 ) -> None:
-    run_start.head_start(["--config", str(config.path), *argv])
-    assert run_start._head is None
+    assert run_start.head_start(["--config", str(config.path), *argv]) is None
     assert not runs_dir(config).exists()
     assert config.path is not None
     assert not (config.path.parent / "ledger.db").exists()
 
 
-def test_a_head_start_the_command_never_takes_ends_with_the_process(config: Config) -> None:
-    # A head start made, then the process exits without the command (here: it raises).
+def test_a_head_start_the_run_never_takes_is_abandoned(config: Config) -> None:
+    # The program made the start, then failed before the run took it (here: the run's module
+    # cannot be imported): pi ends at its gate and its directory is removed.
     code = textwrap.dedent(
         f"""
-        from tether.cli import run_start
-        run_start.head_start(["--config", {str(config.path)!r}, "-s", "s1", "-a", "rev", "hi"])
-        print(run_start._head.launch.run_dir, flush=True)
-        raise SystemExit(3)
+        import sys
+        from tether.cli import entry
+        sys.modules["tether.cli.run_live"] = None  # importing it raises ImportError
+        sys.argv = ["tether", "run", "-c", {str(config.path)!r}, "-s", "s1", "-a", "rev", "hi"]
+        entry.main()
         """
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 3, done.stderr
-    run_dir = Path(done.stdout.strip())
-    assert run_dir.parent == runs_dir(config)
-    assert not run_dir.exists()
+    assert done.returncode == 1
+    assert "import of tether.cli.run_live halted" in done.stderr
     assert _run_dirs(config) == []
-    strays = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.cmdline())]
+    where = str(runs_dir(config))
+    strays = [p for p in psutil.process_iter(["cmdline"]) if where in " ".join(p.cmdline())]
     assert strays == []
 
 
@@ -243,30 +224,33 @@ def test_tether_run_takes_its_head_start(
     assert _run_dirs(cfg) == [], "one run, one directory, removed after a good end"
 
 
-def test_the_command_runs_on_the_head_start_it_takes(
+def test_plain_arguments_run_without_loading_the_cli(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
-    provider = scripted_provider([Reply("the answer")])
+    provider = scripted_provider([Reply("the answer"), Reply("again")])
     cfg = make_config(tmp_path, provider.url)
-    argv = ["-c", str(cfg.path), "-s", "s1", "-a", "rev", "--json", "what is it?"]
-    # What `tether` does, with the head start's run id shown before the command runs.
-    code = textwrap.dedent(
-        f"""
-        import sys
-        from tether.cli import run_start
-        from tether.cli.app import main
-        run_start.head_start({argv!r})
-        print(run_start._head.run_id, file=sys.stderr, flush=True)
-        sys.argv = ["tether", "run", *{argv!r}]
-        main()
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120
-    )
+
+    def loaded(*argv: str, stdin: str = "") -> tuple[subprocess.CompletedProcess[str], set[str]]:
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "tether", "run", "-c", str(cfg.path), *argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+        )
+        names = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+        return done, {name.split(".")[0] for name in names if "import time:" not in name}
+
+    done, modules = loaded("-s", "s1", "-a", "rev", "--json", "what is it?")
     assert done.returncode == 0, done.stderr
-    head_run = done.stderr.splitlines()[0]
-    assert json.loads(done.stdout)["run"] == head_run
+    assert json.loads(done.stdout)["answer"] == "the answer"
+    assert not modules & {"typer", "click", "rich"}, "the CLI was loaded for plain arguments"
+    # Arguments that are not plain (here, the request on stdin) go to the command.
+    done, modules = loaded("-s", "s1", "-a", "rev", "--json", "-", stdin="and now?")
+    assert "typer" in modules
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["answer"] == "again"
 
 
 def _tether_run(tmp_path: Path, cfg: Config, *args: str) -> subprocess.CompletedProcess[str]:

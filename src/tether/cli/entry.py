@@ -1,7 +1,10 @@
 """The ``tether`` program: the CLI (:mod:`tether.cli.app`) with a head start and a quick exit.
 
-- ``tether run`` starts its pi before the CLI loads (:func:`tether.cli.run_start.head_start`):
-  pi's start, the largest fixed cost of a run, overlaps the import of typer and the harness.
+- ``tether run`` with plain arguments starts its pi first thing
+  (:func:`tether.cli.run_start.head_start`) and runs without loading the CLI (typer, click,
+  rich): pi's start, the largest fixed cost of a run, overlaps the import of the harness, and
+  the CPU the CLI would take is left to pi on a busy machine. Other arguments, and a start that
+  fails, go to the CLI's ``run`` command, which says what is wrong.
 - When the command is done, the process exits without the interpreter's teardown
   (:func:`exit_now`).
 
@@ -25,7 +28,18 @@ def main() -> NoReturn:
     if sys.argv[1:2] == ["run"]:
         from tether.cli.run_start import head_start
 
-        head_start(sys.argv[2:])
+        started = head_start(sys.argv[2:])
+        if started is not None:
+            try:
+                from tether.cli.run_live import run_started
+
+                run_started(started)
+            except SystemExit as exc:
+                exit_now(exc.code)
+            except BaseException:
+                started.abandon()  # pi still at its gate, if the run never took it
+                raise
+            exit_now(0)
     from tether.cli.app import main as cli
 
     try:

@@ -8,8 +8,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-import typer
-
 from tether.errors import (
     BadLedgerUrl,
     ConfigError,
@@ -64,32 +62,36 @@ class Exit(enum.IntEnum):
 
 @contextmanager
 def translate_errors() -> Iterator[None]:
-    """Turn tether's errors into one readable line on stderr and the right exit status."""
+    """Turn tether's errors into one readable line on stderr and the right exit status.
+
+    The status leaves as ``SystemExit``, not ``typer.Exit``: ``tether run`` runs without loading
+    typer (:mod:`tether.cli.entry`), and inside a typer command it ends the command the same
+    way."""
     try:
         yield
     except ConfigError as exc:
         err_console.print(f"[bold red]configuration error:[/] {escape(_one_line(str(exc)))}")
-        raise typer.Exit(Exit.USAGE) from None
+        raise SystemExit(Exit.USAGE) from None
     except BadLedgerUrl as exc:
         err_console.print(f"[bold red]configuration error:[/] {escape(_one_line(str(exc)))}")
-        raise typer.Exit(Exit.USAGE) from None
+        raise SystemExit(Exit.USAGE) from None
     except InterchangeError as exc:
         err_console.print(
             f"[bold red]bad ledger file:[/] {escape(_one_line(str(exc)))}; nothing was written"
         )
-        raise typer.Exit(Exit.USAGE) from None
+        raise SystemExit(Exit.USAGE) from None
     except UsageError as exc:
         err_console.print(f"[bold red]usage error:[/] {escape(_one_line(str(exc)))}")
-        raise typer.Exit(Exit.USAGE) from None
+        raise SystemExit(Exit.USAGE) from None
     except SessionRefusing as exc:
         err_console.print(f"[bold red]refused:[/] {escape(_one_line(str(exc)))}")
-        raise typer.Exit(Exit.REFUSED) from None
+        raise SystemExit(Exit.REFUSED) from None
     except StorageError as exc:
         err_console.print(f"[bold red]ledger error:[/] {escape(_one_line(str(exc)))}")
-        raise typer.Exit(Exit.ERROR) from None
+        raise SystemExit(Exit.ERROR) from None
     except TetherError as exc:
         err_console.print(f"[bold red]error:[/] {escape(_one_line(str(exc)))}")
-        raise typer.Exit(Exit.ERROR) from None
+        raise SystemExit(Exit.ERROR) from None
 
 
 def _one_line(text: str) -> str:

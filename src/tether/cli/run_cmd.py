@@ -1,8 +1,9 @@
 """``tether run``: one task turn of an agent on a session (DESIGN §3.5).
 
-The command admits the request and starts pi at once (held at its gate, :mod:`tether.pi.gate`),
-or takes the start ``tether``'s entry made before the CLI loaded (:mod:`tether.cli.run_start`);
-what the run needs beyond that is imported while pi loads (:mod:`tether.cli.run_live`).
+The command admits the request and starts pi at once (held at its gate, :mod:`tether.pi.gate`);
+what the run needs beyond that is imported while pi loads (:mod:`tether.cli.run_live`). The
+``tether`` program runs plain arguments without this command (:mod:`tether.cli.run_start`): it
+is for the rest (help, stdin, mistakes, which it reports) and for callers of the CLI's API.
 """
 
 from __future__ import annotations
@@ -60,32 +61,17 @@ def run(
 
     Example: tether run --session s1 --agent reviewer "Review the last commit"
     """
-    args = RunArgs(request, session, agent, actor, workdir, config, ledger)
-    # Made by `tether`'s entry before the CLI loaded, when the arguments were plain.
-    started = run_start.take(args)
-    if started is None:
-        try:
-            started = run_start.start(args, stdin=sys.stdin.buffer)
-        except Refused as exc:
-            _refused(exc.reason.value, exc.detail, as_json)
-        except PiNotInstalled as exc:
-            err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
-            raise typer.Exit(Exit.USAGE) from None
-    # The run itself (anyio, the harness, the mirror) is imported only now: pi loads meanwhile.
-    from tether.cli.run_live import execute
-
-    execute(
-        started.store,
-        started.config,
-        session=session,
-        agent=agent,
-        text=started.text,
-        actor=actor,
-        workdir=workdir,
-        run_id=started.run_id,
-        extensions=(run_start.CONTINUATION_EXTENSION,),
-        pi=started.pi,
-        as_json=as_json,
-        wait=not no_wait,
-        launch=started.launch,
+    args = RunArgs(
+        request, session, agent, actor, workdir, config, ledger, as_json=as_json, wait=not no_wait
     )
+    try:
+        started = run_start.start(args, stdin=sys.stdin.buffer)
+    except Refused as exc:
+        _refused(exc.reason.value, exc.detail, as_json)
+    except PiNotInstalled as exc:
+        err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
+        raise typer.Exit(Exit.USAGE) from None
+    # The run itself (anyio, the harness, the mirror) is imported only now: pi loads meanwhile.
+    from tether.cli.run_live import run_started
+
+    run_started(started)

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
-import typer
 
-from tether.cli.exits import Exit, err_console
+from tether.cli.exits import Exit, err_console, translate_errors
 from tether.cli.exits import escape as esc
 from tether.errors import HarnessError, SessionBusy, SessionRefusing, StorageError
 from tether.events import (
@@ -48,7 +47,9 @@ if TYPE_CHECKING:
     from rich.live import Live
     from rich.text import Text
 
-__all__ = ["execute", "refused"]
+    from tether.cli.run_start import Started
+
+__all__ = ["execute", "refused", "run_started"]
 
 
 class Progress:
@@ -201,13 +202,37 @@ def refused(reason: str, detail: str, as_json: bool) -> NoReturn:
     if as_json:
         _out(json.dumps({"status": "refused", "reason": reason, "detail": detail}))
     err_console.print(f"[bold red]refused ({reason}):[/] {esc(detail)}")
-    raise typer.Exit(Exit.REFUSED)
+    raise SystemExit(Exit.REFUSED)
 
 
 def _out(text: str) -> None:
     # Plain stdout: the answer and the JSON are data, and rich is not loaded to print them.
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+def run_started(started: Started) -> None:
+    """Run a started request (:mod:`tether.cli.run_start`): print its answer, exit with its
+    status. Raises ``SystemExit`` for every status but 0."""
+    from tether.cli.run_start import CONTINUATION_EXTENSION
+
+    args = started.args
+    with translate_errors():
+        execute(
+            started.store,
+            started.config,
+            session=args.session,
+            agent=args.agent,
+            text=started.text,
+            actor=args.actor,
+            workdir=args.workdir,
+            run_id=started.run_id,
+            extensions=(CONTINUATION_EXTENSION,),
+            pi=started.pi,
+            as_json=args.as_json,
+            wait=args.wait,
+            launch=started.launch,
+        )
 
 
 def execute(
@@ -249,10 +274,10 @@ def execute(
         refused(exc.reason, str(exc), as_json)
     except StorageError as exc:  # before pi started: the run (if any) is ended, or kept
         err_console.print(f"[bold red]ledger error:[/] {esc(' '.join(str(exc).split()))}")
-        raise typer.Exit(Exit.RUN_FAILED) from None
+        raise SystemExit(Exit.RUN_FAILED) from None
     except HarnessError as exc:
         err_console.print(f"[bold red]not run:[/] {esc(str(exc))}")
-        raise typer.Exit(Exit.RUN_FAILED) from None
+        raise SystemExit(Exit.RUN_FAILED) from None
     if as_json:
         _out(json.dumps(outcome.to_json(), ensure_ascii=False))
     elif outcome.answer is not None:
@@ -263,9 +288,9 @@ def execute(
             + (f": {esc(outcome.error)}" if outcome.error else "")
             + f"; pi's log: {esc(str(outcome.run_dir / 'pi.log'))}"
         )
-        raise typer.Exit(Exit.RUN_FAILED)
+        raise SystemExit(Exit.RUN_FAILED)
     if outcome.checkpoint.status is CheckpointStatus.REFUSED:
         err_console.print(
             f"[yellow]the continuation checkpoint was {esc(outcome.checkpoint.label)}[/]"
         )
-        raise typer.Exit(Exit.REFUSED)
+        raise SystemExit(Exit.REFUSED)

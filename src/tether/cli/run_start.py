@@ -3,21 +3,21 @@ its gate), before the run itself is imported (DESIGN §3.5, §3.7).
 
 pi's start is the largest fixed cost of a run, so it should begin as early as possible. The
 ``tether`` entry (:mod:`tether.cli.entry`) therefore makes this start from the raw arguments
-before it loads the CLI (:func:`head_start`): pi loads while Python imports typer and the
-harness. The ``run`` command then :func:`take`-s that start if it was made for the same
-arguments, and makes it itself otherwise, so the command, not the head start, decides what the
-arguments mean and reports every error.
+(:func:`head_start`) and, when they are plain (:func:`parse` reads them exactly as the command
+would), runs it without loading the CLI at all: pi loads while Python imports the harness.
+Arguments that are not plain, and any start that fails, go to the ``run`` command
+(:mod:`tether.cli.run_cmd`), which makes the start itself and reports what is wrong.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import getopt
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
+
+import msgspec
 
 from tether.admission import admit_request
 from tether.config import Config, ledger_file, load_config
@@ -28,7 +28,7 @@ from tether.pi.launch import PiLaunch, check_workdir
 if TYPE_CHECKING:
     from tether.ledger import Ledger
 
-__all__ = ["CONTINUATION_EXTENSION", "RunArgs", "Started", "head_start", "parse", "start", "take"]
+__all__ = ["CONTINUATION_EXTENSION", "RunArgs", "Started", "head_start", "parse", "start"]
 
 CONTINUATION_EXTENSION = extension_file("continuation")
 
@@ -37,9 +37,10 @@ SHORT_OPTIONS = "s:a:c:"
 LONG_OPTIONS = ("session=", "agent=", "actor=", "json", "workdir=", "no-wait", "config=", "ledger=")
 
 
-@dataclass(frozen=True, slots=True)
-class RunArgs:
-    """What ``tether run`` was asked, as far as its start depends on it."""
+# msgspec structs rather than dataclasses here: this module is imported before pi is started, and
+# msgspec is loaded already (the config), where dataclasses would cost the start about 10 ms.
+class RunArgs(msgspec.Struct, frozen=True):
+    """What ``tether run`` was asked."""
 
     request: str
     session: str
@@ -48,10 +49,11 @@ class RunArgs:
     workdir: Path | None = None
     config: Path | None = None
     ledger: str | None = None
+    as_json: bool = False
+    wait: bool = True
 
 
-@dataclass(slots=True)
-class Started:
+class Started(msgspec.Struct):
     """A run's start: everything the run needs before its own code is loaded."""
 
     args: RunArgs
@@ -147,16 +149,21 @@ def _launch(
 
 def parse(argv: Sequence[str]) -> RunArgs | None:
     """``tether run``'s arguments read without the CLI, or None where they are not plain
-    (help, an unknown option, no request or several). Only a guess at what the command will
-    make of them: :func:`take` gives the start only to the same arguments."""
+    (help, an unknown or abbreviated option, an option's value that looks like an option, no
+    request or several). Plain arguments are read exactly as the command reads them
+    (``tests/test_cli_entry.py`` checks it against the command's own parsing), so that
+    ``tether`` may run them without loading the CLI; anything else goes to the command, which
+    says what is wrong."""
     try:
         opts, rest = getopt.gnu_getopt(list(argv), SHORT_OPTIONS, list(LONG_OPTIONS))
     except getopt.GetoptError:
         return None
-    if len(rest) != 1:
+    if len(rest) != 1 or not _spelled_out(argv):
         return None
     given: dict[str, str] = {}
     for flag, value in opts:
+        if value.startswith("-"):
+            return None  # `-s --json`: the command may read that otherwise
         given[{"-s": "--session", "-a": "--agent", "-c": "--config"}.get(flag, flag)] = value
     if "--session" not in given or "--agent" not in given:
         return None
@@ -169,42 +176,33 @@ def parse(argv: Sequence[str]) -> RunArgs | None:
         workdir=Path(workdir) if workdir is not None else None,
         config=Path(config) if config is not None else None,
         ledger=given.get("--ledger"),
+        as_json="--json" in given,
+        wait="--no-wait" not in given,
     )
 
 
-_head: Started | None = None
+_SPELLED = frozenset(f"--{name.rstrip('=')}" for name in LONG_OPTIONS)
 
 
-def head_start(argv: Sequence[str]) -> None:
-    """Start the run ``tether run ARGV`` asks for, before the CLI is loaded; silently nothing
+def _spelled_out(argv: Sequence[str]) -> bool:
+    """No long option is abbreviated (getopt takes ``--sess`` for ``--session``; the command
+    does not)."""
+    for word in argv:
+        if word == "--":
+            return True
+        if word.startswith("--") and word.split("=", 1)[0] not in _SPELLED:
+            return False
+    return True
+
+
+def head_start(argv: Sequence[str]) -> Started | None:
+    """The start of the run ``tether run ARGV`` asks for, made before the CLI is loaded; None
     when the arguments are not plain, the request is on stdin, or the start fails (the command
-    makes it again, and says what is wrong). A start the command does not take is abandoned at
-    exit."""
-    global _head
+    then makes it again, and says what is wrong)."""
     args = parse(argv)
     if args is None or args.request == "-":
-        return
-    try:
-        _head = start(args)
-    except Exception:
-        return
-    atexit.register(_abandon_head)
-
-
-def take(args: RunArgs) -> Started | None:
-    """The head start, if it was made for ``args`` (else it is abandoned, and None)."""
-    global _head
-    head, _head = _head, None
-    if head is None:
         return None
-    if head.args == args:
-        return head
-    head.abandon()
-    return None
-
-
-def _abandon_head() -> None:
-    global _head
-    head, _head = _head, None
-    if head is not None:
-        head.abandon()
+    try:
+        return start(args)
+    except Exception:
+        return None
