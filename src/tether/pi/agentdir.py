@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from tether.config import AgentConfig, Config, ProviderConfig
 from tether.errors import ConfigError
@@ -93,8 +94,7 @@ def pi_settings(config: Config, provider: ProviderConfig, agent: AgentConfig) ->
     return merge(settings, config.harness.pi_settings)
 
 
-@dataclass(frozen=True, slots=True)
-class AgentDir:
+class AgentDir(msgspec.Struct, frozen=True):
     path: Path
     env: dict[str, str]
     """Variables the pi process needs (the agent dir)."""

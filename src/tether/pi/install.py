@@ -20,8 +20,9 @@ import json
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from tether.pi.errors import PiNotInstalled
 
@@ -55,8 +56,8 @@ def extension_file(name: str) -> Path:
     return EXTENSION_DIR / f"{name}.js"
 
 
-@dataclass(frozen=True, slots=True)
-class PiInstall:
+# A msgspec struct, not a dataclass: this module is on the way to pi's start (cli.run_start).
+class PiInstall(msgspec.Struct, frozen=True, kw_only=True):
     node: Path
     cli: Path
     version: str

@@ -12,8 +12,9 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from tether.errors import ConfigError
 from tether.pi.install import extension_file
@@ -26,10 +27,9 @@ PIPE_LIMIT = 60_000
 """Written whole before pi starts, so it must fit the pipe's buffer (64 KiB on Linux)."""
 
 
-@dataclass(frozen=True, slots=True)
-class KeyChannel:
+class KeyChannel(msgspec.Struct, frozen=True):
     pass_fds: tuple[int, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
     """Only the descriptor's number: never the key."""
     extensions: tuple[Path, ...] = ()
 

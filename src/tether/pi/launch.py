@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from tether.config import Config
 from tether.errors import ConfigError
@@ -79,8 +79,7 @@ def check_workdir(workdir: Path, *, agent: str, config: Config, ledger_path: Pat
     return workdir
 
 
-@dataclass(frozen=True, slots=True)
-class PiCommand:
+class PiCommand(msgspec.Struct, frozen=True):
     """How one run's pi is started."""
 
     argv: list[str]
@@ -192,6 +191,8 @@ class PiLaunch:
                     pass_fds=command.pass_fds,
                 )
         except BaseException:
+            import shutil  # only now: not on the way to pi's start
+
             if gate is not None:
                 gate.close()
             if tools is not None and tools.private_dir is not None:
@@ -235,6 +236,8 @@ class PiLaunch:
                 self.keeper.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.keeper.wait(timeout=grace_s)
+        import shutil
+
         if self.tools.private_dir is not None:
             shutil.rmtree(self.tools.private_dir, ignore_errors=True)
         if not keep_dir:

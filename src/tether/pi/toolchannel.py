@@ -11,8 +11,9 @@ from __future__ import annotations
 import base64
 import enum
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from tether.pi.install import extension_file
 
@@ -37,8 +38,7 @@ TOOL_NAMES = tuple(ToolName)
 """The tools every run's pi has, whatever the agent's ``tools`` list holds."""
 
 
-@dataclass(frozen=True, slots=True)
-class ToolChannel:
+class ToolChannel(msgspec.Struct, frozen=True):
     path: Path
     token: str
     private_dir: Path | None = None
