@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hmac
 import json
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -32,7 +31,9 @@ from tether.access import Obligations
 from tether.errors import LedgerError, NotFound, RecallError
 from tether.ledger import Fence, Ledger
 from tether.pi.toolchannel import ToolChannel, ToolName
-from tether.recall import RecallAnswer, add_note, read_range, search
+
+if TYPE_CHECKING:
+    from tether.recall import RecallAnswer
 
 __all__ = ["ToolServer"]
 
@@ -125,6 +126,10 @@ class ToolServer:
             return {"ok": False, "error": "the request is not JSON"}
         if not isinstance(request, dict):
             return {"ok": False, "error": "the request is not an object"}
+        # Imported at the first call, as the recall below: most runs call no tool of tether's, and
+        # every import at a run's start takes CPU from pi's own start.
+        import hmac
+
         token = request.get("token")
         if not isinstance(token, str) or not hmac.compare_digest(
             token.encode("utf-8"), self.token.encode("utf-8")
@@ -150,6 +155,8 @@ class ToolServer:
         return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
     async def _recall(self, args: dict[str, Any]) -> dict[str, Any]:
+        from tether.recall import read_range, search
+
         query = args.get("query")
         if query is not None and not isinstance(query, str):
             raise RecallError('"query" must be text, e.g. "deploy password"')
@@ -192,6 +199,8 @@ class ToolServer:
         return {"ok": True, "text": found.to_text(), "details": details}
 
     async def _note(self, args: dict[str, Any]) -> dict[str, Any]:
+        from tether.recall import add_note
+
         text = args.get("text")
         if not isinstance(text, str):
             raise RecallError('"text" must be the note\'s text')
