@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 __all__ = [
     "AnswerDelta",
@@ -38,8 +39,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Waiting:
+class Waiting(msgspec.Struct, frozen=True):
     """A queued run waits for its session's live run to end (DESIGN §3.7)."""
 
     run: str
@@ -48,8 +48,7 @@ class Waiting:
     session: str
 
 
-@dataclass(frozen=True, slots=True)
-class Resumed:
+class Resumed(msgspec.Struct, frozen=True):
     """A run whose harness was lost is taken over on its original pi process (DESIGN §3.7)."""
 
     run: str
@@ -57,85 +56,73 @@ class Resumed:
     pi_pid: int
 
 
-@dataclass(frozen=True, slots=True)
-class RunStarted:
+class RunStarted(msgspec.Struct, frozen=True):
     run: str
     session: str
     agent: str
     follow_up: bool
 
 
-@dataclass(frozen=True, slots=True)
-class PiStarted:
+class PiStarted(msgspec.Struct, frozen=True):
     pid: int
     version: str
 
 
-@dataclass(frozen=True, slots=True)
-class TurnStarted:
+class TurnStarted(msgspec.Struct, frozen=True):
     turn: int
     """1-based count of assistant turns in this run."""
 
 
-@dataclass(frozen=True, slots=True)
-class AnswerDelta:
+class AnswerDelta(msgspec.Struct, frozen=True):
     text: str
     """A piece of assistant text as it streams."""
 
 
-@dataclass(frozen=True, slots=True)
-class ToolStarted:
+class ToolStarted(msgspec.Struct, frozen=True):
     call_id: str
     name: str
     args: Any
 
 
-@dataclass(frozen=True, slots=True)
-class ToolFinished:
+class ToolFinished(msgspec.Struct, frozen=True):
     call_id: str
     name: str
     is_error: bool
     duration_ms: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class Retrying:
+class Retrying(msgspec.Struct, frozen=True):
     attempt: int
     max_attempts: int
     error: str
 
 
-@dataclass(frozen=True, slots=True)
-class Compacting:
+class Compacting(msgspec.Struct, frozen=True):
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Compacted:
+class Compacted(msgspec.Struct, frozen=True):
     reason: str
     ok: bool
     aborted: bool
     error: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Notice:
+class Notice(msgspec.Struct, frozen=True):
     """An extension's ``ctx.ui.notify``."""
 
     level: str
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class StrayOutput:
+class StrayOutput(msgspec.Struct, frozen=True):
     """pi wrote a line to stdout that is not protocol."""
 
     line: str
     problem: str
 
 
-@dataclass(frozen=True, slots=True)
-class RowsMirrored:
+class RowsMirrored(msgspec.Struct, frozen=True):
     """Rows the mirror made visible in the ledger, with when pi created each entry."""
 
     seqs: tuple[int, ...]
@@ -146,19 +133,16 @@ class RowsMirrored:
     """Each entry's own timestamp (wall-clock seconds, from pi)."""
 
 
-@dataclass(frozen=True, slots=True)
-class StopRequested:
+class StopRequested(msgspec.Struct, frozen=True):
     reason: str
     hard: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Settled:
+class Settled(msgspec.Struct, frozen=True):
     aborted: bool
 
 
-@dataclass(frozen=True, slots=True)
-class RunEnded:
+class RunEnded(msgspec.Struct, frozen=True):
     run: str
     status: str
     stop_reason: str

@@ -9,8 +9,9 @@ view are measured by this one function.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 __all__ = ["Measure", "canonical_json", "measure", "strip_media"]
 
@@ -23,8 +24,7 @@ def canonical_json(value: Any) -> str:
     return _CANONICAL.encode(value)
 
 
-@dataclass(frozen=True, slots=True)
-class Measure:
+class Measure(msgspec.Struct, frozen=True):
     text_bytes: int
     """UTF-8 length of the canonical JSON, media payloads replaced by their lengths."""
     media_bytes: int

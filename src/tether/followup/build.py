@@ -28,7 +28,8 @@ never started) has no session record and is passed over.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+
+import msgspec
 
 from tether.access import Admission
 from tether.config import FollowupConfig
@@ -213,7 +214,7 @@ def read_more(reads: FollowupReads, inp: Inputs) -> Inputs | None:
         return None
     after = coverage(inp.compaction)
     tail = reads.tail(inp.session, bound, after=after, max_rows=TAIL_MAX_ROWS)
-    return replace(
+    return msgspec.structs.replace(
         inp,
         tail=tuple(tail.rows),
         tail_whole=tail.stop_seq is None,

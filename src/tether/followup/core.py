@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import Any
+
+import msgspec
 
 from tether.access import Admission
 from tether.config import FollowupConfig
@@ -169,8 +170,7 @@ def gaps_of(last: int, covers: int, covered: _Mark, marks: Mapping[int, _Mark]) 
     return gaps
 
 
-@dataclass(frozen=True, slots=True)
-class Inputs:
+class Inputs(msgspec.Struct, frozen=True):
     """Everything the bounded reads returned: :func:`compose_view` is a pure function of it."""
 
     session: str
@@ -278,8 +278,7 @@ def protected_refusal(size: int, budget: int, what: str = "") -> Refusal:
 # -- the core: units and plans -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Frame:
+class _Frame(msgspec.Struct, frozen=True):
     """What the core knows once the reads are done, before choosing rows."""
 
     budget: int
@@ -308,8 +307,7 @@ class _Frame:
         return max(self.covers, self.request_seq or 0)
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
+class _Plan(msgspec.Struct, frozen=True):
     """One unit of the view (a message, or a batch of calls with its results), evaluated."""
 
     first: int
@@ -721,7 +719,7 @@ def finish(
             mode=RequestMode.REUSED if reused else RequestMode.COPIED,
         )
     if not reused:
-        messages = [m if m.synthetic else replace(m, copied=True) for m in messages]
+        messages = [m if m.synthetic else msgspec.structs.replace(m, copied=True) for m in messages]
     comp = inp.compaction if f.covered is _Mark.SHOWN else None
     sources: set[str] = set()
     if comp is not None:

@@ -8,8 +8,9 @@ shape.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from tether.admission import RefusalReason, Refused
 
@@ -44,8 +45,7 @@ class RequestMode(enum.StrEnum):
     """The view is not contiguous (or was changed), so its rows are written again as copies."""
 
 
-@dataclass(frozen=True, slots=True)
-class Refusal:
+class Refusal(msgspec.Struct, frozen=True):
     reason: RefusalReason
     detail: str
 
@@ -57,8 +57,7 @@ class Refusal:
         return Refused(self.reason, self.detail)
 
 
-@dataclass(frozen=True, slots=True)
-class Gap:
+class Gap(msgspec.Struct, frozen=True):
     """An omitted seq range, both ends included."""
 
     first: int
@@ -78,8 +77,7 @@ _SHOWN_FIELDS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class ViewMessage:
+class ViewMessage(msgspec.Struct, frozen=True):
     role: str
     actor: str
     origin: int | None
@@ -117,8 +115,7 @@ class ViewMessage:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
+class Checkpoint(msgspec.Struct, frozen=True):
     """The newest compaction row, read by index and quoted in the view."""
 
     seq: int
@@ -139,8 +136,7 @@ class Checkpoint:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class PreviousRequest:
+class PreviousRequest(msgspec.Struct, frozen=True):
     seq: int
     run: str
     actor: str
@@ -150,8 +146,7 @@ class PreviousRequest:
         return {"seq": self.seq, "run": self.run, "actor": self.actor, "mode": self.mode.value}
 
 
-@dataclass(frozen=True, slots=True)
-class FollowupView:
+class FollowupView(msgspec.Struct, frozen=True):
     session: str
     agent: str
     actor: str | None

@@ -3,10 +3,10 @@ for subscribers, and pokes that tell the mirror something was appended."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from tether.events import (
@@ -35,8 +35,7 @@ MAX_STRAYS = 100
 STRAY_SAMPLES = 5
 
 
-@dataclass
-class RunState:
+class RunState(msgspec.Struct):
     """What the run has seen of pi so far (observations only: what the run comes to is a
     value the driver returns, not a flag here)."""
 
@@ -49,9 +48,9 @@ class RunState:
     settled_aborted: bool = False
     closed_reason: str | None = None
     strays: int = 0
-    stray_samples: list[str] = field(default_factory=list)
-    extension_errors: list[str] = field(default_factory=list)
-    done: anyio.Event = field(default_factory=anyio.Event)
+    stray_samples: list[str] = msgspec.field(default_factory=list)
+    extension_errors: list[str] = msgspec.field(default_factory=list)
+    done: anyio.Event = msgspec.field(default_factory=anyio.Event)
     """Set when pi settled or its transport closed."""
 
 

@@ -31,7 +31,6 @@ while pi is being closed. Whatever answer exists is kept in every outcome (invar
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import shutil
@@ -42,6 +41,7 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
+import msgspec
 
 from tether.access import Obligations
 from tether.admission import admit_request
@@ -185,7 +185,7 @@ async def execute_run(
             and config.custody.detached
             and await in_thread(ledger.session_free, request.session)
         ):
-            request = dataclasses.replace(request, run_id=request.run_id or new_run_id())
+            request = msgspec.structs.replace(request, run_id=request.run_id or new_run_id())
             # A failure to start it here is met again, and reported, when the run is claimed.
             launch, _ = _start_pi(
                 config, request, pi=pi, run_id=str(request.run_id), workdir=workdir

@@ -17,10 +17,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
+import msgspec
 
 from tether.clock import Clock
 
@@ -59,8 +59,7 @@ class StopReason(enum.StrEnum):
         return self in (StopReason.SOFT_STOP, StopReason.DEADLINE)
 
 
-@dataclass(frozen=True, slots=True)
-class Stopped:
+class Stopped(msgspec.Struct, frozen=True):
     """What a stop came to: the value that ends a turn."""
 
     reason: StopReason

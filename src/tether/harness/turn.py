@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from tether.clock import Clock
 from tether.config import AgentConfig, Config
@@ -35,8 +36,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class RunRequest:
+class RunRequest(msgspec.Struct, frozen=True):
     session: str
     agent: str
     text: str
@@ -54,8 +54,7 @@ class CheckpointStatus(enum.StrEnum):
     REFUSED = "refused"
 
 
-@dataclass(frozen=True, slots=True)
-class CheckpointResult:
+class CheckpointResult(msgspec.Struct, frozen=True):
     status: CheckpointStatus
     reason: ReceiptReason | None = None
     """Why it was refused (the receipt's reason); None unless ``REFUSED``."""
@@ -81,8 +80,7 @@ class CheckpointResult:
 NOT_NEEDED = CheckpointResult(CheckpointStatus.NOT_NEEDED)
 
 
-@dataclass
-class SettledTurn:
+class SettledTurn(msgspec.Struct):
     """What the checkpoint step gets, after ``agent_settled`` of a successful task turn and
     before the run ends. The client still reads events (the mirror keeps mirroring), ``stop``
     still works (a soft stop or the deadline sends ``abort``, which also aborts a running
@@ -118,8 +116,7 @@ CheckpointStep = Callable[[SettledTurn], Awaitable[CheckpointResult]]
 # -- what the task turn ended with --------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class PiSettled:
+class PiSettled(msgspec.Struct, frozen=True):
     """pi settled (``agent_settled``) on its own."""
 
     aborted: bool
@@ -138,8 +135,7 @@ class PiSettled:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class PiFailed:
+class PiFailed(msgspec.Struct, frozen=True):
     """pi never took the prompt, or went away before it settled."""
 
     reason: StopReason
@@ -151,8 +147,7 @@ TaskEnd = PiSettled | PiFailed | Stopped
 """What the task turn came to: an abort (a stop) is a value that ends the turn, like pi's own."""
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(msgspec.Struct, frozen=True):
     status: RunStatus
     stop_reason: StopReason
     error: str | None
@@ -191,8 +186,7 @@ def verdict(
     return Verdict(RunStatus.FINISHED, StopReason.SETTLED, None)
 
 
-@dataclass(frozen=True, slots=True)
-class RunOutcome:
+class RunOutcome(msgspec.Struct, frozen=True):
     run: str
     session: str
     status: RunStatus

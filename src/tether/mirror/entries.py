@@ -14,9 +14,10 @@ results, ``agent:NAME`` for everything the agent's side wrote.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+import msgspec
 
 from tether.ledger import NewRow, RowKind
 
@@ -34,13 +35,12 @@ __all__ = [
 CONVERSATION_ENTRIES = frozenset({"message", "custom_message", "branch_summary", "compaction"})
 
 
-@dataclass(frozen=True, slots=True)
-class Actors:
+class Actors(msgspec.Struct, frozen=True):
     user: str
     """The requester, e.g. ``user:ana``."""
     agent: str
     """The agent's name (rows carry ``agent:NAME``)."""
-    relayed: dict[str, str] = field(default_factory=dict)
+    relayed: dict[str, str] = msgspec.field(default_factory=dict)
     """Text of a request relayed into the live run (``steer``/``follow_up``) -> its sender: the
     user message pi writes for it carries the sender, not the run's requester."""
 

@@ -22,10 +22,10 @@ import itertools
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from tether.pi.errors import ProtocolError, TransportClosed
@@ -36,16 +36,14 @@ from tether.pi.transport import AgentTransport
 __all__ = ["Closed", "Record", "RpcClient", "Stray"]
 
 
-@dataclass(frozen=True, slots=True)
-class Stray:
+class Stray(msgspec.Struct, frozen=True):
     """A stdout line that is not protocol (not JSON, or not a JSON object)."""
 
     line: bytes
     problem: str
 
 
-@dataclass(frozen=True, slots=True)
-class Closed:
+class Closed(msgspec.Struct, frozen=True):
     """The last item of every subscription: the transport ended."""
 
     reason: str

@@ -4,8 +4,9 @@ named one for one. Values are pi's wire strings."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 __all__ = [
     "DIALOG_METHODS",
@@ -120,8 +121,7 @@ class PiStopReason(enum.StrEnum):
             return None
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
+class Response(msgspec.Struct, frozen=True):
     """A ``response`` record. ``id`` is None for pi's id-less answers (parse errors, unknown
     commands)."""
 
@@ -130,7 +130,7 @@ class Response:
     id: str | None = None
     data: Any = None
     error: str | None = None
-    raw: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @staticmethod
     def from_record(record: dict[str, Any]) -> Response:
