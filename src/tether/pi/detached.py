@@ -21,6 +21,7 @@ import ctypes
 import json
 import os
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -211,7 +212,10 @@ class KeeperTransport:
         splitter = LineSplitter()
         size_at_start = _size(self._events)
         delay = _POLL_MIN_S
-        watch = _DirWatch(self.run_dir)
+        watch = _DirWatch(self.run_dir, grows=self._events)
+        # Whether the keeper may have written exit.json since the last look (at first: it may
+        # be there already). Looking costs a failed open each time, so only when told.
+        ended = True
         with (
             watch,
             open(self._events, "rb") as f,  # noqa: ASYNC230  (a local file, read without waiting)
@@ -227,7 +231,7 @@ class KeeperTransport:
                     continue
                 if self.offset >= size_at_start:
                     self.caught_up.set()
-                if self._closed or self.exit_status is not None:
+                if self._closed or (ended and self.exit_status is not None):
                     # The keeper writes exit.json after the last byte: one more read drains it.
                     rest = f.read()
                     if rest:
@@ -238,7 +242,7 @@ class KeeperTransport:
                     break
                 if watch.fd is not None:
                     # Woken by the keeper's next write (or exit.json landing), not by a timer.
-                    await watch.wait(_WATCH_TIMEOUT_S)
+                    ended = await watch.wait(_WATCH_TIMEOUT_S, name=keeper.EXIT_NAME)
                 else:
                     await anyio.sleep(delay)
                     delay = min(_POLL_MAX_S, delay * 2)
@@ -356,24 +360,34 @@ class KeeperTransport:
 
 
 class _DirWatch:
-    """inotify on the run directory, so the events file is read when it grows instead of on a
-    timer (a timer's wake-ups cost CPU for the whole run). None when inotify is unavailable:
-    the reader polls then."""
+    """inotify on the run directory, so the reader looks when something happens instead of on
+    a timer (a timer's wake-ups cost CPU for the whole run). It wakes for a file landing in the
+    directory (created or renamed into place: ``exit.json``) and, given ``grows``, for that
+    one file growing (the events file), but not for the other files pi writes there as it works
+    (its session file, its log): each wake-up is CPU taken from pi on a busy machine. ``fd`` is
+    None when inotify is unavailable: the reader polls then."""
 
     _IN_MODIFY = 0x002
     _IN_MOVED_TO = 0x080
     _IN_CREATE = 0x100
+    _IN_Q_OVERFLOW = 0x4000
     _IN_NONBLOCK = 0o4000
     _IN_CLOEXEC = 0o2000000
+    _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then the name
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, grows: Path | None = None) -> None:
         self.fd: int | None = None
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             fd = libc.inotify_init1(self._IN_NONBLOCK | self._IN_CLOEXEC)
             if fd < 0:
                 return
-            mask = self._IN_MODIFY | self._IN_MOVED_TO | self._IN_CREATE
+            landing = self._IN_MOVED_TO | self._IN_CREATE
+            followed = grows is not None and (
+                libc.inotify_add_watch(fd, os.fsencode(grows), self._IN_MODIFY) >= 0
+            )
+            # Without the file's own watch (it is not there yet), any change in the directory.
+            mask = landing if followed or grows is None else landing | self._IN_MODIFY
             if libc.inotify_add_watch(fd, os.fsencode(directory), mask) < 0:
                 os.close(fd)
                 return
@@ -391,13 +405,33 @@ class _DirWatch:
             threading.Thread(target=os.close, args=(self.fd,), daemon=True).start()
             self.fd = None
 
-    async def wait(self, within: float) -> None:
+    async def wait(self, within: float, *, name: str | None = None) -> bool:
+        """Wait until something happens, at most ``within`` seconds. True when the file
+        ``name`` may have landed: it did, events were lost, or nothing came in time (look
+        anyway); always True without a ``name``."""
         assert self.fd is not None
+        landed = True
         with anyio.move_on_after(within):
             await anyio.wait_readable(self.fd)
+            landed = name is None
+        wanted = None if name is None else os.fsencode(name)
         with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self.fd, 64 * 1024):
-                pass
+            while data := os.read(self.fd, 64 * 1024):
+                if not landed and wanted is not None:
+                    landed = self._names(data, wanted)
+        return landed
+
+    @classmethod
+    def _names(cls, data: bytes, wanted: bytes) -> bool:
+        """Whether the events in ``data`` name ``wanted`` (or the kernel dropped some)."""
+        offset = 0
+        while offset + cls._EVENT.size <= len(data):
+            _, mask, _, size = cls._EVENT.unpack_from(data, offset)
+            offset += cls._EVENT.size
+            if mask & cls._IN_Q_OVERFLOW or data[offset : offset + size].rstrip(b"\0") == wanted:
+                return True
+            offset += size
+        return False
 
 
 def _start_time(pid: object) -> float | None:
