@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from tether.config import Config, parse_config
 from tether.errors import ConfigError, InterchangeError
 from tether.ledger import open_ledger
 from tether.ledger.jsonl import dump_session, load_lines
+from tether.pi import jsonl
 from tether.pi.client import Closed, RpcClient
 from tether.pi.errors import ProtocolError
 from tether.pi.jsonl import LineSplitter, decode
@@ -277,6 +278,57 @@ def test_rpc_framing_and_decoding_raise_only_protocol_errors(
         except ProtocolError:
             continue
         assert isinstance(record, dict)
+
+
+def _read(decoder: Callable[[bytes], object], line: bytes) -> tuple[str, object]:
+    """What reading ``line`` gives: ("record", the object) or ("error", the message)."""
+    try:
+        value = decoder(line)
+    except ProtocolError as exc:
+        return "error", str(exc)
+    if not isinstance(value, dict):
+        return "error", f"a JSON {type(value).__name__}, not an object"
+    return "record", value
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@FUZZ
+@given(
+    st.one_of(
+        JSON_VALUES.map(lambda v: json.dumps(v).encode()),
+        JSON_VALUES.map(
+            lambda v: json.dumps(v, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        ),
+        st.binary(max_size=200),
+        st.sampled_from(HOSTILE_LINES),
+    )
+)
+def test_a_line_decodes_exactly_as_json_reads_it(line: bytes) -> None:
+    # decode() tries msgspec first for speed: what it reads, and how it fails, must be json's.
+    fast, slow = _read(decode, line), _read(jsonl._decode_json, line)
+    assert fast[0] == slow[0], (fast, slow)
+    assert _same(fast[1], slow[1]), (fast, slow)
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, with NaN equal to itself."""
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b and type(a) is type(b)
 
 
 class _LinesTransport:

