@@ -24,6 +24,7 @@ from tether.cli import run_start
 from tether.cli.app import app, load_command
 from tether.cli.run_start import RunArgs, parse
 from tether.config import Config
+from tether.files import DISCARDED_DIR
 from tether.ledger import RunStatus, open_ledger
 from tether.pi import keeper
 from tether.pi.launch import runs_dir
@@ -144,8 +145,9 @@ def config(tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]) -
 
 
 def _run_dirs(config: Config) -> list[Path]:
+    """The run directories (not what was set aside to be removed: ``.discarded``)."""
     where = runs_dir(config)
-    return sorted(where.iterdir()) if where.exists() else []
+    return sorted(p for p in where.iterdir() if p.name != DISCARDED_DIR) if where.exists() else []
 
 
 def test_an_abandoned_head_start_leaves_nothing(config: Config) -> None:

@@ -23,6 +23,7 @@ import pytest
 from pg import fresh_schema_url
 from provider import Reply, ScriptedProvider, Step, ToolCall
 from tether.config import load_config
+from tether.files import DISCARDED_DIR
 from tether.harness.custody import reconcile
 from tether.harness.placement import host_id
 from tether.ledger import Ledger, Run, RunStatus, open_ledger
@@ -145,6 +146,11 @@ def keeper_placement(store: Ledger, run_id: str) -> dict[str, Any]:
     return found
 
 
+def run_dirs(runs: Path) -> list[str]:
+    """The run directories' names (not what was set aside to be removed: ``.discarded``)."""
+    return sorted(p.name for p in runs.iterdir() if p.name != DISCARDED_DIR)
+
+
 def descendants_with(marker: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
@@ -195,7 +201,7 @@ def test_two_tether_runs_on_a_session_serialize_and_the_second_sees_the_first(
     second = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "B")
     wait_until(lambda: store.queued_runs("s1"), what="the second request to queue")
     # A request that waits holds no idle pi: only A's run has a directory (and a pi) now.
-    assert [p.name for p in (tmp_path / "runs").iterdir()] == [live.id]
+    assert run_dirs(tmp_path / "runs") == [live.id]
     busy = tether(
         tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "--no-wait", "C"
     )
@@ -213,7 +219,7 @@ def test_two_tether_runs_on_a_session_serialize_and_the_second_sees_the_first(
     assert json.loads(busy.stdout)["reason"] == "session_busy"
     # Every request's pi started when it was admitted: C's was ended at its gate with its run
     # directory, and A and B ended well, so no run directory and no pi are left.
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == []
+    assert run_dirs(tmp_path / "runs") == []
     assert descendants_with(str(tmp_path / "runs")) == []
 
     runs = assert_serialized(store, "s1")

@@ -317,7 +317,8 @@ def test_a_run_that_ends_well_leaves_no_directory_and_prune_removes_old_ones(
     runs = tmp_path / "state" / "runs"
     assert not (runs / json.loads(done.stdout)["run"]).exists()
     old, recent = runs / "r-old", runs / "r-recent"
-    for path in (old, recent):
+    left = runs / ".discarded" / "r-left"  # a removal that was cut short
+    for path in (old, recent, left):
         (path / "agent").mkdir(parents=True)
         (path / "pi.log").write_text("log")
     week_ago = time.time() - 8 * 86400
@@ -327,6 +328,7 @@ def test_a_run_that_ends_well_leaves_no_directory_and_prune_removes_old_ones(
     assert "removed 1" in pruned.stdout
     assert not old.exists()
     assert recent.exists()
+    assert not left.exists(), "what was set aside to be removed goes too, whatever its age"
     bad = tether(tmp_path, "runs", "prune", "--older-than", "soon", "--config", str(cfg))
     assert bad.returncode == 2
     assert "7d" in bad.stderr

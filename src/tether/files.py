@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["DIR_MODE", "FILE_MODE", "private_dir", "private_file"]
+__all__ = ["DIR_MODE", "DISCARDED_DIR", "FILE_MODE", "private_dir", "private_file", "remove_later"]
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+DISCARDED_DIR = ".discarded"
+"""Where :func:`remove_later` sets a directory aside, beside it, while it is being removed."""
 
 
 def private_dir(path: Path) -> Path:
@@ -32,3 +34,34 @@ def private_file(path: Path) -> Path:
     finally:
         os.close(fd)
     return path
+
+
+def remove_later(path: Path) -> None:
+    """Remove the directory ``path`` without waiting for the disk: it is renamed at once into
+    ``.discarded/`` beside it (one rename: from now on nothing finds it by its name), then
+    removed by an ``rm -rf`` of its own, which outlives this process. Removing a directory takes
+    the filesystem's time for each directory in it (about 4 ms per ``rmdir`` on this project's
+    machines, whose disk is mounted with ``discard``: 15 to 25 ms for a run directory), which a
+    run's end need not wait for. Where neither can be done, it is removed here. Never raises."""
+    import shutil
+    import subprocess
+
+    aside = path.parent / DISCARDED_DIR / path.name
+    try:
+        private_dir(aside.parent)
+        os.rename(path, aside)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    try:
+        # Not waited for: this process may end first (its exit does not wait), and a longer-lived
+        # one has it reaped by the subprocess module at its next start of a process.
+        subprocess.Popen(
+            ["rm", "-rf", "--", str(aside)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:
+        shutil.rmtree(aside, ignore_errors=True)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -65,7 +64,7 @@ from tether.events import (
     Subscriber,
     Waiting,
 )
-from tether.files import private_file
+from tether.files import private_file, remove_later
 from tether.followup import FollowupView, Refusal, build_view
 from tether.harness import placement as custody_place
 from tether.harness.pump import RunState, follow
@@ -1162,7 +1161,7 @@ class _Driver:
                         "records it"
                     )
         if not keep:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            remove_later(self.run_dir)
         return RunOutcome(
             run=self.fence.run,
             session=self.fence.session,

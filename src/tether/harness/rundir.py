@@ -1,7 +1,8 @@
 """A run's directory (pi's agent dir, session file, log, private TMPDIR) and the agent's working
 directory, kept apart: the agent's tools may read anything under their workdir, so it must not
 contain the ledger, the config or the run directories (DESIGN §3.10). Run directories are
-private (0700), removed when a run ends well and kept when it does not, and pruned by age."""
+private (0700), removed when a run ends well (set aside at once, removed in the background:
+:func:`tether.files.remove_later`) and kept when it does not, and pruned by age."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tether.config import Config
+from tether.files import DISCARDED_DIR
 from tether.harness.stranded import UNRECORDED_DIR
 from tether.ledger import Ledger, RunStatus
 from tether.pi.launch import check_workdir as check_pi_workdir
@@ -40,6 +42,13 @@ def prune_runs(config: Config, ledger: Ledger, *, older_than_s: float) -> Pruned
     if not root.is_dir():
         return Pruned(removed, live)
     for path in sorted(root.iterdir()):
+        if path.name == DISCARDED_DIR:
+            # Directories of runs that ended well, set aside to be removed: whatever is left
+            # there (a removal cut short) goes now, whatever its age. Not counted: those runs'
+            # directories were removed when they ended.
+            for left in sorted(path.iterdir()):
+                shutil.rmtree(left, ignore_errors=True)
+            continue
         if not path.is_dir() or path.stat().st_mtime > cutoff or path.name == UNRECORDED_DIR:
             continue  # (run ends the ledger could not take wait there to be recorded)
         run = ledger.run(path.name)
