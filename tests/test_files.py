@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tether import files
 from tether.files import DISCARDED_DIR, remove_later
 
 
@@ -60,3 +61,15 @@ def test_a_directory_that_cannot_be_set_aside_is_removed_where_it_is(tmp_path: P
     remove_later(run)
     assert not run.exists()
     assert os.path.isfile(tmp_path / DISCARDED_DIR)
+
+
+def test_a_process_that_lives_on_reaps_its_removals(tmp_path: Path) -> None:
+    first, second = _tree(tmp_path / "a"), _tree(tmp_path / "b")
+    remove_later(first)
+    assert _gone_within(tmp_path / "a" / DISCARDED_DIR / first.name, 10)
+    (remover,) = files._removers
+    time.sleep(0.05)  # rm has removed the directory; let it exit
+    remove_later(second)  # reaps the first removal before it starts the next
+    assert remover not in files._removers
+    with pytest.raises(ChildProcessError):
+        os.waitpid(remover, os.WNOHANG)  # reaped already: no zombie is left

@@ -36,6 +36,11 @@ def private_file(path: Path) -> Path:
     return path
 
 
+_removers: list[int] = []
+"""Removals still running (pids), reaped by later calls: a process that lives on has no
+zombies."""
+
+
 def remove_later(path: Path) -> None:
     """Remove the directory ``path`` without waiting for the disk: it is renamed at once into
     ``.discarded/`` beside it (one rename: from now on nothing finds it by its name), then
@@ -44,8 +49,8 @@ def remove_later(path: Path) -> None:
     machines, whose disk is mounted with ``discard``: 15 to 25 ms for a run directory), which a
     run's end need not wait for. Where neither can be done, it is removed here. Never raises."""
     import shutil
-    import subprocess
 
+    _reap_removers()
     aside = path.parent / DISCARDED_DIR / path.name
     try:
         private_dir(aside.parent)
@@ -54,14 +59,28 @@ def remove_later(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
         return
     try:
-        # Not waited for: this process may end first (its exit does not wait), and a longer-lived
-        # one has it reaped by the subprocess module at its next start of a process.
-        subprocess.Popen(
-            ["rm", "-rf", "--", str(aside)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            pid = os.posix_spawnp(
+                "rm",
+                ["rm", "-rf", "--", str(aside)],
+                os.environ,
+                file_actions=[(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)],
+                setsid=True,
+            )
+        finally:
+            os.close(devnull)
     except OSError:
         shutil.rmtree(aside, ignore_errors=True)
+        return
+    _removers.append(pid)
+
+
+def _reap_removers() -> None:
+    for pid in list(_removers):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _removers.remove(pid)
