@@ -212,6 +212,9 @@ class SqlLedger(abc.ABC):
     """The ledger's file, when it is one (an agent's workdir must not contain it)."""
     _compactions_hint = ""
     """Table hint for reads of the newest compaction (the dialect may pin the partial index)."""
+    _insert_row = _INSERT_ROW
+    """The statement that inserts one row from :func:`encode_row`'s tuple (the dialect may
+    derive more columns from it)."""
 
     # -- the dialect's part ------------------------------------------------------------------
 
@@ -787,7 +790,7 @@ class SqlLedger(abc.ABC):
                 encoded = [
                     encode_row(fence.session, first + i, fence.run, r) for i, r in enumerate(fresh)
                 ]
-                c.executemany(_INSERT_ROW, encoded)
+                c.executemany(self._insert_row, encoded)
                 if request:
                     c.execute("UPDATE runs SET request_seq = ? WHERE id = ?", (first, fence.run))
         out: list[Row] = []
@@ -1215,10 +1218,10 @@ class SqlLedger(abc.ABC):
             encoded.append(encode_row(row.session, row.seq, row.run, new))
             by_session[row.session] = max(by_session.get(row.session, 0), row.seq)
             if len(encoded) >= _IMPORT_CHUNK:
-                c.executemany(_INSERT_ROW, encoded)
+                c.executemany(self._insert_row, encoded)
                 encoded = []
         if encoded:
-            c.executemany(_INSERT_ROW, encoded)
+            c.executemany(self._insert_row, encoded)
         for sid, last in by_session.items():
             c.execute("UPDATE sessions SET last_seq = ? WHERE id = ?", (last, sid))
         for n in notes:
@@ -1307,7 +1310,7 @@ class Importer:
     def _flush(self) -> None:
         if self._rows:
             self._check_entries()
-            self._c.executemany(_INSERT_ROW, self._rows)
+            self._c.executemany(self._ledger._insert_row, self._rows)
             self._rows = []
             self._lines = []
             self._bytes = 0

@@ -1,0 +1,144 @@
+"""Recall's reads are bounded by the session, not by the ledger: a search reads its own session's
+part of the full-text index (other sessions' matches add no work and change no answer), and
+ledgers written before the session-scoped index are migrated to it."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import tether.ledger.sql as ledger_sql
+from tether.ledger import Ledger, NewRow, Row, RowKind, Run, RunStatus, Session, open_ledger
+from tether.ledger.sql import encode_row
+from tether.recall import search
+
+WORD = "crowdword"
+_LAST_SEQS = (
+    "UPDATE sessions SET last_seq = (SELECT max(seq) FROM rows WHERE rows.session = sessions.id)"
+)
+
+
+def _rows(session: str, n: int, every: int) -> Iterator[Row]:
+    """``n`` rows of ``session``; every ``every``-th holds WORD, 1-3 times, so ranks differ."""
+    for seq in range(1, n + 1):
+        text = f"row {seq} of {session} " + " ".join(f"w{(seq * 7 + k) % 101}" for k in range(8))
+        if seq % every == 0:
+            text += f" {WORD}" * (1 + seq % 3)
+        body = {"role": "user", "content": [{"type": "text", "text": text}]}
+        yield Row(session, seq, f"r-{session}", "user:x", RowKind.MESSAGE, body, (), 0)
+
+
+def fill(ledger: Ledger, session: str, n: int, every: int) -> None:
+    ledger.import_records(
+        [Session(session, "2026-12-01T00:00:00Z")],
+        [Run(f"r-{session}", session, "a", RunStatus.FINISHED)],
+        _rows(session, n, every),
+        [],
+    )
+
+
+def found(ledger: Ledger, session: str) -> list[tuple[int, str]]:
+    return [(h.row.seq, h.snippet) for h in ledger.search(session, [WORD], limit=200)]
+
+
+def test_other_sessions_matches_change_no_search(ledger: Ledger) -> None:
+    fill(ledger, "s", 300, 10)
+    before = found(ledger, "s")
+    answer = search(ledger, "s", WORD, actor=None, grants={}).to_json()
+    assert len(before) == 30
+    for i in range(4):
+        fill(ledger, f"other{i}", 500, 1)
+    assert found(ledger, "s") == before
+    assert search(ledger, "s", WORD, actor=None, grants={}).to_json() == answer
+
+
+def _steps(ledger: Ledger, session: str) -> int:
+    """SQLite virtual-machine steps (in tens) that one search of ``session`` takes."""
+    conn: sqlite3.Connection = ledger._conn  # type: ignore[attr-defined]
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    conn.set_progress_handler(count, 10)
+    try:
+        ledger.search(session, [WORD], limit=32)
+    finally:
+        conn.set_progress_handler(None, 0)
+    return steps
+
+
+def test_other_sessions_matches_add_no_work_to_a_sqlite_search(tmp_path: Path) -> None:
+    with open_ledger(f"sqlite://{tmp_path}/l.db") as ledger:
+        fill(ledger, "s", 300, 10)  # 30 matches
+        alone = _steps(ledger, "s")
+        for i in range(4):
+            fill(ledger, f"other{i}", 1000, 1)  # 4,000 matches elsewhere
+        crowded = _steps(ledger, "s")
+    # Before the session-scoped index every match of every session was joined, ranked and
+    # sorted: about 20 times the steps here.
+    assert crowded <= 1.5 * alone + 10, (alone, crowded)
+
+
+def test_a_search_reads_the_sqlite_index_by_session_range(tmp_path: Path) -> None:
+    with open_ledger(f"sqlite://{tmp_path}/l.db") as ledger:
+        fill(ledger, "s", 20, 2)
+        sql, params = ledger._search_query([WORD], "s", (1, 2**62), 8, 0, 400)  # type: ignore[attr-defined]
+        plan = [r[3] for r in ledger._conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]  # type: ignore[attr-defined]
+    fts = [p for p in plan if "rows_fts VIRTUAL TABLE" in p]
+    # FTS5's plan names its constraints: M (the match), > and < (the rowid range).
+    assert fts, plan
+    constraints = fts[0].split(":")[-1]
+    assert ">" in constraints, plan
+    assert "<" in constraints, plan
+
+
+# -- ledgers written before the session-scoped index --------------------------------------------
+
+
+def _old_rows() -> list[tuple[Any, ...]]:
+    """Rows as tether wrote them (encode_row), for sessions a and b: b's rows all match."""
+    out = []
+    for session, n, every in (("a", 40, 4), ("b", 60, 1)):
+        for row in _rows(session, n, every):
+            new = NewRow(row.actor, row.kind, row.body)
+            out.append(encode_row(session, row.seq, f"r-{session}", new))
+    return out
+
+
+def test_a_schema_6_sqlite_ledger_is_migrated(tmp_path: Path) -> None:
+    from tether.ledger.sqlite import MIGRATIONS, SCHEMA_VERSION, _statements
+
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    for script in MIGRATIONS[:6]:
+        for statement in _statements(script):
+            conn.execute(statement)
+    for s in ("a", "b"):
+        conn.execute("INSERT INTO sessions (id, created, last_seq) VALUES (?, ?, ?)", (s, "t", 0))
+        conn.execute(
+            "INSERT INTO runs (id, session, agent, status) VALUES (?, ?, 'x', 'finished')",
+            (f"r-{s}", s),
+        )
+    conn.executemany(ledger_sql._INSERT_ROW, _old_rows())
+    conn.execute(_LAST_SEQS)
+    conn.execute("PRAGMA user_version = 6")
+    conn.close()
+
+    with open_ledger(f"sqlite://{db}") as ledger, open_ledger("memory:") as fresh:
+        assert ledger._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # type: ignore[attr-defined]
+        keys = "SELECT count(*) FROM rows WHERE fts_key IS NULL OR fts_key % 4294967296 != seq"
+        assert ledger._conn.execute(keys).fetchone() == (0,)  # type: ignore[attr-defined]
+        fill(fresh, "a", 40, 4)
+        fill(fresh, "b", 60, 1)
+        assert sorted(seq for seq, _ in found(ledger, "a")) == [4 * i for i in range(1, 11)]
+        assert found(ledger, "a") == found(fresh, "a")
+        assert found(ledger, "b") == found(fresh, "b")
+        # Sessions and rows written after the migration are keyed and found too.
+        fill(ledger, "c", 10, 5)
+        assert sorted(seq for seq, _ in found(ledger, "c")) == [5, 10]
+        assert found(ledger, "a") == found(fresh, "a")
