@@ -9,7 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 import tether.ledger.sql as ledger_sql
+from pg import fresh_schema_url
 from tether.ledger import Ledger, NewRow, Row, RowKind, Run, RunStatus, Session, open_ledger
 from tether.ledger.sql import encode_row
 from tether.recall import search
@@ -142,3 +145,43 @@ def test_a_schema_6_sqlite_ledger_is_migrated(tmp_path: Path) -> None:
         fill(ledger, "c", 10, 5)
         assert sorted(seq for seq, _ in found(ledger, "c")) == [5, 10]
         assert found(ledger, "a") == found(fresh, "a")
+
+
+def test_a_schema_6_postgres_ledger_is_migrated() -> None:
+    from tether.ledger.postgres import MIGRATIONS, SCHEMA_VERSION, _dialect
+
+    with fresh_schema_url() as url:
+        with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+            for script in MIGRATIONS[:6]:
+                conn.execute(script)
+            conn.execute("CREATE TABLE tether_schema (version INTEGER NOT NULL)")
+            conn.execute("INSERT INTO tether_schema (version) VALUES (6)")
+            for s in ("a", "b"):
+                conn.execute(
+                    "INSERT INTO sessions (id, created, last_seq) VALUES (%s, 't', 0)", (s,)
+                )
+                conn.execute(
+                    "INSERT INTO runs (id, session, agent, status) "
+                    "VALUES (%s, %s, 'x', 'finished')",
+                    (f"r-{s}", s),
+                )
+            with conn.cursor() as cur:
+                cur.executemany(_dialect(ledger_sql._INSERT_ROW), _old_rows())
+            conn.execute(_LAST_SEQS)
+        with open_ledger(url) as ledger, fresh_schema_url() as other, open_ledger(other) as fresh:
+            with psycopg.connect(url, autocommit=True) as conn:
+                assert conn.execute("SELECT version FROM tether_schema").fetchall() == [
+                    (SCHEMA_VERSION,)
+                ]
+                [[index]] = conn.execute(
+                    "SELECT indexdef FROM pg_indexes WHERE indexname = 'rows_fts' "
+                    "AND schemaname = current_schema()"
+                ).fetchall()
+            assert "md5(session)" in index
+            fill(fresh, "a", 40, 4)
+            fill(fresh, "b", 60, 1)
+            assert sorted(seq for seq, _ in found(ledger, "a")) == [4 * i for i in range(1, 11)]
+            assert found(ledger, "a") == found(fresh, "a")
+            assert found(ledger, "b") == found(fresh, "b")
+            fill(ledger, "c", 10, 5)
+            assert sorted(seq for seq, _ in found(ledger, "c")) == [5, 10]
