@@ -1,6 +1,7 @@
-"""Recall's reads are bounded by the session, not by the ledger: a search reads its own session's
-part of the full-text index (other sessions' matches add no work and change no answer), and
-ledgers written before the session-scoped index are migrated to it."""
+"""Recall's reads are bounded by the session and the answer, not by the ledger: a search reads its
+own session's part of the full-text index (other sessions' matches add no work and change no
+answer), a range read takes the bodies of the rows it may show and no more, and ledgers written
+before the session-scoped index are migrated to it."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 import tether.ledger.sql as ledger_sql
+from followup_sessions import RunWriter
 from pg import fresh_schema_url
 from tether.ledger import Ledger, NewRow, Row, RowKind, Run, RunStatus, Session, open_ledger
 from tether.ledger.sql import encode_row
-from tether.recall import search
+from tether.recall import read_range, search
 
 WORD = "crowdword"
 _LAST_SEQS = (
@@ -98,6 +101,54 @@ def test_a_search_reads_the_sqlite_index_by_session_range(tmp_path: Path) -> Non
     constraints = fts[0].split(":")[-1]
     assert ">" in constraints, plan
     assert "<" in constraints, plan
+
+
+def _count_bodies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The seqs of the rows the ledger reads whole (decodes), as they are read."""
+    seen: list[int] = []
+    real = ledger_sql._row
+
+    def counting(r: Any) -> Row:
+        seen.append(r[1])
+        return real(r)
+
+    monkeypatch.setattr(ledger_sql, "_row", counting)
+    return seen
+
+
+def test_a_range_reads_the_rows_it_shows_and_one_more(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = RunWriter.start(ledger, "s1", "rev")
+    w.request("Rows of every size")
+    for i in range(100):
+        w.say(f"big {i} " + "x" * 20_000)
+    for i in range(100):
+        w.say(f"small {i} " + "y" * 700)
+    for i in range(100):
+        w.say(f"private {i} " + "z" * 20_000, sources=("repo:acme/keys",))
+    w.say("last")
+    w.end()
+    seen = _count_bodies(monkeypatch)
+
+    big = read_range(ledger, "s1", 2, 101, actor=None, grants={})
+    assert [r.seq for r in big.rows] == [2]
+    assert big.rows[0].truncated
+    assert big.next == 3
+    assert seen == [2]  # before: all 100 rows of 20 KB
+
+    seen.clear()
+    small = read_range(ledger, "s1", 102, 201, actor=None, grants={})
+    assert small.next is not None
+    assert len(small.rows) > 10
+    assert len(seen) <= len(small.rows) + 2, (len(seen), len(small.rows))
+
+    seen.clear()  # withheld rows are named from their sources, never read whole
+    grants = {"user:bob": ["repo:other/*"]}
+    hidden = read_range(ledger, "s1", 202, 302, actor="user:bob", grants=grants)
+    assert hidden.withheld == ((202, 301),)
+    assert [r.seq for r in hidden.rows] == [302]
+    assert seen == [302]
 
 
 # -- ledgers written before the session-scoped index --------------------------------------------

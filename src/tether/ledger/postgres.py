@@ -505,6 +505,7 @@ for _name in (
     "ended_runs",
     "run_first_seq",
     "rows_range",
+    "row_sizes",
     "tail",
 ):
     setattr(PostgresLedger, _name, _retried(getattr(SqlLedger, _name)))

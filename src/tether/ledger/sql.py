@@ -41,6 +41,7 @@ from tether.ledger.models import (
     Note,
     Row,
     RowKind,
+    RowSize,
     Run,
     RunStatus,
     SearchHit,
@@ -138,6 +139,18 @@ def _row(r: Sequence[Any]) -> Row:
         entry_id=r[9],
         extra=_loads(r[10]),
     )
+
+
+def _row_size(session_id: str, seq: int, size: int, sources: str) -> RowSize:
+    if sources == "[]":
+        return RowSize(seq, size, ())
+    try:
+        return RowSize(seq, size, tuple(json.loads(sources)))
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise StorageError(
+            f"row {seq} of session {session_id!r} is corrupt ({exc}); it was changed outside "
+            "tether: restore it from a backup or a `tether ledger dump`"
+        ) from exc
 
 
 def _note(session_id: str, r: Sequence[Any]) -> Note:
@@ -1077,6 +1090,21 @@ class SqlLedger(abc.ABC):
                 (session_id, first, last, limit),
             )
             return [_row(r) for r in c.fetchall()]
+
+    def row_sizes(
+        self, session_id: str, first: int, last: int, *, limit: int = 1000
+    ) -> list[RowSize]:
+        """The stored sizes and sources of rows with ``first <= seq <= last``, ascending, at
+        most ``limit`` of them: no bodies, so a reader can pick the rows whose bodies it needs
+        before it reads them (:meth:`rows_range`)."""
+        last = min(last, first + limit - 1)  # seqs are dense: see rows_range
+        with self._read() as c:
+            c.execute(
+                "SELECT seq, bytes, sources FROM rows WHERE session = ? AND seq >= ? AND seq <= ? "
+                "ORDER BY seq LIMIT ?",
+                (session_id, first, last, limit),
+            )
+            return [_row_size(session_id, *r) for r in c.fetchall()]
 
     def tail(
         self,
