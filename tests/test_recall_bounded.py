@@ -151,6 +151,22 @@ def test_a_range_reads_the_rows_it_shows_and_one_more(
     assert seen == [302]
 
 
+def test_sqlite_reads_row_sizes_and_sources_from_an_index(tmp_path: Path) -> None:
+    # The sources are stored after the body: read from the table, they cost a big body's pages.
+    with open_ledger(f"sqlite://{tmp_path}/l.db") as ledger:
+        fill(ledger, "s", 20, 2)
+        seen: list[str] = []
+        conn: sqlite3.Connection = ledger._conn  # type: ignore[attr-defined]
+        conn.set_trace_callback(seen.append)
+        try:
+            assert [r.seq for r in ledger.row_sizes("s", 3, 9)] == list(range(3, 10))
+        finally:
+            conn.set_trace_callback(None)
+        [sql] = [q for q in seen if "sources" in q]
+        plan = [r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}")]
+    assert any("COVERING INDEX rows_heads" in p for p in plan), plan
+
+
 # -- ledgers written before the session-scoped index --------------------------------------------
 
 

@@ -144,6 +144,13 @@ MIGRATIONS: list[str] = [
     END;
     INSERT INTO rows_fts (rows_fts) VALUES ('rebuild');
     """,
+    # 8: a range read takes each row's size and sources before its body (SqlLedger.row_sizes).
+    # The sources are stored after the body, so reading them from the table walks a big body's
+    # overflow pages: this index covers that scan, and the tail's (it replaces rows_sizes).
+    """
+    CREATE INDEX rows_heads ON rows (session, seq, bytes, sources);
+    DROP INDEX rows_sizes;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 _R_COLS = ", ".join(f"r.{col}" for col in ROW_COLUMNS)
@@ -236,7 +243,7 @@ class SQLiteLedger(SqlLedger):
     file and what to do. A ledger that cannot be written (a read-only file, directory or
     filesystem) is opened read-only: reads work, writes fail with that error."""
 
-    # Without statistics SQLite may walk rows_sizes (session, seq, bytes) backwards and filter
+    # Without statistics SQLite may walk rows_heads (session, seq, …) backwards and filter
     # on kind, reading every row of the session: pin the partial index of compactions.
     _compactions_hint = "INDEXED BY rows_compactions"
     # A row's key in the full-text index (migration 7), from its session's number and its seq.
