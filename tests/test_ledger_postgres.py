@@ -16,7 +16,14 @@ import pytest
 from pg import TEST_URL, fresh_schema_url
 from tether.errors import LedgerError
 from tether.ledger import NewRow, Note, Row, RowKind, Run, RunStatus, Session, open_ledger
-from tether.ledger.postgres import FTS_DOCUMENT, SCHEMA_VERSION, PostgresLedger, _dialect
+from tether.ledger.postgres import (
+    FTS_DOCUMENT,
+    FTS_SESSION_DOCUMENT,
+    FTS_SESSION_QUERY,
+    SCHEMA_VERSION,
+    PostgresLedger,
+    _dialect,
+)
 from tether.ledger.sql import Cursor
 
 SESSIONS = 4
@@ -223,12 +230,42 @@ def test_bounded_reads_are_index_scans(big: tuple[str, PostgresLedger]) -> None:
 
 def test_full_text_search_uses_the_gin_index(big: tuple[str, PostgresLedger]) -> None:
     url, _ = big
-    sql = f"SELECT session, seq FROM rows WHERE {FTS_DOCUMENT} @@ websearch_to_tsquery('simple', ?)"
+    sql = (
+        f"SELECT session, seq FROM rows WHERE {FTS_SESSION_DOCUMENT} @@ "
+        f"(websearch_to_tsquery('simple', ?) && {FTS_SESSION_QUERY})"
+    )
     with psycopg.connect(url, autocommit=True) as conn:
-        found = conn.execute(_dialect(sql), ("needle",)).fetchall()
-        assert sorted(found) == [(f"s{i}", 4242) for i in range(SESSIONS)]
-    for nodes in plans(url, sql, ("needle",)):
+        for i in range(SESSIONS):
+            found = conn.execute(_dialect(sql), ("needle", f"s{i}")).fetchall()
+            assert found == [(f"s{i}", 4242)]
+    for nodes in plans(url, sql, ("needle", "s1")):
         assert any(n.get("Index Name") == "rows_fts" for n in nodes), nodes
+
+
+def test_a_search_reads_its_own_sessions_matches_alone(big: tuple[str, PostgresLedger]) -> None:
+    url, ledger = big
+    word = "word5"  # in every 97th row of every session
+    compactions = {s for s in range(COMPACTION_EVERY, COMPACTIONS_UNTIL, COMPACTION_EVERY)}
+    mine = len([s for s in range(1, ROWS + 1) if s % 97 == 5 and s not in compactions])
+    hits = ledger.search("s2", [word], limit=8)
+    assert len(hits) == 8
+    assert {h.row.session for h in hits} == {"s2"}
+    sql, params = ledger._search_query([word], "s2", (1, 2**62), 8, 0, 400)
+    for nodes in plans(url, sql, params):
+        kinds = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
+        on_rows = [
+            n for n in nodes if "Scan" in n["Node Type"] and n.get("Relation Name") == "rows"
+        ]
+        assert all(n["Node Type"] != "Seq Scan" for n in on_rows), kinds
+        assert any(n.get("Index Name") == "rows_fts" for n in nodes), kinds
+        read = [
+            n["Actual Rows"] * n["Actual Loops"]
+            + n.get("Rows Removed by Filter", 0)
+            + n.get("Rows Removed by Index Recheck", 0)
+            for n in on_rows
+        ]
+        # The other three sessions hold 3 * mine more matches: none of them is read.
+        assert max(read) <= mine, (mine, read, kinds)
 
 
 def test_a_huge_row_is_indexed_by_its_head_and_never_refused() -> None:

@@ -168,6 +168,17 @@ def test_the_index_follows_imports_and_dumps(ledger: Ledger, tmp_path: Path) -> 
     assert search(ledger, "s1", "rollback", actor=None, grants={}).hits[0].seq == 2
 
 
+def _drop_session_keys(conn: sqlite3.Connection) -> None:
+    """Undo schema 8's index of row heads and schema 7's session numbers and row keys."""
+    conn.execute("DROP INDEX rows_heads")
+    conn.execute("CREATE INDEX rows_sizes ON rows (session, seq, bytes)")
+    conn.execute("DROP TRIGGER sessions_num")
+    conn.execute("DROP INDEX sessions_num")
+    conn.execute("DROP INDEX rows_fts_key")
+    conn.execute("ALTER TABLE sessions DROP COLUMN num")
+    conn.execute("ALTER TABLE rows DROP COLUMN fts_key")
+
+
 def test_an_existing_sqlite_ledger_is_indexed_when_it_migrates(tmp_path: Path) -> None:
     db = tmp_path / "old.db"
     with open_ledger(f"sqlite://{db}") as ledger:
@@ -177,6 +188,7 @@ def test_an_existing_sqlite_ledger_is_indexed_when_it_migrates(tmp_path: Path) -
         conn.execute("DROP TRIGGER rows_fts_insert")
         conn.execute("DROP TRIGGER rows_fts_delete")
         conn.execute("DROP TABLE rows_fts")
+        _drop_session_keys(conn)
         for col in ("actor", "run", "sources"):
             conn.execute(f"ALTER TABLE notes DROP COLUMN {col}")
         conn.execute("PRAGMA user_version = 4")

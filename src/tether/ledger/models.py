@@ -185,6 +185,15 @@ class SearchHit(NamedTuple):
     snippet: str
 
 
+class RowSize(NamedTuple):
+    """What a reader needs to decide whether to read a row's body: its stored size (bytes, as
+    measured at append) and its sources (whether the reader may see it)."""
+
+    seq: int
+    bytes: int
+    sources: tuple[str, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class TailRead:
     """The newest contiguous rows (ascending) whose stored sizes fit a byte budget.

@@ -27,9 +27,11 @@ Tables live in the first schema of the connection's ``search_path``; to keep tet
 apart from others, name a schema in the URL:
 ``postgresql://tether@db/ops?options=-csearch_path%3Dtether`` (the schema must exist).
 
-Full-text search (recall) reads ``rows.text`` through a GIN index on :data:`FTS_DOCUMENT`; use
-that exact expression in a query so PostgreSQL uses the index, e.g.
-``WHERE FTS_DOCUMENT @@ websearch_to_tsquery('simple', %s) AND session = %s``.
+Full-text search (recall) reads ``rows.text`` through a GIN index on
+:data:`FTS_SESSION_DOCUMENT` (the words of :data:`FTS_DOCUMENT` and a lexeme naming the row's
+session); use that exact expression in a query so PostgreSQL uses the index, and AND the words
+with the session's lexeme so that it reads that session's matches alone, e.g.
+``WHERE FTS_SESSION_DOCUMENT @@ (websearch_to_tsquery('simple', %s) && FTS_SESSION_QUERY)``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from tether.errors import BadLedgerUrl, LedgerError, StorageError
 from tether.ledger.sql import ROW_COLUMNS, Cursor, SqlLedger
 
-__all__ = ["FTS_DOCUMENT", "FTS_MAX_CHARS", "MIGRATIONS", "SCHEMA_VERSION", "PostgresLedger"]
+__all__ = [
+    "FTS_DOCUMENT",
+    "FTS_MAX_CHARS",
+    "FTS_SESSION_DOCUMENT",
+    "FTS_SESSION_QUERY",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "PostgresLedger",
+]
 
 # A tsvector may not exceed 1 MB, and to_tsvector raises (failing the append) when it would.
 # The worst text measured (two-character CJK words, all distinct) takes 4.7 bytes of tsvector
@@ -63,6 +73,15 @@ FTS_DOCUMENT = (
     f"to_tsvector('simple', translate(left(text, {FTS_MAX_CHARS}), "
     f"'{_FTS_JOINERS}', '{' ' * (len(_FTS_JOINERS))}'))"
 )
+# The index recall searches (migration 7) holds, beside a row's words, one lexeme naming its
+# session: "session " and the md5 of the session id (a space never occurs in a parsed word, and
+# the hash keeps the lexeme short whatever the id). A search asks for that lexeme AND its words,
+# so the GIN index yields the session's matches alone: its work follows the rarer of the two
+# (the session's rows or the words' matches), never other sessions' matches. Ranking still reads
+# FTS_DOCUMENT, so it is unchanged.
+FTS_SESSION_DOCUMENT = f"({FTS_DOCUMENT} || array_to_tsvector(ARRAY['session ' || md5(session)]))"
+FTS_SESSION_QUERY = "('''session ' || md5(?) || '''')::tsquery"
+"""The tsquery of a session's lexeme in :data:`FTS_SESSION_DOCUMENT` (its id is the parameter)."""
 # A search ranks at most this many matches of a session (ranking re-parses each row's text).
 RANK_CANDIDATES = 1000
 _FTS_DOCUMENT_V1 = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
@@ -152,6 +171,12 @@ MIGRATIONS: list[str] = [
     f"""
     DROP INDEX rows_fts;
     CREATE INDEX rows_fts ON rows USING gin ({FTS_DOCUMENT});
+    """,
+    # 7: recall's index names each row's session too (FTS_SESSION_DOCUMENT), so a search reads
+    # only its session's matches.
+    f"""
+    DROP INDEX rows_fts;
+    CREATE INDEX rows_fts ON rows USING gin ({FTS_SESSION_DOCUMENT});
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -365,29 +390,35 @@ class PostgresLedger(SqlLedger):
         offset: int,
         snippet_chars: int,
     ) -> tuple[str, list[Any]]:
-        # Any of the words (each a plainto_tsquery, so no query syntax reaches the parser).
-        # The match alone is materialized first, so it can only be answered by the GIN index on
-        # FTS_DOCUMENT, whatever the statistics (without them the planner walks the session's
-        # rows and parses every one). Ranking re-parses a row's text, so at most RANK_CANDIDATES
-        # matches of the session (the newest) are ranked; ts_headline runs for the hits alone.
+        # Any of the words (each a plainto_tsquery, so no query syntax reaches the parser), AND
+        # the session's lexeme: the match is answered by the GIN index on FTS_SESSION_DOCUMENT
+        # alone, and yields only this session's matches. No condition there names the session
+        # or the seq (the (session, seq) index serves a seq range too, scanned whole), so the
+        # planner cannot walk rows and parse every one instead, as it would without statistics.
+        # Words that parse to no lexeme make an empty query, which matches nothing (ANDed with
+        # an empty query the session's lexeme would match every row: numnode keeps it empty).
+        # The matches are materialized, then checked against the session itself (md5 may
+        # collide) and the seq range. Ranking re-parses a row's text, so at most
+        # RANK_CANDIDATES matches of the session (the newest) are ranked; ts_headline runs for
+        # the hits alone.
         query = " || ".join("plainto_tsquery('simple', ?)" for _ in words)
         words_per = max(8, min(60, snippet_chars // 7))
         sql = (
-            f"WITH matched AS MATERIALIZED (SELECT id FROM rows WHERE {FTS_DOCUMENT} @@ "
-            f"({query})), "
-            # Each match is looked up by id (OFFSET 0 keeps the lateral subquery apart, so the
-            # planner cannot turn it into a walk over the session's rows).
-            "candidates AS (SELECT c.id, c.seq, c.text FROM matched, LATERAL "
-            "(SELECT r.id, r.seq, r.session, r.text FROM rows r WHERE r.id = matched.id "
-            "OFFSET 0) c WHERE c.session = ? AND c.seq >= ? AND c.seq <= ? "
-            "ORDER BY c.seq DESC LIMIT ?), "
-            f"hits AS (SELECT id, seq, ts_rank({FTS_DOCUMENT}, {query}) AS rank FROM candidates "
-            "ORDER BY rank DESC, seq LIMIT ? OFFSET ?) "
+            "WITH matched AS MATERIALIZED (SELECT id, seq, session FROM rows "
+            f"WHERE {FTS_SESSION_DOCUMENT} @@ (({query}) && {FTS_SESSION_QUERY}) "
+            f"AND numnode({query}) > 0), "
+            "candidates AS (SELECT id, seq FROM matched WHERE session = ? AND seq >= ? "
+            "AND seq <= ? ORDER BY seq DESC LIMIT ?), "
+            f"hits AS (SELECT c.id, c.seq, ts_rank({FTS_DOCUMENT}, {query}) AS rank "
+            "FROM candidates c JOIN rows r ON r.id = c.id "
+            "ORDER BY rank DESC, c.seq LIMIT ? OFFSET ?) "
             f"SELECT {_R_COLS}, ts_headline('simple', left(r.text, {FTS_MAX_CHARS}), "
             f"{query}, ?) FROM hits JOIN rows r ON r.id = hits.id ORDER BY hits.rank DESC, r.seq"
         )
         options = f'MaxWords={words_per}, MinWords={words_per // 2}, StartSel="", StopSel=""'
         params = [
+            *words,
+            session_id,
             *words,
             session_id,
             *seqs,
@@ -474,6 +505,7 @@ for _name in (
     "ended_runs",
     "run_first_seq",
     "rows_range",
+    "row_sizes",
     "tail",
 ):
     setattr(PostgresLedger, _name, _retried(getattr(SqlLedger, _name)))

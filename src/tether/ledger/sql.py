@@ -41,6 +41,7 @@ from tether.ledger.models import (
     Note,
     Row,
     RowKind,
+    RowSize,
     Run,
     RunStatus,
     SearchHit,
@@ -140,6 +141,18 @@ def _row(r: Sequence[Any]) -> Row:
     )
 
 
+def _row_size(session_id: str, seq: int, size: int, sources: str) -> RowSize:
+    if sources == "[]":
+        return RowSize(seq, size, ())
+    try:
+        return RowSize(seq, size, tuple(json.loads(sources)))
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise StorageError(
+            f"row {seq} of session {session_id!r} is corrupt ({exc}); it was changed outside "
+            "tether: restore it from a backup or a `tether ledger dump`"
+        ) from exc
+
+
 def _note(session_id: str, r: Sequence[Any]) -> Note:
     return Note(
         session=session_id,
@@ -212,6 +225,9 @@ class SqlLedger(abc.ABC):
     """The ledger's file, when it is one (an agent's workdir must not contain it)."""
     _compactions_hint = ""
     """Table hint for reads of the newest compaction (the dialect may pin the partial index)."""
+    _insert_row = _INSERT_ROW
+    """The statement that inserts one row from :func:`encode_row`'s tuple (the dialect may
+    derive more columns from it)."""
 
     # -- the dialect's part ------------------------------------------------------------------
 
@@ -787,7 +803,7 @@ class SqlLedger(abc.ABC):
                 encoded = [
                     encode_row(fence.session, first + i, fence.run, r) for i, r in enumerate(fresh)
                 ]
-                c.executemany(_INSERT_ROW, encoded)
+                c.executemany(self._insert_row, encoded)
                 if request:
                     c.execute("UPDATE runs SET request_seq = ? WHERE id = ?", (first, fence.run))
         out: list[Row] = []
@@ -1075,6 +1091,21 @@ class SqlLedger(abc.ABC):
             )
             return [_row(r) for r in c.fetchall()]
 
+    def row_sizes(
+        self, session_id: str, first: int, last: int, *, limit: int = 1000
+    ) -> list[RowSize]:
+        """The stored sizes and sources of rows with ``first <= seq <= last``, ascending, at
+        most ``limit`` of them: no bodies, so a reader can pick the rows whose bodies it needs
+        before it reads them (:meth:`rows_range`)."""
+        last = min(last, first + limit - 1)  # seqs are dense: see rows_range
+        with self._read() as c:
+            c.execute(
+                "SELECT seq, bytes, sources FROM rows WHERE session = ? AND seq >= ? AND seq <= ? "
+                "ORDER BY seq LIMIT ?",
+                (session_id, first, last, limit),
+            )
+            return [_row_size(session_id, *r) for r in c.fetchall()]
+
     def tail(
         self,
         session_id: str,
@@ -1215,10 +1246,10 @@ class SqlLedger(abc.ABC):
             encoded.append(encode_row(row.session, row.seq, row.run, new))
             by_session[row.session] = max(by_session.get(row.session, 0), row.seq)
             if len(encoded) >= _IMPORT_CHUNK:
-                c.executemany(_INSERT_ROW, encoded)
+                c.executemany(self._insert_row, encoded)
                 encoded = []
         if encoded:
-            c.executemany(_INSERT_ROW, encoded)
+            c.executemany(self._insert_row, encoded)
         for sid, last in by_session.items():
             c.execute("UPDATE sessions SET last_seq = ? WHERE id = ?", (last, sid))
         for n in notes:
@@ -1307,7 +1338,7 @@ class Importer:
     def _flush(self) -> None:
         if self._rows:
             self._check_entries()
-            self._c.executemany(_INSERT_ROW, self._rows)
+            self._c.executemany(self._ledger._insert_row, self._rows)
             self._rows = []
             self._lines = []
             self._bytes = 0

@@ -18,6 +18,10 @@ from tether.ledger.sql import ROW_COLUMNS, Cursor, SqlLedger
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
+# Seqs per session in rows_fts's rowids (migration 7): a row's key there is FTS_KEY_SPAN times
+# its session's number plus its seq.
+FTS_KEY_SPAN = 2**32
+
 # Each entry migrates from version i to i + 1. Append, never edit: a ledger on disk replays them.
 MIGRATIONS: list[str] = [
     """
@@ -107,6 +111,45 @@ MIGRATIONS: list[str] = [
     ALTER TABLE notes ADD COLUMN actor TEXT;
     ALTER TABLE notes ADD COLUMN run TEXT;
     ALTER TABLE notes ADD COLUMN sources TEXT NOT NULL DEFAULT '[]';
+    """,
+    # 7: a search reads its session's part of the full-text index, not every session's matches.
+    # Each session gets a number (sessions.num, stable: rowids are not, across VACUUM) and each
+    # row a key, FTS_KEY_SPAN * num + seq (rows.fts_key), which is the row's rowid in rows_fts:
+    # a session's rows are one rowid range there, which FTS5 seeks to in every doclist. The
+    # indexed text and the set of rows are unchanged, so bm25 ranks exactly as before.
+    f"""
+    ALTER TABLE sessions ADD COLUMN num INTEGER;
+    UPDATE sessions SET num = rowid;
+    CREATE UNIQUE INDEX sessions_num ON sessions (num);
+    CREATE TRIGGER sessions_num AFTER INSERT ON sessions WHEN new.num IS NULL BEGIN
+        UPDATE sessions SET num = (SELECT coalesce(max(num), 0) + 1 FROM sessions)
+            WHERE id = new.id;
+    END;
+    ALTER TABLE rows ADD COLUMN fts_key INTEGER;
+    UPDATE rows
+        SET fts_key = (SELECT num FROM sessions s WHERE s.id = rows.session) * {FTS_KEY_SPAN} + seq;
+    CREATE UNIQUE INDEX rows_fts_key ON rows (fts_key);
+    DROP TRIGGER rows_fts_insert;
+    DROP TRIGGER rows_fts_delete;
+    DROP TABLE rows_fts;
+    CREATE VIRTUAL TABLE rows_fts USING fts5(
+        text, content = 'rows', content_rowid = 'fts_key',
+        tokenize = 'unicode61 remove_diacritics 2'
+    );
+    CREATE TRIGGER rows_fts_insert AFTER INSERT ON rows BEGIN
+        INSERT INTO rows_fts (rowid, text) VALUES (new.fts_key, new.text);
+    END;
+    CREATE TRIGGER rows_fts_delete AFTER DELETE ON rows BEGIN
+        INSERT INTO rows_fts (rows_fts, rowid, text) VALUES ('delete', old.fts_key, old.text);
+    END;
+    INSERT INTO rows_fts (rows_fts) VALUES ('rebuild');
+    """,
+    # 8: a range read takes each row's size and sources before its body (SqlLedger.row_sizes).
+    # The sources are stored after the body, so reading them from the table walks a big body's
+    # overflow pages: this index covers that scan, and the tail's (it replaces rows_sizes).
+    """
+    CREATE INDEX rows_heads ON rows (session, seq, bytes, sources);
+    DROP INDEX rows_sizes;
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -200,9 +243,15 @@ class SQLiteLedger(SqlLedger):
     file and what to do. A ledger that cannot be written (a read-only file, directory or
     filesystem) is opened read-only: reads work, writes fail with that error."""
 
-    # Without statistics SQLite may walk rows_sizes (session, seq, bytes) backwards and filter
+    # Without statistics SQLite may walk rows_heads (session, seq, …) backwards and filter
     # on kind, reading every row of the session: pin the partial index of compactions.
     _compactions_hint = "INDEXED BY rows_compactions"
+    # A row's key in the full-text index (migration 7), from its session's number and its seq.
+    _insert_row = (
+        "INSERT INTO rows (session, seq, run, actor, kind, body, sources, bytes, media_bytes, "
+        "entry_id, extra, text, fts_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
+        f"?12, (SELECT num FROM sessions WHERE id = ?1) * {FTS_KEY_SPAN} + ?2)"
+    )
 
     read_only = False
 
@@ -365,13 +414,20 @@ class SQLiteLedger(SqlLedger):
         # escape), any of them matching; rank is FTS5's bm25.
         match = " OR ".join(f'"{w}"' for w in words)
         tokens = max(8, min(64, snippet_chars // 6))
+        # The session's rows are the rowids FTS_KEY_SPAN * num + seq of rows_fts: FTS5 reads
+        # that range of each word's doclist, never other sessions' matches (bm25's document
+        # frequencies still count the whole index, as they did, so the ranking is unchanged).
+        first, last = max(seqs[0], 0), min(seqs[1], FTS_KEY_SPAN - 1)
+        num = "(SELECT num FROM sessions WHERE id = ?)"
         sql = (
             f"SELECT {_R_COLS}, snippet(rows_fts, 0, '', '', '…', ?) "
-            "FROM rows_fts JOIN rows r ON r.id = rows_fts.rowid "
-            "WHERE rows_fts MATCH ? AND r.session = ? AND r.seq >= ? AND r.seq <= ? "
+            "FROM rows_fts JOIN rows r ON r.fts_key = rows_fts.rowid "
+            f"WHERE rows_fts MATCH ? AND rows_fts.rowid >= {num} * {FTS_KEY_SPAN} + ? "
+            f"AND rows_fts.rowid <= {num} * {FTS_KEY_SPAN} + ? AND r.session = ? "
             "ORDER BY rank, r.seq LIMIT ? OFFSET ?"
         )
-        return sql, [tokens, match, session_id, *seqs, limit, offset]
+        params = [tokens, match, session_id, first, session_id, last, session_id, limit, offset]
+        return sql, params
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)

@@ -381,40 +381,58 @@ def read_range(
             return True
         return False
 
+    def take(row: Row) -> int | None:
+        """Take ``row`` into the answer if it fits; else the seq to continue from."""
+        item = RecalledRow(row.seq, row.actor, _role(row), row_text(row.kind, row.body))
+        if fits(item):
+            taken.append(item)
+            shown.append(row)
+            return None
+        if taken:
+            return row.seq
+        budget = MAX_ANSWER_BYTES - 400  # a row alone too big: show as much of it as fits
+        while budget > 0:
+            cut = RecalledRow(item.seq, item.actor, item.role, _cut(item.text, budget), True)
+            if fits(cut):
+                taken.append(cut)
+                shown.append(row)
+                break
+            budget = budget * 4 // 5
+        return row.seq + 1
+
+    # Stored sizes and sources come first (no bodies): withheld rows are named from them alone,
+    # and of the admitted rows only those whose stored sizes fit what is left of the answer, and
+    # the one after them, are read whole. A row's text is at most its stored size (the canonical
+    # JSON it is drawn from) give or take a separator, so the answer's end is usually in the
+    # first such batch; when it is not (rows whose text is much smaller than their JSON), the
+    # next batch is read, sized again. Every row is still checked with its own text, as before.
     while at <= top and nxt is None:
         if pages == _RANGE_PAGES:
             nxt = at
             break
         pages += 1
-        batch = ledger.rows_range(session, at, top, limit=_RANGE_PAGE)
-        if not batch:
+        heads = ledger.row_sizes(session, at, top, limit=_RANGE_PAGE)
+        if not heads:
             break
-        for row in batch:
-            if not admission.admits(row.sources):
-                withheld.append(row.seq)
+        i = 0
+        while i < len(heads) and nxt is None:
+            if not admission.admits(heads[i].sources):
+                withheld.append(heads[i].seq)
+                i += 1
                 continue
-            item = RecalledRow(row.seq, row.actor, _role(row), row_text(row.kind, row.body))
-            if fits(item):
-                taken.append(item)
-                shown.append(row)
-                continue
-            if not taken:  # a row alone too big: show as much of it as fits
-                budget = MAX_ANSWER_BYTES - 400
-                while budget > 0:
-                    cut = RecalledRow(
-                        item.seq, item.actor, item.role, _cut(item.text, budget), True
-                    )
-                    if fits(cut):
-                        taken.append(cut)
-                        shown.append(row)
-                        break
-                    budget = budget * 4 // 5
-                nxt = row.seq + 1
-            else:
-                nxt = row.seq
-            break
-        else:
-            at = batch[-1].seq + 1
+            room = MAX_ANSWER_BYTES - reserve - max(used)
+            j = i
+            while j < len(heads) and admission.admits(heads[j].sources):
+                room -= heads[j].bytes
+                j += 1
+                if room < 0:
+                    break
+            for row in ledger.rows_range(session, heads[i].seq, heads[j - 1].seq, limit=j - i):
+                nxt = take(row)
+                if nxt is not None:
+                    break
+            i = j
+        at = heads[-1].seq + 1
     if nxt is not None and nxt > hi:
         nxt = None
     answer = build(taken, [s for s in withheld if nxt is None or s < nxt], nxt)
