@@ -139,6 +139,9 @@ runs_dir = "runs"
 """
         cfg_path = work / "tether.toml"
         cfg_path.write_text(config_text)
+        # The tree --against times has a ledger of its own: it may be of an older schema.
+        against_cfg = work / "against.toml"
+        against_cfg.write_text(config_text.replace("ledger.db", "against.db"))
         from tether.config import load_config
 
         cfg: Config = load_config(cfg_path)
@@ -216,7 +219,7 @@ runs_dir = "runs"
             if done.returncode != 0 or json.loads(done.stdout)["status"] != "finished":
                 raise SystemExit(f"tether run failed: {done.stdout} {done.stderr}")
             if args.against:
-                argv = [*done.args[:7], f"against-{i}", *done.args[8:]]
+                argv = [*done.args[:5], str(against_cfg), "-s", f"against-{i}", *done.args[8:]]
                 env = {**os.environ, "PYTHONPATH": str(args.against.resolve())}
                 t = time.perf_counter()
                 other = subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env)
