@@ -562,6 +562,23 @@ def _lead_notices(f: _Frame, floor: int, fixed_marks: Mapping[int, _Mark]) -> in
     return len(fixed) + lead
 
 
+def _whole_tail(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan] | None:
+    """Everything after the coverage, when the tail reaches it and all of it fits exactly. The
+    window's estimate reserves notices for gaps before it, which this window never needs: it
+    must not keep a view that fits as it stands from being used so."""
+    if not f.whole:
+        return None
+    plans: list[_Plan] = []
+    media_used = f.media.used
+    for unit in reversed(units):  # newest first, as media are counted
+        media = f.media.copy()
+        media.used = media_used
+        plan = plan_unit(f, unit, media)
+        media_used = plan.media_used
+        plans.insert(0, plan)
+    return plans if _size(assemble(f, plans, False)[0]) <= f.budget else None
+
+
 def reuse_window(f: _Frame, units: Sequence[Sequence[Row]], skips: int = 0) -> list[_Plan] | None:
     """Ordinary reuse: the newest units that fit the budget the protected context leaves, opened
     at a usable boundary (or at the coverage when all of it fits); None without an opening.
@@ -569,6 +586,9 @@ def reuse_window(f: _Frame, units: Sequence[Sequence[Row]], skips: int = 0) -> l
     large for the space left may be passed over (see :func:`take_newest`)."""
     if not f.whole and not any(len(u) == 1 and request_problem(u[0]) is None for u in units):
         return None  # no user message with text anywhere in reach: no opening
+    every = _whole_tail(f, units)
+    if every is not None:
+        return every
     running = f.top_bytes + _lead_notices(f, f.covers, f.marks) * f.notice_max
     plans = take_newest(f, units, running, f.media.used, skips)
     if not (f.whole and len(plans) == len(units)):
