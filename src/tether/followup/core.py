@@ -579,6 +579,30 @@ def _whole_tail(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan] | None
     return plans if _size(assemble(f, plans, False)[0]) <= f.budget else None
 
 
+def _reach_opening(
+    f: _Frame, units: Sequence[Sequence[Row]], plans: Sequence[_Plan]
+) -> list[_Plan] | None:
+    """``plans`` (the estimate's newest units, without an opening) taken back to the nearest
+    opening before them, when that whole exchange fits exactly: the estimate's reserve for the
+    notices before the window is an upper bound, and must not keep the window from an exchange
+    that fits. None when no opening was read before them, or the exchange does not fit."""
+    older = [u for u in units if not plans or u[0].seq < plans[0].first]
+    media_used = plans[0].media_used if plans else f.media.used
+    more: list[_Plan] = []
+    for unit in reversed(older):  # newest first, as media are counted
+        media = f.media.copy()
+        media.used = media_used
+        plan = plan_unit(f, unit, media)
+        media_used = plan.media_used
+        more.insert(0, plan)
+        if plan.opening:
+            break
+    if not more or not more[0].opening:
+        return None
+    grown = [*more, *plans]
+    return grown if _size(assemble(f, grown, False)[0]) <= f.budget else None
+
+
 def reuse_window(f: _Frame, units: Sequence[Sequence[Row]], skips: int = 0) -> list[_Plan] | None:
     """Ordinary reuse: the newest units that fit the budget the protected context leaves, opened
     at a usable boundary (or at the coverage when all of it fits); None without an opening.
@@ -594,8 +618,12 @@ def reuse_window(f: _Frame, units: Sequence[Sequence[Row]], skips: int = 0) -> l
     if not (f.whole and len(plans) == len(units)):
         start = next((i for i, p in enumerate(plans) if p.opening), None)
         if start is None:
-            return None
-        plans = plans[start:]
+            reached = _reach_opening(f, units, plans)
+            if reached is None:
+                return None
+            plans = reached
+        else:
+            plans = plans[start:]
     # The reserve is an upper bound: drop the oldest exchange while over...
     while plans and _size(assemble(f, plans, False)[0]) > f.budget:
         nxt = next((i for i, p in enumerate(plans) if i > 0 and p.opening), len(plans))
