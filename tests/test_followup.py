@@ -300,6 +300,74 @@ def test_prompt_state_between_checkpoint_and_request_is_not_a_gap(ledger: Ledger
     assert view.previous_request.mode is RequestMode.REUSED
 
 
+def test_a_window_that_fits_exactly_is_reused_though_the_estimate_reserves_notices(
+    ledger: Ledger,
+) -> None:
+    """Found by the property tests' oracle. The window's estimate reserves notices for the gaps
+    before it (here two: one for rows before the checkpoint row, after the coverage, one after
+    it) that a window reaching back to the coverage never needs. With a budget that everything
+    after the coverage fits exactly, but not with those reserves, the estimate reached no
+    opening; the view was then built by passing over the first batch (a gap, the request
+    copied) though the ordinary window, everything as it stands, fits."""
+    r1 = RunWriter.start(ledger, run_id="r1")
+    r1.request("first")
+    r1.say("done")
+    r1.checkpoint("first done")
+    r1.end()
+    r2 = RunWriter.start(ledger, run_id="r2")
+    req = r2.request("second")
+    for i in range(6):
+        r2.calls((f"c{i}", "read", {"path": f"f{i}"}))
+        r2.result(f"c{i}", "x" * (1000 if i == 0 else 150))
+    r2.say("ok")
+    r2.end()
+    full = view_of(ledger)
+    assert full.gaps == ()
+    for slack in (0, 50, 200):
+        view = view_of(ledger, budget=full.bytes + slack)
+        check_well_formed(view)
+        assert view.gaps == (), slack
+        assert view.bytes == full.bytes
+        assert [m.origin for m in view.messages if m.origin] == [
+            m.origin for m in full.messages if m.origin
+        ]
+        assert view.previous_request is not None
+        assert view.previous_request.seq == req.seq
+        assert view.previous_request.mode is RequestMode.REUSED
+
+
+def test_an_opening_that_fits_exactly_is_reached_though_the_estimate_reserves_notices(
+    ledger: Ledger,
+) -> None:
+    """Found by the property tests' oracle: the same reserve as above, with a tail that does not
+    reach the coverage (a kept row after it, larger than any read). The window from the request
+    needs one notice before it, the estimate reserved two; reaching no opening, the view passed
+    over the first batch though the exchange from the request fits exactly."""
+    r1 = RunWriter.start(ledger, run_id="r1")
+    first = r1.request("first")
+    kept = r1.say("k" * 20_000)
+    r1.compaction("first summarized", covers_to=first.seq)
+    r1.end()
+    r2 = RunWriter.start(ledger, run_id="r2")
+    req = r2.request("second")
+    for i in range(6):
+        r2.calls((f"c{i}", "read", {"path": f"f{i}"}))
+        r2.result(f"c{i}", "x" * (1000 if i == 0 else 150))
+    r2.say("ok")
+    r2.end()
+    roomy = view_of(ledger, budget=8000)
+    assert [(g.first, g.last) for g in roomy.gaps] == [(kept.seq, kept.seq)]
+    assert [m.origin for m in roomy.messages if m.origin] == [r.seq for r in r2.rows]
+    for slack in (0, 50, 200):
+        view = view_of(ledger, budget=roomy.bytes + slack)
+        check_well_formed(view)
+        assert view.gaps == roomy.gaps, slack
+        assert view.bytes == roomy.bytes
+        assert view.previous_request is not None
+        assert view.previous_request.seq == req.seq
+        assert view.previous_request.mode is RequestMode.REUSED
+
+
 def test_a_compaction_pi_made_mid_run_keeps_its_kept_rows(ledger: Ledger) -> None:
     run = RunWriter.start(ledger, run_id="r1")
     req = run.request("long task")

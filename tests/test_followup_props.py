@@ -4,8 +4,15 @@ Sessions are made of runs of two agents with every ending status; requests that 
 partial, missing or never recorded; tool calls with and without results, parallel calls, rows
 larger than the budget, media in requests and tool results, receipts, compactions anywhere (pi's
 own mid-run and continuation checkpoints), notes, and sources that the requester may or may not
-be granted. Each view is checked with the tests' own byte count and an oracle for the previous
-request written from the design's words.
+be granted. Each view is checked with the tests' own byte count, an oracle for the previous
+request written from the design's words, and a scenario-side oracle of invariant 5
+(:class:`Oracle`): from the generated rows alone it assembles and measures the ordinary window
+(the newest exchanges after the coverage that fit what the reservations leave, opening at a user
+message with text), decides from it whether the request is reused in place or read and placed
+first, and assembles that view too (the rows the suffix starts from, every gap, the bytes). The
+view must be one of what it allows, exactly, and what it would take next must not fit. Only the
+reads are taken from the run (where the last tail read began, whether the probe was read):
+invariant 9 bounds what the view can weigh.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from followup_sessions import (
 )
 from tether.config import FollowupConfig
 from tether.followup import FollowupView, GapWhy, Refusal, RefusalReason, RequestMode, build_view
+from tether.followup import messages as msgs
+from tether.followup.core import MAX_SKIPS, PROBE_ROWS
 from tether.ledger import Note, RowKind, Run, RunStatus, open_ledger
 
 AGENT = "rev"
@@ -38,7 +47,7 @@ PATTERNS = ["repo:a/*", "repo:*", "doc:hb", "doc:*"]
 ENDED = {RunStatus.FINISHED, RunStatus.FAILED, RunStatus.INTERRUPTED}
 MEDIA = FollowupConfig(media_max_bytes=400, tool_media_max_bytes=250, media_max_total_bytes=700)
 # What tether may add around the protected context (wrappers, notices): a generous bound used
-# only to decide when a protected-context refusal would be unjustified.
+# only to pick sessions whose rows after the coverage all fit with room to spare.
 OVERHEAD = 4000
 
 
@@ -274,10 +283,14 @@ def text_of(message: dict[str, Any]) -> str:
     return "\n".join(b.get("text", "") for b in content or [] if b.get("type") == "text")
 
 
-def check(sc: Scenario, view: FollowupView | Refusal, read_from: int = 1) -> None:
+def check(
+    sc: Scenario, view: FollowupView | Refusal, read_from: int = 1, probed: bool = False
+) -> None:
     by_seq = {r["seq"]: r for r in sc.rows}
     last = len(sc.rows)
     refusal, request_seq = expected_request(sc)
+    # A refused view carries nothing: every other invariant is about the messages of a view
+    # that is not refused (3: "whenever such a run exists and the view is not refused").
     if sc.refusing:
         assert isinstance(view, Refusal)
         assert view.reason is RefusalReason.SESSION_REFUSING
@@ -303,21 +316,25 @@ def check(sc: Scenario, view: FollowupView | Refusal, read_from: int = 1) -> Non
         + (len(comp["body"]["summary"].encode()) if comp_ok and comp else 0)
         + sum(len(n.text.encode()) for n in notes)
     )
+    covers = 0
+    if comp is not None:
+        covers = min(comp["body"]["covers_to"], comp["seq"] - 1)
+    oracle = Oracle(sc, request_seq, comp, comp_ok, covers, notes, read_from, probed)
+    # 4. Refused exactly when the protected context, with its wrappers and the notices naming
+    # everything else, does not fit; a refused view carries nothing else to check.
+    minimal = oracle.assemble([], request_seq is not None).bytes
     if isinstance(view, Refusal):
-        # Invariant 4: only when the protected context (with its wrappers) is over the budget.
         assert view.reason is RefusalReason.PROTECTED_CONTEXT_OVER_BUDGET, view
-        assert raw + OVERHEAD > sc.budget
+        assert minimal > sc.budget, (minimal, view.detail)
         return
     assert raw <= sc.budget, "protected context over the budget must refuse"
+    assert minimal <= sc.budget, minimal
 
     # 1. bytes ≤ budget, with our own count; media never count.
     assert view.bytes == sum(size_of(m.message) for m in view.messages)
     assert view.bytes <= sc.budget
 
     # 2. The newest compaction is read whatever the tail holds (when admitted).
-    covers = 0
-    if comp is not None:
-        covers = min(comp["body"]["covers_to"], comp["seq"] - 1)
     if comp_ok:
         assert comp is not None
         assert view.checkpoint is not None
@@ -354,28 +371,49 @@ def check(sc: Scenario, view: FollowupView | Refusal, read_from: int = 1) -> Non
         )
     assert not any(m.role == "system" for m in view.messages)
 
-    # 5 and 18. Carried rows: after the coverage, admitted, as stored. Ordinary reuse first: only
-    # a view whose rows after the request were cut for the budget (or whose request is covered)
-    # places the request first, and then carries nothing before it. Both ways pass over units too
-    # large for the space left, so where the budget gaps lie after the request does not tell
-    # them apart: a row carried between the coverage and the request means the window (which
-    # may skip the units after the request); nothing carried there, with rows after the request
-    # cut for the budget, means it may have been placed first (followed by the newest units
-    # after it that fit, possibly the ones right after it), and then rows before it are never
-    # the view's to take.
-    budget_seqs = {
-        s for g in view.gaps if g.why is GapWhy.BUDGET for s in range(g.first, g.last + 1)
-    }
-    placed_first = False
+    # 5 and 18. Carried rows: the oracle's view, computed from the scenario (see Oracle).
+    allowed = oracle.expect()
+    gaps = [(g.first, g.last, g.why) for g in view.gaps]
+    matching = [(how, e) for how, e in allowed if (e.carried, e.gaps) == (set(origins), gaps)]
+    if not matching and allowed[0][0] != "window":
+        # Invariant 5 leaves the units a window passes over to the core's estimates: a view
+        # that is such a window is accepted when each unit it passed over does not fit it.
+        passing = oracle.passing_as_viewed(set(origins), gaps)
+        if passing is not None:
+            allowed.append(("window passing over units (as viewed)", passing))
+            if (passing.carried, passing.gaps) == (set(origins), gaps):
+                matching = [allowed[-1]]
+    assert matching, (allowed, sorted(origins), view.gaps)
+    how, expected = matching[0]
+    event(f"oracle: {how}" + (f" (of {len(allowed)} allowed)" if len(allowed) > 1 else ""))
+    assert view.bytes == expected.bytes, (expected, view.bytes)
+    # 5. The budget is used: what the view would take next does not fit the space left.
+    piece = oracle.next_piece(how, expected)
+    if piece:
+        grown = oracle.assemble([*piece, *expected.units], how == "request placed first")
+        assert grown.bytes > sc.budget, (grown, sc.budget - view.bytes)
+        event(f"budget used: next {'exchange' if oracle.opens(piece[0]) else 'unit'} too large")
+    # 9. Bounded reads: when the units read after a request placed first ran out (fewer than
+    # two left) with a twentieth of the budget still free, the tail was read again at its bound
+    # (twice the budget in stored bytes), so the row before the read does not fit that bound.
+    free = sc.budget - view.bytes
+    if how in ("request placed first", "no opening") and free >= sc.budget // 20:
+        floor = max(covers, request_seq or 0)
+        if expected.left < 2 and read_from - 1 > floor:
+            stored = sum(size_of(r["body"]) for r in sc.rows[read_from - 2 :])
+            assert stored > 2 * sc.budget, (read_from, stored, free)
+            event("read again at its bound")
     if request_seq is not None:
-        carried_before = any(covers < s < request_seq for s in origins)
-        placed_first = request_seq <= covers or (
-            not carried_before and any(s > request_seq for s in budget_seqs)
+        assert view.previous_request is not None
+        # 7. Reused only as contiguous stored rows: nothing omitted from the request on.
+        reused = (
+            how.startswith("window")
+            and not expected.modified
+            and all(last < request_seq for _, last, _ in expected.gaps)
         )
-    floor = max(covers, request_seq or 0) if placed_first else covers
+        assert view.previous_request.mode is (RequestMode.REUSED if reused else RequestMode.COPIED)
     for seq, m in origins.items():
         row = by_seq[seq]
-        assert seq == request_seq or seq > floor
         assert admitted(row["sources"], sc.grants)
         assert m.actor == row["actor"]
         assert not m.synthetic
@@ -490,40 +528,6 @@ def check(sc: Scenario, view: FollowupView | Refusal, read_from: int = 1) -> Non
             if why is GapWhy.BUDGET and seq > covers:
                 assert by_seq[seq]["body"].get("role") == "toolResult", seq
 
-    # 5. The budget is used: when rows after the floor are omitted for the budget, the space left
-    # is smaller than what the view would take next: the newest omitted complete exchange when
-    # the carried rows open at one (a user message with text), else the unit just before them.
-    carried_after = [s for s in origins if s > floor]
-    start = min(carried_after, default=last + 1)
-    # A result whose call lies at or before the floor (or nowhere) can never be carried.
-    omitted = [
-        s
-        for s in range(floor + 1, start)
-        if s in budget_seqs
-        and (
-            by_seq[s]["body"].get("role") != "toolResult"
-            or any(
-                by_seq[s]["body"].get("toolCallId") in call_ids(by_seq[c]["body"])
-                for c in range(floor + 1, s)
-            )
-        )
-    ]
-    if omitted:
-        rows = next_piece(sc, floor, start, omitted[-1])
-        free = sc.budget - view.bytes
-        # The tail read stops at twice the budget in stored bytes (withheld rows and prompt
-        # snapshots cost the view nothing but take stored bytes).
-        if sum(size_of(r["body"]) for r in sc.rows[rows[0]["seq"] - 1 :]) > 2 * sc.budget:
-            event("budget used: limited by the bounded read")
-            return
-        # Rows the last tail read did not reach (it starts at ``read_from``) are read again only
-        # when the space left is at least a twentieth of the budget (invariant 9: bounded reads).
-        if rows[0]["seq"] < read_from and free < sc.budget // 20:
-            event("budget used: limited by the bounded read")
-            return
-        assert free < cost_bound(sc, rows), (free, [r["seq"] for r in rows], view.gaps)
-        event("budget used: " + ("exchange" if is_opening(sc, start) else "unit"))
-
 
 def is_opening(sc: Scenario, seq: int) -> bool:
     """A user message with text, admitted: where a window may open."""
@@ -539,27 +543,6 @@ def is_opening(sc: Scenario, seq: int) -> bool:
     )
 
 
-def next_piece(sc: Scenario, floor: int, start: int, newest: int) -> list[dict[str, Any]]:
-    """What the view would take next before ``start``: the exchange ending there (from the
-    nearest user message with text after ``floor``) when ``start`` opens one, else the unit
-    ending at ``newest``, the newest row omitted for the budget (a batch of calls and its
-    results, or one message)."""
-    if is_opening(sc, start):
-        before = sc.rows[floor : start - 1]
-        for i in range(len(before) - 1, -1, -1):
-            if is_opening(sc, before[i]["seq"]):
-                return before[i:]
-        return before
-    before = sc.rows[floor:newest]
-    j = len(before) - 1
-    if before[j]["body"].get("role") == "toolResult":
-        cid = before[j]["body"].get("toolCallId")
-        for i in range(j, -1, -1):
-            if cid in call_ids(before[i]["body"]):
-                return before[i:]
-    return before[j:]
-
-
 def call_ids(body: dict[str, Any]) -> list[Any]:
     blocks = body.get("content")
     if body.get("role") != "assistant" or not isinstance(blocks, list):
@@ -567,29 +550,380 @@ def call_ids(body: dict[str, Any]) -> list[Any]:
     return [b.get("id") for b in blocks if b.get("type") == "toolCall"]
 
 
-def cost_bound(sc: Scenario, rows: list[dict[str, Any]]) -> int:
-    """An upper bound of what ``rows`` take: their stored sizes (what the bounded tail read
-    counts, prompt snapshots and withheld rows included), and room for what tether writes around
-    them (unknown-effects results, receipt notices, notices for withheld rows inside, media
-    placeholders)."""
-    total = 50
-    for row in rows:
-        body = row["body"]
-        total += size_of(body)
-        if not admitted(row["sources"], sc.grants):
-            total += 450
-        elif row["kind"] is RowKind.RECEIPT:
-            total += 400
-        elif row["kind"] is RowKind.MESSAGE:
-            total += 700 * len(call_ids(body))
-            blocks = body.get("content") if isinstance(body.get("content"), list) else []
-            total += 200 * sum(1 for b in blocks if b.get("type") == "image")
-    return total
-
-
 def named(first: int, last: int) -> str:
     """How a gap notice names its range: "row 9", or "rows 10–41"."""
     return f"row {first} " if first == last else f"rows {first}–{last} "
+
+
+# -- the scenario-side oracle of invariant 5 -----------------------------------------------------
+#
+# What the view must carry, computed from the generated rows alone: the tests' own units, marks,
+# gaps and byte count (tether's message builders supply only the text of what tether writes
+# itself: notices, quoted context, unknown-effects results, media placeholders). The core's
+# estimates, reserves and exact-assembly loops play no part: every candidate view is assembled
+# in full and measured with ``size_of``.
+
+SHOWN = "shown"
+Mark = GapWhy | str
+
+
+def is_content(row: dict[str, Any]) -> bool:
+    return row["kind"] is RowKind.MESSAGE and row["body"].get("role") != "system"
+
+
+def is_result(row: dict[str, Any]) -> bool:
+    return row["kind"] is RowKind.MESSAGE and row["body"].get("role") == "toolResult"
+
+
+def timestamp_of(body: dict[str, Any]) -> int:
+    value = body.get("timestamp")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class Expected:
+    """One candidate view: the seqs of the units it carries (and whether the request is placed
+    first), assembled by the oracle: carried seqs, gaps, bytes, whether media were replaced."""
+
+    def __init__(
+        self,
+        units: list[list[dict[str, Any]]],
+        carried: set[int],
+        gaps: list[tuple[int, int, GapWhy]],
+        size: int,
+        modified: bool,
+    ) -> None:
+        self.units = units
+        self.carried = carried
+        self.gaps = gaps
+        self.bytes = size
+        self.modified = modified
+        self.left = 0
+        """Units read after the request placed first that were neither taken nor passed over."""
+
+    def __repr__(self) -> str:
+        return f"Expected(carried={sorted(self.carried)}, gaps={self.gaps}, bytes={self.bytes})"
+
+
+class Oracle:
+    """Invariant 5 from the scenario: the ordinary window, the request placed first, and the
+    units a view may pass over, each assembled and measured here."""
+
+    def __init__(
+        self,
+        sc: Scenario,
+        request_seq: int | None,
+        comp: dict[str, Any] | None,
+        comp_ok: bool,
+        covers: int,
+        notes: list[Note],
+        read_from: int,
+        probed: bool,
+    ) -> None:
+        self.sc = sc
+        self.probed = probed
+        self.r = request_seq
+        self.comp = comp
+        self.comp_ok = comp_ok
+        self.covers = covers
+        self.last = len(sc.rows)
+        # Invariant 9: the view weighs only rows its bounded reads returned. The tail's first row
+        # (as the spy saw it) is taken as given; everything else comes from the scenario.
+        self.lo = max(covers + 1, read_from)
+        self.whole = read_from <= covers + 1
+        tail = sc.rows[self.lo - 1 :]
+        self.units = split(tail)
+        self.withheld_calls = {
+            c
+            for row in tail
+            if not admitted(row["sources"], sc.grants)
+            for c in call_ids(row["body"])
+        }
+        req = sc.rows[request_seq - 1] if request_seq else None
+        stamps = [timestamp_of(r["body"]) for r in tail if r["kind"] is RowKind.MESSAGE]
+        if req is not None:
+            stamps.append(timestamp_of(req["body"]))
+        self.ts = max(stamps, default=0)
+        top = 0
+        if comp is not None and comp_ok:
+            summary = comp["body"].get("summary")
+            top += size_of(
+                msgs.checkpoint_message(
+                    summary if isinstance(summary, str) else "",
+                    seq=comp["seq"],
+                    run=comp["run"],
+                    covers_to=covers,
+                    continuation=bool(comp["body"].get("continuation")),
+                    timestamp=self.ts,
+                )
+            )
+        if notes:
+            top += size_of(msgs.notes_message(AGENT, notes, timestamp=self.ts))
+        self.top = top
+
+    def opens(self, unit: list[dict[str, Any]]) -> bool:
+        return (
+            len(unit) == 1 and unit[0]["seq"] > self.covers and is_opening(self.sc, unit[0]["seq"])
+        )
+
+    def assemble(self, units: list[list[dict[str, Any]]], placed: bool) -> Expected:
+        sc, r = self.sc, self.r
+        marks: dict[int, Mark] = {}
+        carried: set[int] = set()
+        extra = 0  # unknown-effects results and receipt notices
+        media = msgs.MediaLimits(
+            MEDIA.media_max_bytes, MEDIA.tool_media_max_bytes, MEDIA.media_max_total_bytes
+        )
+        sizes: dict[int, int] = {}
+        modified = False
+
+        def carry(row: dict[str, Any]) -> None:
+            nonlocal modified
+            body, changed = msgs.limit_media(row["body"], media)
+            sizes[row["seq"]] = size_of(body)
+            modified = modified or changed
+            carried.add(row["seq"])
+
+        if r is not None:
+            carry(sc.rows[r - 1])  # the request's media are counted first
+            carried.discard(r)
+        for unit in sorted(units, key=lambda u: -u[0]["seq"]):  # newest first, as media count
+            pending: set[str] = set()
+            answered: set[str] = set()
+            withheld_results: set[str] = set()
+            head_withheld = False
+            for i, row in enumerate(unit):
+                seq, ok = row["seq"], admitted(row["sources"], sc.grants)
+                body = row["body"]
+                if not is_content(row):
+                    marks[seq] = SHOWN if ok else GapWhy.WITHHELD
+                    if ok and row["kind"] is RowKind.RECEIPT:
+                        extra += size_of(msgs.receipt_notice(body, timestamp=self.ts))
+                elif i == 0 and call_ids(body):
+                    if ok:
+                        if seq != r:
+                            carry(row)
+                        carried.add(seq)
+                        marks[seq] = SHOWN
+                        pending = set(call_ids(body))
+                    else:
+                        marks[seq] = GapWhy.WITHHELD
+                        head_withheld = True
+                elif is_result(row):
+                    cid = body.get("toolCallId")
+                    if head_withheld:
+                        marks[seq] = GapWhy.WITHHELD
+                    elif cid in pending and cid not in answered:
+                        if ok:
+                            carry(row)
+                            marks[seq] = SHOWN
+                            answered.add(cid)
+                        else:
+                            marks[seq] = GapWhy.WITHHELD
+                            withheld_results.add(cid)
+                    else:
+                        marks[seq] = (
+                            GapWhy.WITHHELD if cid in self.withheld_calls else GapWhy.BUDGET
+                        )
+                elif ok:
+                    if seq != r:
+                        carry(row)
+                    carried.add(seq)
+                    marks[seq] = SHOWN
+                else:
+                    marks[seq] = GapWhy.WITHHELD
+            head = unit[0]["body"]
+            for block in head.get("content") if isinstance(head.get("content"), list) else []:
+                cid = block.get("id") if block.get("type") == "toolCall" else None
+                if cid in pending and cid not in answered:
+                    extra += size_of(
+                        msgs.unknown_result(
+                            block, withheld=cid in withheld_results, timestamp=self.ts
+                        )
+                    )
+        if placed and r is not None:
+            marks[r] = SHOWN
+            carried.add(r)
+            # Rows between the coverage and the request are named exactly (prompt rows there
+            # are not history) when they were read: by the probe (a range read, made when the
+            # request lies before the first tail read), else those of the tail.
+            if 0 < r - 1 - self.covers <= PROBE_ROWS:
+                start = self.covers if self.probed else max(self.covers, self.lo - 1)
+                between = sc.rows[start : r - 1]
+                for row in between:
+                    if not admitted(row["sources"], sc.grants):
+                        marks[row["seq"]] = GapWhy.WITHHELD
+                    elif not is_content(row):
+                        marks[row["seq"]] = SHOWN
+        if self.comp is not None:
+            marks.setdefault(self.comp["seq"], SHOWN if self.comp_ok else GapWhy.WITHHELD)
+        gaps: list[tuple[int, int, GapWhy]] = []
+        for seq in range(1, self.last + 1):
+            covered: Mark = SHOWN if self.comp_ok else GapWhy.WITHHELD
+            mark = marks.get(seq, covered if seq <= self.covers else GapWhy.BUDGET)
+            if mark == SHOWN:
+                continue
+            assert isinstance(mark, GapWhy)
+            if gaps and gaps[-1][2] is mark and gaps[-1][1] == seq - 1:
+                gaps[-1] = (gaps[-1][0], seq, mark)
+            else:
+                gaps.append((seq, seq, mark))
+        notices = sum(size_of(msgs.gap_notice(a, b, why, timestamp=self.ts)) for a, b, why in gaps)
+        size = self.top + sum(sizes[s] for s in carried) + extra + notices
+        return Expected(list(units), carried, gaps, size, modified)
+
+    def fits(self, units: list[list[dict[str, Any]]], placed: bool) -> Expected | None:
+        e = self.assemble(units, placed)
+        return e if e.bytes <= self.sc.budget else None
+
+    def window(self, skips: int = 0) -> Expected | None:
+        """The ordinary window: the newest exchanges after the coverage that fit, opening at a
+        user message with text (or at the coverage when everything after it fits); None without
+        an opening that fits. With ``skips``: walking back unit by unit, a unit that alone takes
+        more than the space left, while that space is at least a twentieth of the budget, is
+        passed over (at most ``skips`` of them), so that the window may still reach the
+        request; older exchanges are then taken whole while they fit."""
+        units, budget = self.units, self.sc.budget
+        passed: set[int] = set()  # heads of the units passed over
+        if skips:
+            taken: list[list[dict[str, Any]]] = []
+            for unit in reversed(units):
+                if self.fits([unit, *taken], False):
+                    taken.insert(0, unit)
+                elif len(passed) < skips and (
+                    budget - self.assemble(taken, False).bytes >= budget // 20
+                ):
+                    passed.add(unit[0]["seq"])
+                else:
+                    break
+            if not passed:
+                return None  # nothing passed over: the ordinary window
+            # Passed over only where the window lies: after its newest opening reached so.
+            start = next((u[0]["seq"] for u in taken if self.opens(u)), None)
+            if start is None:
+                return None
+            passed = {s for s in passed if s > start}
+        elif self.whole:
+            every = self.fits(units, False)  # everything after the coverage, when it all fits
+            if every is not None:
+                return every
+        kept = [u for u in units if u[0]["seq"] not in passed]
+        best: Expected | None = None
+        for i in range(len(kept) - 1, -1, -1):
+            if not self.opens(kept[i]):
+                continue
+            e = self.fits(kept[i:], False)
+            if e is None:
+                return best
+            best = e
+        if self.whole:
+            return self.fits(kept, False) or best
+        return best
+
+    def expect(self) -> list[tuple[str, Expected]]:
+        """What invariant 5 allows, by name: the ordinary window when it holds the previous
+        request (or there is none), and nothing else. Otherwise the request placed first,
+        followed by the units after it; or, when passing over units too large for the space
+        left lets the window reach the request, that window (the request keeps its neighbours).
+        Which of those two the view takes rests on the core's estimates of notices, which the
+        oracle does not copy: either is accepted, each exactly as the oracle assembles it."""
+        window = self.window()
+        if window is not None and (self.r is None or self.r in window.carried):
+            return [("window", window)]
+        allowed = [("request placed first" if self.r else "no opening", self.placed_first())]
+        passing = self.window(MAX_SKIPS) if self.r is not None else None
+        if passing is not None and self.r in passing.carried:
+            allowed.append(("window passing over units", passing))
+        return allowed
+
+    def next_piece(self, how: str, view: Expected) -> list[list[dict[str, Any]]]:
+        """What the view would take next, read and not carried: for a window, the newest omitted
+        complete exchange before it (from the nearest opening before it, or everything back to
+        the coverage when there is none and the tail reaches it); after a request placed
+        first, the unit just before the carried ones. Empty when nothing was left out there."""
+        start = min((u[0]["seq"] for u in view.units), default=self.last + 1)
+        if how.startswith("window"):
+            before = [u for u in self.units if u[0]["seq"] < start]
+            opening = next(
+                (i for i in range(len(before) - 1, -1, -1) if self.opens(before[i])), None
+            )
+            if opening is not None:
+                return before[opening:]
+            return before if self.whole else []
+        floor = max(self.covers, self.r or 0)
+        before = [u for u in self.units if floor < u[0]["seq"] < start]
+        return before[-1:]
+
+    def passing_as_viewed(
+        self, carried: set[int], gaps: list[tuple[int, int, GapWhy]]
+    ) -> Expected | None:
+        """The window passing over units as the view made it, when it is one: it opens at a user
+        message with text (or at the coverage, the tail read whole), holds the request in
+        place, and passes over at most MAX_SKIPS whole units, none of which fits the view it
+        left (assembled here without them). Which units the core's estimates pass over is not
+        copied; that each does not fit is checked. None when the view is not such a window."""
+        if self.r is None or self.r not in carried or self.r <= self.covers:
+            return None
+        first = min(carried)
+        before = [b for a, b, why in gaps if why is GapWhy.BUDGET and self.covers < b < first]
+        start = max(before, default=self.covers) + 1
+        unit_at = {u[0]["seq"]: u for u in self.units}
+        if start not in unit_at or not (
+            self.opens(unit_at[start]) or (start == self.covers + 1 and self.whole)
+        ):
+            return None
+        budget_gaps = [(a, b) for a, b, why in gaps if why is GapWhy.BUDGET and a > start]
+        passed = [u for u in self.units if any(a <= u[0]["seq"] <= b for a, b in budget_gaps)]
+        kept = [u for u in self.units if u[0]["seq"] >= start and u not in passed]
+        if not passed or len(passed) > MAX_SKIPS:
+            return None
+        view = self.assemble(kept, False)
+        for unit in passed:
+            assert self.assemble([*kept, unit], False).bytes > self.sc.budget, unit[0]["seq"]
+        return view
+
+    def placed_first(self) -> Expected:
+        """The request placed first (or, without one, no opening), then the newest units after
+        it that fit; a unit that alone takes more than the space left, while that space is at
+        least a twentieth of the budget, is passed over (at most MAX_SKIPS) and older units fill
+        on."""
+        floor = max(self.covers, self.r or 0)
+        older = [u for u in self.units if u[0]["seq"] > floor]
+        placed = self.r is not None
+        taken: list[list[dict[str, Any]]] = []
+
+        def fill() -> None:
+            while older and self.fits([older[-1], *taken], placed):
+                taken.insert(0, older.pop())
+
+        fill()
+        for _ in range(MAX_SKIPS):
+            free = self.sc.budget - self.assemble(taken, placed).bytes
+            if len(older) < 2 or free < self.sc.budget // 20:
+                break
+            older.pop()
+            fill()
+        view = self.assemble(taken, placed)
+        view.left = len(older)
+        return view
+
+
+def split(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Units: a message with tool calls with the results (and prompt rows) right after it, or any
+    single other row; prompt rows after a batch's last result belong to what follows."""
+    units: list[list[dict[str, Any]]] = []
+    i = 0
+    while i < len(rows):
+        unit = [rows[i]]
+        i += 1
+        if is_content(unit[0]) and call_ids(unit[0]["body"]):
+            while i < len(rows) and (is_result(rows[i]) or not is_content(rows[i])):
+                unit.append(rows[i])
+                i += 1
+            while len(unit) > 1 and not is_content(unit[-1]):
+                unit.pop()
+                i -= 1
+        units.append(unit)
+    return units
 
 
 class TailSpy:
@@ -599,9 +933,14 @@ class TailSpy:
     def __init__(self, ledger: Any) -> None:
         self.ledger = ledger
         self.read_from = 1
+        self.probed = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.ledger, name)
+
+    def rows_range(self, *args: Any, **kwargs: Any) -> Any:
+        self.probed = True
+        return self.ledger.rows_range(*args, **kwargs)
 
     def tail(self, *args: Any, **kwargs: Any) -> Any:
         read = self.ledger.tail(*args, **kwargs)
@@ -619,7 +958,7 @@ def load(sc: Scenario) -> Any:
     return ledger
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
     with load(sc) as ledger:
@@ -633,7 +972,7 @@ def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
             config=MEDIA,
             grants={ACTOR: sc.grants},
         )
-    check(sc, view, reads.read_from)
+    check(sc, view, reads.read_from, reads.probed)
     # What the generated views exercised (shown with --hypothesis-show-statistics).
     if isinstance(view, Refusal):
         event(f"refused: {view.reason.value}")

@@ -560,6 +560,47 @@ def _lead_notices(f: _Frame, floor: int, fixed_marks: Mapping[int, _Mark]) -> in
     return len(fixed) + lead
 
 
+def _whole_tail(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan] | None:
+    """Everything after the coverage, when the tail reaches it and all of it fits exactly. The
+    window's estimate reserves notices for gaps before it, which this window never needs: it
+    must not keep a view that fits as it stands from being used so."""
+    if not f.whole:
+        return None
+    plans: list[_Plan] = []
+    media_used = f.media.used
+    for unit in reversed(units):  # newest first, as media are counted
+        media = f.media.copy()
+        media.used = media_used
+        plan = plan_unit(f, unit, media)
+        media_used = plan.media_used
+        plans.insert(0, plan)
+    return plans if _size(assemble(f, plans, False)[0]) <= f.budget else None
+
+
+def _reach_opening(
+    f: _Frame, units: Sequence[Sequence[Row]], plans: Sequence[_Plan]
+) -> list[_Plan] | None:
+    """``plans`` (the estimate's newest units, without an opening) taken back to the nearest
+    opening before them, when that whole exchange fits exactly: the estimate's reserve for the
+    notices before the window is an upper bound, and must not keep the window from an exchange
+    that fits. None when no opening was read before them, or the exchange does not fit."""
+    older = [u for u in units if not plans or u[0].seq < plans[0].first]
+    media_used = plans[0].media_used if plans else f.media.used
+    more: list[_Plan] = []
+    for unit in reversed(older):  # newest first, as media are counted
+        media = f.media.copy()
+        media.used = media_used
+        plan = plan_unit(f, unit, media)
+        media_used = plan.media_used
+        more.insert(0, plan)
+        if plan.opening:
+            break
+    if not more or not more[0].opening:
+        return None
+    grown = [*more, *plans]
+    return grown if _size(assemble(f, grown, False)[0]) <= f.budget else None
+
+
 def reuse_window(f: _Frame, units: Sequence[Sequence[Row]], skips: int = 0) -> list[_Plan] | None:
     """Ordinary reuse: the newest units that fit the budget the protected context leaves, opened
     at a usable boundary (or at the coverage when all of it fits); None without an opening.
@@ -567,13 +608,20 @@ def reuse_window(f: _Frame, units: Sequence[Sequence[Row]], skips: int = 0) -> l
     large for the space left may be passed over (see :func:`take_newest`)."""
     if not f.whole and not any(len(u) == 1 and request_problem(u[0]) is None for u in units):
         return None  # no user message with text anywhere in reach: no opening
+    every = _whole_tail(f, units)
+    if every is not None:
+        return every
     running = f.top_bytes + _lead_notices(f, f.covers, f.marks) * f.notice_max
     plans = take_newest(f, units, running, f.media.used, skips)
     if not (f.whole and len(plans) == len(units)):
         start = next((i for i, p in enumerate(plans) if p.opening), None)
         if start is None:
-            return None
-        plans = plans[start:]
+            reached = _reach_opening(f, units, plans)
+            if reached is None:
+                return None
+            plans = reached
+        else:
+            plans = plans[start:]
     # The reserve is an upper bound: drop the oldest exchange while over...
     while plans and _size(assemble(f, plans, False)[0]) > f.budget:
         nxt = next((i for i, p in enumerate(plans) if i > 0 and p.opening), len(plans))
