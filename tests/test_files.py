@@ -7,10 +7,11 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
-from tether import files
 from tether.files import DISCARDED_DIR, remove_later
 
 
@@ -63,13 +64,25 @@ def test_a_directory_that_cannot_be_set_aside_is_removed_where_it_is(tmp_path: P
     assert os.path.isfile(tmp_path / DISCARDED_DIR)
 
 
-def test_a_process_that_lives_on_reaps_its_removals(tmp_path: Path) -> None:
-    first, second = _tree(tmp_path / "a"), _tree(tmp_path / "b")
-    remove_later(first)
-    assert _gone_within(tmp_path / "a" / DISCARDED_DIR / first.name, 10)
-    (remover,) = files._removers
-    time.sleep(0.05)  # rm has removed the directory; let it exit
-    remove_later(second)  # reaps the first removal before it starts the next
-    assert remover not in files._removers
-    with pytest.raises(ChildProcessError):
-        os.waitpid(remover, os.WNOHANG)  # reaped already: no zombie is left
+def test_a_process_that_lives_on_keeps_no_zombie_of_its_removals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spawned: list[int] = []
+    real_spawn = os.posix_spawnp
+
+    def recording(*args: Any, **kwargs: Any) -> int:
+        pid = real_spawn(*args, **kwargs)
+        spawned.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "posix_spawnp", recording)
+    remove_later(_tree(tmp_path))
+    (pid,) = spawned
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            status = psutil.Process(pid).status()  # (psutil looks; it never reaps)
+        except psutil.NoSuchProcess:
+            break  # reaped: no zombie left
+        assert time.monotonic() < deadline, f"the removal {pid} stays {status}"
+        time.sleep(0.01)

@@ -3,6 +3,7 @@ umask (DESIGN §3.10). Transcripts, logs and the ledger hold what the agents rea
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -36,11 +37,6 @@ def private_file(path: Path) -> Path:
     return path
 
 
-_removers: list[int] = []
-"""Removals still running (pids), reaped by later calls: a process that lives on has no
-zombies."""
-
-
 def remove_later(path: Path) -> None:
     """Remove the directory ``path`` without waiting for the disk: it is renamed at once into
     ``.discarded/`` beside it (one rename: from now on nothing finds it by its name), then
@@ -49,8 +45,8 @@ def remove_later(path: Path) -> None:
     machines, whose disk is mounted with ``discard``: 15 to 25 ms for a run directory), which a
     run's end need not wait for. Where neither can be done, it is removed here. Never raises."""
     import shutil
+    import threading
 
-    _reap_removers()
     aside = path.parent / DISCARDED_DIR / path.name
     try:
         private_dir(aside.parent)
@@ -73,14 +69,11 @@ def remove_later(path: Path) -> None:
     except OSError:
         shutil.rmtree(aside, ignore_errors=True)
         return
-    _removers.append(pid)
+    # Reaped when it ends, so a process that lives on (a worker) keeps no zombie; a process that
+    # ends first leaves it to init.
+    threading.Thread(target=_reap, args=(pid,), daemon=True).start()
 
 
-def _reap_removers() -> None:
-    for pid in list(_removers):
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            done = pid
-        if done:
-            _removers.remove(pid)
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
