@@ -199,7 +199,10 @@ def test_a_head_start_the_run_never_takes_is_abandoned(config: Config) -> None:
     assert "import of tether.cli.run_live halted" in done.stderr
     assert _run_dirs(config) == []
     where = str(runs_dir(config))
-    strays = [p for p in psutil.process_iter(["cmdline"]) if where in " ".join(p.cmdline())]
+    # (info, not cmdline(): another test's zombie must not fail this one)
+    strays = [
+        p for p in psutil.process_iter(["cmdline"]) if where in " ".join(p.info["cmdline"] or [])
+    ]
     assert strays == []
 
 
