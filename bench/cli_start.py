@@ -72,7 +72,21 @@ def main() -> None:
     }
     trees = {"": env}
     if args.against:
-        trees[" (against)"] = {**env, "PYTHONPATH": str(args.against.resolve())}
+        # A ledger of its own: a tree from before a migration cannot open a newer schema.
+        (work / "against.toml").write_text(f'[ledger]\nurl = "sqlite://{work}/against.db"\n')
+        against = {
+            **env,
+            "PYTHONPATH": str(args.against.resolve()),
+            "TETHER_CONFIG": str(work / "against.toml"),
+        }
+        subprocess.run(
+            [*tether, "ledger", "load", str(EXAMPLE)],
+            env=against,
+            cwd=work,
+            check=True,
+            capture_output=True,
+        )
+        trees[" (against)"] = against
     runs = {"python -c pass (baseline)": ([sys.executable, "-c", "pass"], env)}
     for label, tree_env in trees.items():
         runs |= {name + label: (argv, tree_env) for name, argv in commands.items()}
