@@ -566,15 +566,25 @@ def _whole_tail(f: _Frame, units: Sequence[Sequence[Row]]) -> list[_Plan] | None
     must not keep a view that fits as it stands from being used so."""
     if not f.whole:
         return None
+    plans = _plan_back(f, units, f.media.used)
+    return plans if _size(assemble(f, plans, False)[0]) <= f.budget else None
+
+
+def _plan_back(
+    f: _Frame, units: Sequence[Sequence[Row]], media_used: int, *, to_opening: bool = False
+) -> list[_Plan]:
+    """Plans of ``units``, made newest first (as media are counted) and returned oldest first;
+    with ``to_opening``, only back to the newest unit that opens an exchange."""
     plans: list[_Plan] = []
-    media_used = f.media.used
-    for unit in reversed(units):  # newest first, as media are counted
+    for unit in reversed(units):
         media = f.media.copy()
         media.used = media_used
         plan = plan_unit(f, unit, media)
         media_used = plan.media_used
         plans.insert(0, plan)
-    return plans if _size(assemble(f, plans, False)[0]) <= f.budget else None
+        if to_opening and plan.opening:
+            break
+    return plans
 
 
 def _reach_opening(
@@ -586,15 +596,7 @@ def _reach_opening(
     that fits. None when no opening was read before them, or the exchange does not fit."""
     older = [u for u in units if not plans or u[0].seq < plans[0].first]
     media_used = plans[0].media_used if plans else f.media.used
-    more: list[_Plan] = []
-    for unit in reversed(older):  # newest first, as media are counted
-        media = f.media.copy()
-        media.used = media_used
-        plan = plan_unit(f, unit, media)
-        media_used = plan.media_used
-        more.insert(0, plan)
-        if plan.opening:
-            break
+    more = _plan_back(f, older, media_used, to_opening=True)
     if not more or not more[0].opening:
         return None
     grown = [*more, *plans]
