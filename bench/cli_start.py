@@ -53,18 +53,20 @@ def main() -> None:
     env = {
         **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
         "PYTHONPYCACHEPREFIX": str(work / "pycache"),
-        "TETHER_CONFIG": str(work / "tether.toml"),
         "PYTHONPATH": here,
     }
-    (work / "tether.toml").write_text(f'[ledger]\nurl = "sqlite://{work}/ledger.db"\n')
     tether = [sys.executable, "-m", "tether"]
-    subprocess.run(
-        [*tether, "ledger", "load", str(EXAMPLE)],
-        env=env,
-        cwd=work,
-        check=True,
-        capture_output=True,
-    )
+
+    def with_ledger(config: Path, tree_env: dict[str, str]) -> dict[str, str]:
+        """``tree_env`` with a config of its own whose SQLite ledger holds the example session,
+        loaded by that tree (a tree from before a migration cannot open a newer schema)."""
+        config.write_text(f'[ledger]\nurl = "sqlite://{config.with_suffix(".db")}"\n')
+        tree_env = {**tree_env, "TETHER_CONFIG": str(config)}
+        load = [*tether, "ledger", "load", str(EXAMPLE)]
+        subprocess.run(load, env=tree_env, cwd=work, check=True, capture_output=True)
+        return tree_env
+
+    env = with_ledger(work / "tether.toml", env)
     commands = {
         "tether --help": [*tether, "--help"],
         "tether context": [*tether, "context", "-s", "review-42", "-a", "reviewer", "--json"],
@@ -72,21 +74,8 @@ def main() -> None:
     }
     trees = {"": env}
     if args.against:
-        # A ledger of its own: a tree from before a migration cannot open a newer schema.
-        (work / "against.toml").write_text(f'[ledger]\nurl = "sqlite://{work}/against.db"\n')
-        against = {
-            **env,
-            "PYTHONPATH": str(args.against.resolve()),
-            "TETHER_CONFIG": str(work / "against.toml"),
-        }
-        subprocess.run(
-            [*tether, "ledger", "load", str(EXAMPLE)],
-            env=against,
-            cwd=work,
-            check=True,
-            capture_output=True,
-        )
-        trees[" (against)"] = against
+        against = {**env, "PYTHONPATH": str(args.against.resolve())}
+        trees[" (against)"] = with_ledger(work / "against.toml", against)
     runs = {"python -c pass (baseline)": ([sys.executable, "-c", "pass"], env)}
     for label, tree_env in trees.items():
         runs |= {name + label: (argv, tree_env) for name, argv in commands.items()}

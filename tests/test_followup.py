@@ -300,6 +300,19 @@ def test_prompt_state_between_checkpoint_and_request_is_not_a_gap(ledger: Ledger
     assert view.previous_request.mode is RequestMode.REUSED
 
 
+def _six_reads(ledger: Ledger) -> tuple[RunWriter, Row]:
+    """Run r2: a request, six tool calls (the first result 1,000 bytes, the others 150), an
+    answer. Returns the writer and the request row."""
+    r2 = RunWriter.start(ledger, run_id="r2")
+    req = r2.request("second")
+    for i in range(6):
+        r2.calls((f"c{i}", "read", {"path": f"f{i}"}))
+        r2.result(f"c{i}", "x" * (1000 if i == 0 else 150))
+    r2.say("ok")
+    r2.end()
+    return r2, req
+
+
 def test_a_window_that_fits_exactly_is_reused_though_the_estimate_reserves_notices(
     ledger: Ledger,
 ) -> None:
@@ -314,13 +327,7 @@ def test_a_window_that_fits_exactly_is_reused_though_the_estimate_reserves_notic
     r1.say("done")
     r1.checkpoint("first done")
     r1.end()
-    r2 = RunWriter.start(ledger, run_id="r2")
-    req = r2.request("second")
-    for i in range(6):
-        r2.calls((f"c{i}", "read", {"path": f"f{i}"}))
-        r2.result(f"c{i}", "x" * (1000 if i == 0 else 150))
-    r2.say("ok")
-    r2.end()
+    _, req = _six_reads(ledger)
     full = view_of(ledger)
     assert full.gaps == ()
     for slack in (0, 50, 200):
@@ -348,13 +355,7 @@ def test_an_opening_that_fits_exactly_is_reached_though_the_estimate_reserves_no
     kept = r1.say("k" * 20_000)
     r1.compaction("first summarized", covers_to=first.seq)
     r1.end()
-    r2 = RunWriter.start(ledger, run_id="r2")
-    req = r2.request("second")
-    for i in range(6):
-        r2.calls((f"c{i}", "read", {"path": f"f{i}"}))
-        r2.result(f"c{i}", "x" * (1000 if i == 0 else 150))
-    r2.say("ok")
-    r2.end()
+    r2, req = _six_reads(ledger)
     roomy = view_of(ledger, budget=8000)
     assert [(g.first, g.last) for g in roomy.gaps] == [(kept.seq, kept.seq)]
     assert [m.origin for m in roomy.messages if m.origin] == [r.seq for r in r2.rows]

@@ -180,6 +180,19 @@ def _old_rows() -> list[tuple[Any, ...]]:
     return out
 
 
+def _answers_as_fresh(ledger: Ledger, fresh: Ledger) -> None:
+    """A migrated ledger answers like a fresh one holding the same rows, and keys the sessions
+    and rows written after the migration too."""
+    fill(fresh, "a", 40, 4)
+    fill(fresh, "b", 60, 1)
+    assert sorted(seq for seq, _ in found(ledger, "a")) == [4 * i for i in range(1, 11)]
+    assert found(ledger, "a") == found(fresh, "a")
+    assert found(ledger, "b") == found(fresh, "b")
+    fill(ledger, "c", 10, 5)
+    assert sorted(seq for seq, _ in found(ledger, "c")) == [5, 10]
+    assert found(ledger, "a") == found(fresh, "a")
+
+
 def test_a_schema_6_sqlite_ledger_is_migrated(tmp_path: Path) -> None:
     from tether.ledger.sqlite import MIGRATIONS, SCHEMA_VERSION, _statements
 
@@ -203,15 +216,7 @@ def test_a_schema_6_sqlite_ledger_is_migrated(tmp_path: Path) -> None:
         assert ledger._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # type: ignore[attr-defined]
         keys = "SELECT count(*) FROM rows WHERE fts_key IS NULL OR fts_key % 4294967296 != seq"
         assert ledger._conn.execute(keys).fetchone() == (0,)  # type: ignore[attr-defined]
-        fill(fresh, "a", 40, 4)
-        fill(fresh, "b", 60, 1)
-        assert sorted(seq for seq, _ in found(ledger, "a")) == [4 * i for i in range(1, 11)]
-        assert found(ledger, "a") == found(fresh, "a")
-        assert found(ledger, "b") == found(fresh, "b")
-        # Sessions and rows written after the migration are keyed and found too.
-        fill(ledger, "c", 10, 5)
-        assert sorted(seq for seq, _ in found(ledger, "c")) == [5, 10]
-        assert found(ledger, "a") == found(fresh, "a")
+        _answers_as_fresh(ledger, fresh)
 
 
 def test_a_schema_6_postgres_ledger_is_migrated() -> None:
@@ -245,10 +250,4 @@ def test_a_schema_6_postgres_ledger_is_migrated() -> None:
                     "AND schemaname = current_schema()"
                 ).fetchall()
             assert "md5(session)" in index
-            fill(fresh, "a", 40, 4)
-            fill(fresh, "b", 60, 1)
-            assert sorted(seq for seq, _ in found(ledger, "a")) == [4 * i for i in range(1, 11)]
-            assert found(ledger, "a") == found(fresh, "a")
-            assert found(ledger, "b") == found(fresh, "b")
-            fill(ledger, "c", 10, 5)
-            assert sorted(seq for seq, _ in found(ledger, "c")) == [5, 10]
+            _answers_as_fresh(ledger, fresh)
