@@ -20,6 +20,7 @@ FLOORS: dict[str, int] = {
     "events": 1,
     "files": 1,
     "ids": 1,
+    "processes": 1,
     # 2: storage and admission
     "ledger": 2,
     "access": 2,

@@ -27,6 +27,7 @@ from tether.files import DISCARDED_DIR
 from tether.harness.custody import reconcile
 from tether.harness.placement import host_id
 from tether.ledger import Ledger, Run, RunStatus, open_ledger
+from tether.processes import start_time
 
 TETHER = [sys.executable, "-m", "tether"]
 
@@ -277,7 +278,7 @@ def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     proc.communicate(timeout=10)
     pi = psutil.Process(placed["pi_pid"])
     assert pi.is_running()
-    assert pi.create_time() == pytest.approx(placed["pi_start"], abs=0.05)
+    assert start_time(pi.pid) == placed["pi_start"]
 
     done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
     assert done.returncode == 0, done.stderr
@@ -358,7 +359,8 @@ def test_a_placement_whose_pid_was_reused_is_never_signalled(
         run, _ = store.enqueue_run("s1", "rev", actor="user:local", text="A")
         fence = store.claim_next(owner="gone", lease_s=0.01)
         assert fence is not None
-        started = psutil.Process(stranger.pid).create_time()
+        started = start_time(stranger.pid)
+        assert started is not None
         run_dir = tmp_path / "runs" / run.id
         run_dir.mkdir(parents=True)
         store.heartbeat(
@@ -447,7 +449,7 @@ def test_a_placement_on_another_host_ends_unconfirmed_and_the_session_refuses(
         assert cleared.returncode == 0, cleared.stderr
     finally:
         with_pi = psutil.Process(placed["pi_pid"])
-        if abs(with_pi.create_time() - placed["pi_start"]) < 0.05:
+        if start_time(with_pi.pid) == placed["pi_start"]:
             os.killpg(placed["pi_pid"], signal.SIGKILL)
     again = tether(
         tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "B", env=host_b
@@ -569,7 +571,7 @@ def test_workers_take_a_session_again_once_its_waiting_tether_run_is_gone(
     # was the waiter's to run) until the reconcile over all sessions confirms the waiter gone
     # and withdraws it; then the session's next request is a worker's.
     gone = subprocess.Popen(["true"])
-    gone_start = psutil.Process(gone.pid).create_time()
+    gone_start = start_time(gone.pid)
     gone.wait()
     waiter = {"host": host_id(), "harness_pid": gone.pid, "harness_start": gone_start}
     stale, _ = store.enqueue_run("s1", "rev", actor="u:a", text="A", waiter=waiter)

@@ -47,9 +47,10 @@ from tether.ledger import Fence, Ledger, Run, RunStatus
 from tether.mirror.entries import Actors, message_text
 from tether.mirror.mirror import Mirror
 from tether.pi import keeper
-from tether.pi.detached import process_matches, read_placement
+from tether.pi.detached import read_placement
 from tether.pi.install import PiInstall, find_pi
 from tether.pi.launch import runs_dir
+from tether.processes import alive, start_time
 
 __all__ = ["Reconciled", "Resolution", "lapsed", "reconcile"]
 
@@ -182,12 +183,12 @@ async def _reconcile_one(
     same_pi = keeper_place is not None and keeper_place.get("pi_pid") == where.get("pi_pid")
     if (
         same_pi
-        and process_matches(where.get("pi_pid"), where.get("pi_start"))
+        and alive(where.get("pi_pid"), where.get("pi_start"))
         and (run_dir / keeper.FIFO_NAME).exists()
         and (run_dir / place.RUN_STATE).exists()
     ):
         return await _resume(ledger, config, run, fence, where, subscribers, pi, clock, relay)
-    if process_matches(where.get("pi_pid"), where.get("pi_start")):
+    if alive(where.get("pi_pid"), where.get("pi_start")):
         # pi lives but cannot be taken over (no keeper or no FIFO): it cannot be confirmed
         # idle, so end it the way a lost harness would have, then refuse the session.
         _stop_pi(where)
@@ -210,9 +211,9 @@ def _confirmed_by_keeper(keeper_place: dict[str, Any], run_dir: Path) -> dict[st
             return {}
         return {
             "keeper_pid": keeper_pid,
-            "keeper_start": keeper_proc.create_time(),
+            "keeper_start": start_time(keeper_pid),
             "pi_pid": pi_pid,
-            "pi_start": pi_proc.create_time(),
+            "pi_start": start_time(pi_pid),
         }
     except psutil.Error:
         return {}
@@ -236,7 +237,7 @@ async def _unconfirmed(ledger: Ledger, fence: Fence, why: str) -> Reconciled | N
 def _stop_pi(where: dict[str, Any]) -> None:
     """Signal pi's group only after matching its start time (pid reuse)."""
     pid = where.get("pi_pid")
-    if isinstance(pid, int) and process_matches(pid, where.get("pi_start")):
+    if isinstance(pid, int) and alive(pid, where.get("pi_start")):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
 

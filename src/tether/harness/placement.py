@@ -2,7 +2,8 @@
 
 The host id is ``$TETHER_HOST_ID`` when set (containers that share a hostname, tests that play
 two hosts), else ``/etc/machine-id``, else the hostname. A placement records pids together with
-their start times, so a reused pid is never taken for the process it once named.
+their start times (seconds since boot: :mod:`tether.processes`), so a reused pid is never taken
+for the process it once named.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import psutil
 
 from tether.clock import Clock
 from tether.harness.turn import CheckpointResult, CheckpointStatus
 from tether.ledger import Fence, Ledger, ReceiptReason
 from tether.mirror.mirror import Mirror
 from tether.pi import keeper
-from tether.pi.detached import process_matches
+from tether.processes import alive, start_time
 
 __all__ = ["harness_gone", "host_id", "owner_id", "placement"]
 
@@ -45,9 +45,9 @@ def _machine_id() -> str:
 
 
 @functools.cache
-def _me() -> tuple[int, float]:
-    proc = psutil.Process()
-    return proc.pid, proc.create_time()
+def _me() -> tuple[int, float | None]:
+    pid = os.getpid()
+    return pid, start_time(pid)
 
 
 def owner_id() -> str:
@@ -75,14 +75,7 @@ def harness_gone(recorded: dict[str, Any] | None) -> bool:
     """On this host, the harness that recorded the placement is confirmed gone."""
     if not recorded or recorded.get("host") != host_id():
         return False
-    return not process_matches(recorded.get("harness_pid"), recorded.get("harness_start"))
-
-
-def start_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
+    return not alive(recorded.get("harness_pid"), recorded.get("harness_start"))
 
 
 RUN_STATE = "custody.json"

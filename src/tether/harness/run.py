@@ -102,6 +102,7 @@ from tether.pi.protocol import Command, Disposition
 from tether.pi.sessionfile import PreEntry, write_session_file
 from tether.pi.toolchannel import ToolChannel
 from tether.pi.transport import SubprocessTransport
+from tether.processes import start_time
 
 __all__ = [
     "NOT_NEEDED",
@@ -821,7 +822,7 @@ class _Driver:
         else:
             pi_place = {
                 "pi_pid": transport.pid,
-                "pi_start": custody_place.start_time(transport.pid),
+                "pi_start": start_time(transport.pid),
             }
         where = custody_place.placement(pi=pi_place, run_dir=self.run_dir)
         lease_s = self.config.custody.lease_s

@@ -107,7 +107,9 @@ class Lease:
     """Wall-clock seconds (``time.time()``) after which the lease counts as expired."""
     placement: dict[str, Any] | None
     """``{"host", "harness_pid", "harness_start", "pi_pid", "pi_start", "keeper_pid",
-    "keeper_start", "run_dir"}`` as the holder last recorded it; None before pi started."""
+    "keeper_start", "run_dir"}`` as the holder last recorded it; None before pi started. The
+    start times are seconds since boot (:func:`tether.processes.start_time`): a clock step does
+    not move them."""
 
     def expired(self, now: float) -> bool:
         return self.expires is None or self.expires <= now

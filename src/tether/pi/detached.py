@@ -38,12 +38,12 @@ from tether.pi import keeper
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.jsonl import LineSplitter
 from tether.pi.keeper import read_placement
+from tether.processes import alive, start_time
 
-__all__ = ["KeeperTransport", "Placement", "process_matches", "read_placement"]
+__all__ = ["KeeperTransport", "Placement", "read_placement"]
 
 READ_CHUNK = 256 * 1024
 STDERR_TAIL_LINES = 40
-_START_TOLERANCE_S = 0.05
 _POLL_MIN_S = 0.001
 _POLL_MAX_S = 0.01
 _WATCH_TIMEOUT_S = 0.25
@@ -51,20 +51,6 @@ _WATCH_TIMEOUT_S = 0.25
 _STARTUP_TIMEOUT_S = 20.0
 
 Placement = dict[str, Any]
-
-
-def process_matches(pid: object, start: object) -> bool:
-    """True when ``pid`` is alive and is the process that started at ``start`` (pid reuse
-    gives the pid a different start time; a zombie counts as gone)."""
-    if not isinstance(pid, int) or not isinstance(start, int | float):
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return abs(proc.create_time() - float(start)) <= _START_TOLERANCE_S
-    except psutil.Error:
-        return False
 
 
 def read_exit(run_dir: Path) -> int | None:
@@ -139,8 +125,8 @@ class KeeperTransport:
             raise
         # The keeper is pi's parent and has not reaped it, and we have not reaped the keeper:
         # neither pid can name another process yet, so their start times read now are theirs.
-        placement["pi_start"] = _start_time(placement.get("pi_pid"))
-        placement["keeper_start"] = _start_time(placement.get("keeper_pid"))
+        placement["pi_start"] = start_time(placement.get("pi_pid"))
+        placement["keeper_start"] = start_time(placement.get("keeper_pid"))
         transport = cls(
             run_dir, placement, grace_s=grace_s, keeper_proc=proc, stderr_log=stderr_log
         )
@@ -206,7 +192,7 @@ class KeeperTransport:
             return False
 
     def pi_alive(self) -> bool:
-        return process_matches(self.placement.get("pi_pid"), self.placement.get("pi_start"))
+        return alive(self.placement.get("pi_pid"), self.placement.get("pi_start"))
 
     async def lines(self) -> AsyncIterator[bytes]:
         splitter = LineSplitter()
@@ -312,7 +298,7 @@ class KeeperTransport:
         return self.exit_status is not None
 
     def _keeper_alive(self) -> bool:
-        return process_matches(self.placement.get("keeper_pid"), self.placement.get("keeper_start"))
+        return alive(self.placement.get("keeper_pid"), self.placement.get("keeper_start"))
 
     async def _kill_everything(self) -> None:
         if self._disowned:
@@ -432,15 +418,6 @@ class _DirWatch:
                 return True
             offset += size
         return False
-
-
-def _start_time(pid: object) -> float | None:
-    if not isinstance(pid, int):
-        return None
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
 
 
 def _size(path: Path) -> int:
