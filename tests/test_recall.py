@@ -11,6 +11,7 @@ import stat
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 
 from followup_sessions import RunWriter
@@ -286,3 +287,73 @@ def test_the_tool_socket_is_private_and_asks_for_the_token(tmp_path: Path) -> No
         assert obligations.sources == ("repo:acme/keys",)
         assert not server.path.exists(), "the socket is removed when the run ends"
         assert w.rows
+
+
+def test_a_takeover_serves_the_tool_socket_again_and_the_lost_server_leaves_it_alone(
+    tmp_path: Path,
+) -> None:
+    # A run directory too deep for a socket path: the socket gets a private directory of its
+    # own in the system's temporary directory, which a takeover must serve again.
+    run_dir = tmp_path / ("d" * 100) / "run"
+    run_dir.mkdir(parents=True)
+    first = ToolChannel.new(run_dir)
+    assert first.private_dir is not None
+    again = ToolChannel.again(first.path, first.token)
+    assert again.private_dir == first.private_dir
+    with open_ledger(f"sqlite://{tmp_path}/l.db") as ledger:
+        history(ledger)
+        run = ledger.create_run("s1", "rev")
+        fence = ledger.claim_run(run.id)
+
+        def server(channel: ToolChannel) -> ToolServer:
+            return ToolServer(
+                ledger=ledger,
+                grants=GRANTS,
+                fence=fence,
+                agent="rev",
+                actor="user:ana",
+                obligations=Obligations(),
+                channel=channel,
+            )
+
+        lost, taker = server(first), server(again)
+
+        async def call() -> dict[str, object]:
+            payload = {"token": first.token, "tool": "recall", "args": {"query": "quokka"}}
+            async with await anyio.connect_unix(first.path) as stream:
+                await stream.send(json.dumps(payload).encode() + b"\n")
+                data = b""
+                while not data.endswith(b"\n"):
+                    data += await stream.receive()
+            reply: dict[str, object] = json.loads(data)
+            return reply
+
+        async def go() -> tuple[dict[str, object], dict[str, object]]:
+            async with anyio.create_task_group() as tg:
+                lost_scope = anyio.CancelScope()
+
+                async def serve_lost(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                    with lost_scope:
+                        await lost.serve(task_status=task_status)
+
+                await tg.start(serve_lost)
+                await tg.start(taker.serve)  # the takeover binds its own socket there
+                lost_scope.cancel()  # the lost harness ends after the takeover
+                await anyio.sleep(0.05)
+                after_lost = await call()
+                tg.cancel_scope.cancel()
+            assert not first.path.exists(), "the takeover removes its socket when it ends"
+            assert first.private_dir is not None
+            assert not first.private_dir.exists()
+            # A takeover after the lost harness removed the socket's directory makes it again.
+            async with anyio.create_task_group() as tg:
+                await tg.start(server(again).serve)
+                assert first.private_dir.stat().st_mode & 0o777 == 0o700
+                remade = await call()
+                tg.cancel_scope.cancel()
+            return after_lost, remade
+
+        after_lost, remade = anyio.run(go)
+        assert after_lost["ok"] is True, after_lost
+        assert remade["ok"] is True, remade
+        assert not first.private_dir.exists()

@@ -739,7 +739,7 @@ class _Driver:
         # pi knows the tools socket and token it was started with: serve those again.
         tools = None
         if saved.get("tools_token") and saved.get("tools_path"):
-            channel = ToolChannel(Path(saved["tools_path"]), str(saved["tools_token"]))
+            channel = ToolChannel.again(Path(saved["tools_path"]), str(saved["tools_token"]))
             tools = self._tools(channel)
         return await self._drive_pi(
             opener, mirror, self.run_dir / "pi.log", saved.get("view"), tools

@@ -17,7 +17,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
+import os
 import shutil
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -29,6 +32,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from tether.access import Obligations
 from tether.errors import LedgerError, NotFound, RecallError
+from tether.files import DIR_MODE
 from tether.ledger import Fence, Ledger
 from tether.pi.toolchannel import ToolChannel, ToolName
 
@@ -39,7 +43,39 @@ __all__ = ["ToolServer"]
 
 MAX_REQUEST_BYTES = 64 * 1024
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
+
+
+def _private_dir_ready(path: Path) -> bool:
+    """``path`` is a directory of this user's, 0700; made so if it is missing (a takeover's
+    channel: the lost harness may have removed it)."""
+    try:
+        os.mkdir(path, DIR_MODE)
+        os.chmod(path, DIR_MODE)  # mkdir's mode is filtered by the umask
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(found.st_mode)
+        and found.st_uid == os.getuid()
+        and stat.S_IMODE(found.st_mode) == DIR_MODE
+    )
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file ``path`` names (device, inode), or None if none."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def _int(value: Any, name: str) -> int | None:
@@ -92,20 +128,34 @@ class ToolServer:
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Listen (the socket 0600), report started, answer until cancelled; then remove it."""
+        """Listen (the socket 0600), report started, answer until cancelled; then remove it,
+        unless a newer owner of the run (a takeover) has bound its own socket there since."""
+        if self.channel.private_dir is not None and not _private_dir_ready(
+            self.channel.private_dir
+        ):
+            log.warning(
+                "the tools socket's directory %s is not this user's private directory: the "
+                "recall and note tools are not served for run %s",
+                self.channel.private_dir,
+                self.fence.run,
+            )
+            task_status.started()
+            return
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         listener = await anyio.create_unix_listener(self.path)
+        ours = _identity(self.path)
         try:
             self.path.chmod(0o600)
             async with listener:
                 task_status.started()
                 await listener.serve(self._handle)
         finally:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-            if self.channel.private_dir is not None:
-                shutil.rmtree(self.channel.private_dir, ignore_errors=True)
+            if ours is not None and _identity(self.path) == ours:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+                if self.channel.private_dir is not None:
+                    shutil.rmtree(self.channel.private_dir, ignore_errors=True)
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         async with stream:

@@ -27,6 +27,7 @@ TOKEN_ENV = "TETHER_TOOLS_TOKEN"
 # Unix socket paths are limited (108 bytes on Linux, with the NUL); a run directory deeper than
 # this gets its socket in a private directory of its own under the system's temporary directory.
 _MAX_SOCKET_PATH = 100
+_PRIVATE_PREFIX = "tether-tools-"
 
 
 class ToolName(enum.StrEnum):
@@ -56,8 +57,15 @@ class ToolChannel(msgspec.Struct, frozen=True):
             return cls(path, token)
         import tempfile
 
-        private = Path(tempfile.mkdtemp(prefix="tether-tools-"))  # 0700
+        private = Path(tempfile.mkdtemp(prefix=_PRIVATE_PREFIX))  # 0700
         return cls(private / "tools.sock", token, private)
+
+    @classmethod
+    def again(cls, path: Path, token: str) -> ToolChannel:
+        """The channel a running pi was started with (a takeover serves it again): its socket
+        directory, if one was made for it, is the new server's to remove."""
+        made = path.parent if path.parent.name.startswith(_PRIVATE_PREFIX) else None
+        return cls(path, token, made)
 
     @property
     def env(self) -> dict[str, str]:
