@@ -200,3 +200,35 @@ def test_processes_opening_a_new_ledger_at_once_migrate_it_once(shared_url: str)
     assert [p.exitcode for p in procs] == [0] * WORKERS
     with open_ledger(shared_url) as ledger:
         assert [s.id for s in ledger.sessions()] == ["s"]
+
+
+def test_a_ledger_created_while_another_opener_looks_is_not_taken_for_a_foreign_one(
+    tmp_path: Path,
+) -> None:
+    # The interleaving the test above can hit by chance, made to happen: an opener reads the
+    # new file's schema version (0, nothing yet), another creates the whole ledger and commits,
+    # then the first lists the tables. Read apart, the two would describe a database with
+    # tables and no version, which is refused as foreign.
+    import sqlite3
+
+    from tether.ledger.sqlite import _check_not_foreign
+
+    path = tmp_path / "ledger.db"
+    with sqlite3.connect(path) as first:
+        first.execute("PRAGMA journal_mode = WAL")  # as the first opener leaves a new file
+    looker = sqlite3.connect(path, isolation_level=None)
+    created: list[str] = []
+
+    def create_meanwhile(statement: str) -> None:
+        if "sqlite_master" in statement and not created:
+            with open_ledger(f"sqlite:{path}") as other:
+                created.append(other.ensure_session("s").id)
+
+    looker.set_trace_callback(create_meanwhile)
+    try:
+        _check_not_foreign(looker, str(path))
+    finally:
+        looker.close()
+    assert created == ["s"], "the ledger was created between the two reads"
+    with open_ledger(f"sqlite:{path}") as ledger:
+        assert [s.id for s in ledger.sessions()] == ["s"]

@@ -218,15 +218,22 @@ def _primary(exc: sqlite3.Error) -> str:
 def _check_not_foreign(conn: sqlite3.Connection, path: str) -> None:
     """A database without tether's schema version must be empty: a foreign database is
     refused, never written into."""
-    if conn.execute("PRAGMA user_version").fetchone()[0] != 0:
+    # One read transaction: another process may be creating the ledger meanwhile, and two
+    # reads on their own could see its version before the commit and its tables after.
+    conn.execute("BEGIN")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND name NOT LIKE 'sqlite_%' ORDER BY name LIMIT 6"
+            )
+        ]
+    finally:
+        conn.execute("COMMIT")
+    if version != 0:
         return
-    names = [
-        r[0]
-        for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' "
-            "AND name NOT LIKE 'sqlite_%' ORDER BY name LIMIT 6"
-        )
-    ]
     if names:
         shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
         raise LedgerError(
