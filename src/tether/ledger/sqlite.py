@@ -231,7 +231,8 @@ def _check_not_foreign(conn: sqlite3.Connection, path: str) -> None:
             )
         ]
     finally:
-        conn.execute("COMMIT")
+        if conn.in_transaction:
+            conn.execute("COMMIT")
     if version != 0:
         return
     if names:
