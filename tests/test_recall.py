@@ -235,6 +235,17 @@ def test_notes_are_bounded_attributed_and_admitted(ledger: Ledger) -> None:
     assert dumped[1]["sources"] == ["repo:acme/keys"]
 
 
+async def ask(socket: Path, payload: dict[str, object]) -> dict[str, object]:
+    """One request to a run's tool socket, as pi's tools extension sends it, and the reply."""
+    async with await anyio.connect_unix(socket) as stream:
+        await stream.send(json.dumps(payload).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            data += await stream.receive()
+    reply: dict[str, object] = json.loads(data)
+    return reply
+
+
 def test_the_tool_socket_is_private_and_asks_for_the_token(tmp_path: Path) -> None:
     with open_ledger(f"sqlite://{tmp_path}/l.db") as ledger:
         w = history(ledger)
@@ -253,13 +264,7 @@ def test_the_tool_socket_is_private_and_asks_for_the_token(tmp_path: Path) -> No
         (tmp_path / "run").mkdir()
 
         async def call(payload: dict[str, object]) -> dict[str, object]:
-            async with await anyio.connect_unix(server.path) as stream:
-                await stream.send(json.dumps(payload).encode() + b"\n")
-                data = b""
-                while not data.endswith(b"\n"):
-                    data += await stream.receive()
-            reply: dict[str, object] = json.loads(data)
-            return reply
+            return await ask(server.path, payload)
 
         async def go() -> list[dict[str, object]]:
             async with anyio.create_task_group() as tg:
@@ -320,13 +325,7 @@ def test_a_takeover_serves_the_tool_socket_again_and_the_lost_server_leaves_it_a
 
         async def call() -> dict[str, object]:
             payload = {"token": first.token, "tool": "recall", "args": {"query": "quokka"}}
-            async with await anyio.connect_unix(first.path) as stream:
-                await stream.send(json.dumps(payload).encode() + b"\n")
-                data = b""
-                while not data.endswith(b"\n"):
-                    data += await stream.receive()
-            reply: dict[str, object] = json.loads(data)
-            return reply
+            return await ask(first.path, payload)
 
         async def go() -> tuple[dict[str, object], dict[str, object]]:
             async with anyio.create_task_group() as tg:
