@@ -3,6 +3,9 @@ the real pi, the scripted provider (DESIGN §3.8)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +15,7 @@ import httpx
 import pytest
 
 from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall
-from service_support import auth, serve, sse_events, write_config
+from service_support import auth, serve, sse_events, stop_proc, tether_proc, write_config
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 
 Provider = Callable[..., ScriptedProvider]
@@ -255,3 +258,51 @@ def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
         assert s.get("/v1/sessions").json() == {"sessions": []}, "nothing was written"
         with pytest.raises(httpx.HTTPStatusError):
             s.client.get("/v1/runs/nope").raise_for_status()
+
+
+def test_a_second_sigterm_during_the_drain_exits_at_once_and_recover_resumes_the_run(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    p = scripted_provider(
+        [
+            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 4; echo slept"})]),
+            Reply("answer after the signals"),
+        ]
+    )
+    config = write_config(tmp_path, p.url, drain_s=60)
+    with serve(tmp_path, config) as s:
+        run = s.post("s1", "the long job").json()["run"]
+        p.wait_for_requests(1, timeout=30)  # pi is in the bash tool now
+        os.kill(s.proc.pid, signal.SIGTERM)
+        # The first SIGTERM closes the listener, then the lifespan stops the worker: it drains.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                s.client.get("/healthz", timeout=1)
+            except httpx.TransportError:
+                break
+            assert time.monotonic() < deadline, "the first SIGTERM did not stop serving"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert s.proc.poll() is None, "still draining: the live run has 60 s"
+        second = time.monotonic()
+        os.kill(s.proc.pid, signal.SIGTERM)
+        assert s.proc.wait(10) == 1, s.output()
+        assert time.monotonic() - second < 2, "the second SIGTERM did not exit at once"
+    assert len(p.task_requests) == 1, "the run did not go on inside the server"
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+        assert ledger.get_run(run).status is RunStatus.RUNNING
+        lease = ledger.lease(run)
+        assert lease is not None
+        assert not lease.expired(time.time()), "not handed over: the lease was left as it was"
+    # pi lives on under its keeper: `tether recover` resumes the run on it.
+    rec = tether_proc(tmp_path, "recover", "--config", str(config), "--json", log="recover.log")
+    try:
+        assert rec.wait(60) == 0, (tmp_path / "recover.log").read_text()
+    finally:
+        stop_proc(rec)
+    lines = (tmp_path / "recover.log").read_text().splitlines()
+    [item] = [json.loads(line) for line in lines if line.startswith("{")]
+    assert item["resolution"] == "resumed"
+    assert item["outcome"]["answer"] == "answer after the signals"
+    assert len(p.task_requests) == 2, "one pi, one prompt: the tool's result, then the answer"
