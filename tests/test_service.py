@@ -237,6 +237,54 @@ def test_steer_goes_into_the_live_run_with_the_senders_actor(
     assert "also check the tests" in p.task_requests[1].user_texts
 
 
+def test_follow_up_goes_into_the_live_run_once_it_would_stop(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    p = scripted_provider(
+        [
+            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})]),
+            Reply("first answer"),
+            Reply("answer to the follow-up"),
+        ]
+    )
+    with serve(tmp_path, write_config(tmp_path, p.url)) as s:
+        run = s.post("s1", "start the long job").json()["run"]
+        p.wait_for_requests(1, timeout=30)
+        followed = s.post("s1", "also check the tests", token="carl-token", deliver="follow_up")
+        assert followed.status_code == 202, followed.text
+        assert followed.json()["status"] == "delivered"
+        assert followed.json()["run"] == run
+        done = s.wait_run(run)
+        assert done["status"] == "finished", done
+        assert done["answer"] == "answer to the follow-up"
+        rows = s.get("/v1/sessions/s1/rows").json()["rows"]
+        said = [
+            (r["actor"], r["message"]["role"], c["text"])
+            for r in rows
+            if r["message"]["role"] in ("user", "assistant")
+            for c in r["message"]["content"]
+            if c.get("type") == "text"
+        ]
+        # Not a steer: pi took it once the run would have stopped, after the first answer.
+        assert said == [
+            ("user:ana", "user", "start the long job"),
+            ("agent:rev", "assistant", "first answer"),
+            ("user:carl", "user", "also check the tests"),
+            ("agent:rev", "assistant", "answer to the follow-up"),
+        ]
+        with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+            live, relayed = ledger.runs("s1")
+        # The request's own queued run ended as delivered into the live one: never run itself.
+        assert live.id == run
+        assert relayed.status is RunStatus.FINISHED
+        assert relayed.started is None
+        assert relayed.extra["delivered_into"] == run
+        assert relayed.extra["deliver"] == "follow_up"
+    assert len(p.task_requests) == 3
+    assert "also check the tests" not in p.task_requests[1].user_texts
+    assert p.task_requests[2].last_user_text == "also check the tests"
+
+
 def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9/v1")
     with serve(tmp_path, config, workers=0) as s:
