@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from provider import Reply, ScriptedProvider, Stall, ToolCall
 from tether.ledger import NewRow, RunStatus, open_ledger
 
@@ -177,3 +179,50 @@ def test_refused_view_exits_3_and_writes_nothing(tmp_path: Path) -> None:
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
         assert [r.id for r in store.runs("s1")] == [broken.id]
         assert store.last_seq("s1") == 1
+
+
+@pytest.mark.parametrize("detached", [True, False], ids=["custody", "no-custody"])
+@pytest.mark.parametrize(
+    ("inside", "what"),
+    [("conf", "the config"), ("state", "the run directories"), ("db", "the ledger")],
+)
+def test_a_workdir_the_tools_must_not_reach_exits_2_and_writes_nothing(
+    tmp_path: Path, inside: str, what: str, detached: bool
+) -> None:
+    """The ledger, the config and the run directories, each in a directory of its own: a
+    workdir holding any one of them is refused, whether pi starts under custody's keeper
+    (``tether run``'s start) or as the run's child (the harness's admission)."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "db").mkdir()
+    cfg = tmp_path / "conf" / "tether.toml"
+    cfg.write_text(
+        f"""
+[ledger]
+url = "sqlite://{tmp_path}/db/ledger.db"
+
+[providers.local]
+base_url = "http://127.0.0.1:9/v1"
+
+[agents.rev]
+provider = "local"
+model = "scripted"
+
+[harness]
+runs_dir = "{tmp_path}/state/runs"
+
+[custody]
+detached = {str(detached).lower()}
+"""
+    )
+    open_ledger(f"sqlite://{tmp_path}/db/ledger.db").close()
+    workdir = tmp_path / inside
+    args = ["run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "--workdir"]
+    done = tether(tmp_path, *args, str(workdir), "go")
+    assert done.returncode == 2, done.stderr
+    assert f"would work in {workdir}, which contains {what}" in done.stderr
+    assert "[agents.rev] workdir (or --workdir)" in done.stderr
+    assert done.stdout == ""
+    with open_ledger(f"sqlite://{tmp_path}/db/ledger.db") as store:
+        assert store.sessions() == []
+        assert store.runs("s1") == []
+    assert not (tmp_path / "state").exists(), "no run directory, no pi"

@@ -155,6 +155,47 @@ def test_table_on_a_terminal_shows_each_check(
         assert f" {name} " in done.stdout
 
 
+def test_a_state_directory_others_may_read_is_reported(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    cfg = str(config(tmp_path, scripted_provider([Reply("unused")]).url))
+    state = (tmp_path / ".tether" / "runs").resolve()  # the default runs_dir, by the config
+    state.mkdir(parents=True)
+    state.chmod(0o755)
+    code, checks = doctor(tmp_path, "--config", cfg)
+    assert code == 0, "worth knowing, not in the way of a run"
+    assert failing(checks) == []
+    assert checks["state directory"] == {
+        "check": "state directory",
+        "status": "warn",
+        "found": f"{state} mode 0755 (others may read transcripts)",
+        "fix": f"chmod o-rwx {state}",
+    }
+    table = subprocess.run(
+        [*TETHER, "doctor", "--config", cfg],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert table.returncode == 0, table.stdout
+    (line,) = [x for x in table.stdout.splitlines() if " state directory " in x]
+    assert line.lstrip().startswith("!")
+    assert "mode 0755 (others may read transcripts)" in line
+    assert f"chmod o-rwx {state}" in line
+    # Writable by others fails; private is fine.
+    state.chmod(0o775)
+    code, checks = doctor(tmp_path, "--config", cfg)
+    assert (code, failing(checks)) == (1, ["state directory"])
+    assert checks["state directory"]["found"].endswith("mode 0775 (writable by others)")
+    assert checks["state directory"]["fix"] == f"chmod go-w {state}"
+    state.chmod(0o700)
+    code, checks = doctor(tmp_path, "--config", cfg)
+    assert code == 0
+    assert checks["state directory"]["status"] == "ok"
+    assert checks["state directory"]["found"] == f"{state} mode 0700"
+
+
 WITHOUT_PSYCOPG = """
 import sys
 sys.modules["psycopg"] = None  # as if the postgres extra were not installed

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import stat
 import subprocess
 import sys
@@ -16,8 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from provider import Fail, Reply, ScriptedProvider, ToolCall
-from tether.ledger import NewRow, RowKind, open_ledger
+from provider import Fail, Reply, ScriptedProvider, Stall, ToolCall
+from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 
 TETHER = [sys.executable, "-m", "tether"]
 
@@ -332,3 +333,57 @@ def test_a_run_that_ends_well_leaves_no_directory_and_prune_removes_old_ones(
     bad = tether(tmp_path, "runs", "prune", "--older-than", "soon", "--config", str(cfg))
     assert bad.returncode == 2
     assert "7d" in bad.stderr
+
+
+def test_prune_keeps_the_directories_of_live_runs_and_removes_old_ended_ones(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider([Stall(), Fail(500, "down")])
+    cfg = write_config(tmp_path, p.url)
+    env = {**os.environ, "TETHER_TEST_PROVIDER_KEY": "k"}
+    argv = [*TETHER, "run", "--config", str(cfg), "-a", "rev", "--json"]
+    # s1: a run that is running (its provider request stalls).
+    running = subprocess.Popen(
+        [*argv, "-s", "s1", "go"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        p.wait_for_requests(1, timeout=60)
+        # s2: a run that failed; its directory is kept, as for every run that did not end well.
+        failed = subprocess.run(
+            [*argv, "-s", "s2", "go"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert failed.returncode == 4, failed.stderr
+        runs = tmp_path / "state" / "runs"
+        with open_ledger(f"sqlite://{tmp_path}/state/ledger.db") as store:
+            (live,) = store.live_runs(session="s1")
+            assert live.status is RunStatus.RUNNING
+            (ended,) = store.runs("s2")
+            assert ended.status is RunStatus.FAILED
+            # s3: a run still queued (no worker takes it), with a directory of its own.
+            queued, _ = store.enqueue_run("s3", "rev", actor="user:local", text="later")
+        (runs / queued.id / "agent").mkdir(parents=True)
+        dirs = {name: runs / run for name, run in (("running", live.id), ("failed", ended.id))}
+        dirs["queued"] = runs / queued.id
+        week_ago = time.time() - 8 * 86400
+        for path in dirs.values():
+            assert path.is_dir(), path
+            os.utime(path, (week_ago, week_ago))
+        pruned = tether(tmp_path, "runs", "prune", "--older-than", "7d", "--config", str(cfg))
+        assert pruned.returncode == 0, pruned.stderr
+        assert "removed 1 run directories" in pruned.stdout
+        assert f"kept {dirs['running']}: its run is still live" in pruned.stdout
+        assert f"kept {dirs['queued']}: its run is still live" in pruned.stdout
+        assert not dirs["failed"].exists()
+        assert dirs["running"].is_dir()
+        assert (dirs["running"] / "session.jsonl").exists(), "pi's files are untouched"
+        assert dirs["queued"].is_dir()
+        assert running.poll() is None
+    finally:
+        running.send_signal(signal.SIGINT)  # a soft stop: the stalled run ends interrupted
+        out, err = running.communicate(timeout=60)
+    assert json.loads(out)["status"] == "interrupted", err

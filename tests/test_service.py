@@ -3,6 +3,9 @@ the real pi, the scripted provider (DESIGN §3.8)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +15,7 @@ import httpx
 import pytest
 
 from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall
-from service_support import auth, serve, sse_events, write_config
+from service_support import auth, serve, sse_events, stop_proc, tether_proc, write_config
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 
 Provider = Callable[..., ScriptedProvider]
@@ -234,6 +237,54 @@ def test_steer_goes_into_the_live_run_with_the_senders_actor(
     assert "also check the tests" in p.task_requests[1].user_texts
 
 
+def test_follow_up_goes_into_the_live_run_once_it_would_stop(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    p = scripted_provider(
+        [
+            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})]),
+            Reply("first answer"),
+            Reply("answer to the follow-up"),
+        ]
+    )
+    with serve(tmp_path, write_config(tmp_path, p.url)) as s:
+        run = s.post("s1", "start the long job").json()["run"]
+        p.wait_for_requests(1, timeout=30)
+        followed = s.post("s1", "also check the tests", token="carl-token", deliver="follow_up")
+        assert followed.status_code == 202, followed.text
+        assert followed.json()["status"] == "delivered"
+        assert followed.json()["run"] == run
+        done = s.wait_run(run)
+        assert done["status"] == "finished", done
+        assert done["answer"] == "answer to the follow-up"
+        rows = s.get("/v1/sessions/s1/rows").json()["rows"]
+        said = [
+            (r["actor"], r["message"]["role"], c["text"])
+            for r in rows
+            if r["message"]["role"] in ("user", "assistant")
+            for c in r["message"]["content"]
+            if c.get("type") == "text"
+        ]
+        # Not a steer: pi took it once the run would have stopped, after the first answer.
+        assert said == [
+            ("user:ana", "user", "start the long job"),
+            ("agent:rev", "assistant", "first answer"),
+            ("user:carl", "user", "also check the tests"),
+            ("agent:rev", "assistant", "answer to the follow-up"),
+        ]
+        with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+            live, relayed = ledger.runs("s1")
+        # The request's own queued run ended as delivered into the live one: never run itself.
+        assert live.id == run
+        assert relayed.status is RunStatus.FINISHED
+        assert relayed.started is None
+        assert relayed.extra["delivered_into"] == run
+        assert relayed.extra["deliver"] == "follow_up"
+    assert len(p.task_requests) == 3
+    assert "also check the tests" not in p.task_requests[1].user_texts
+    assert p.task_requests[2].last_user_text == "also check the tests"
+
+
 def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9/v1")
     with serve(tmp_path, config, workers=0) as s:
@@ -255,3 +306,51 @@ def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
         assert s.get("/v1/sessions").json() == {"sessions": []}, "nothing was written"
         with pytest.raises(httpx.HTTPStatusError):
             s.client.get("/v1/runs/nope").raise_for_status()
+
+
+def test_a_second_sigterm_during_the_drain_exits_at_once_and_recover_resumes_the_run(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    p = scripted_provider(
+        [
+            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 4; echo slept"})]),
+            Reply("answer after the signals"),
+        ]
+    )
+    config = write_config(tmp_path, p.url, drain_s=60)
+    with serve(tmp_path, config) as s:
+        run = s.post("s1", "the long job").json()["run"]
+        p.wait_for_requests(1, timeout=30)  # pi is in the bash tool now
+        os.kill(s.proc.pid, signal.SIGTERM)
+        # The first SIGTERM closes the listener, then the lifespan stops the worker: it drains.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                s.client.get("/healthz", timeout=1)
+            except httpx.TransportError:
+                break
+            assert time.monotonic() < deadline, "the first SIGTERM did not stop serving"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert s.proc.poll() is None, "still draining: the live run has 60 s"
+        second = time.monotonic()
+        os.kill(s.proc.pid, signal.SIGTERM)
+        assert s.proc.wait(10) == 1, s.output()
+        assert time.monotonic() - second < 2, "the second SIGTERM did not exit at once"
+    assert len(p.task_requests) == 1, "the run did not go on inside the server"
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+        assert ledger.get_run(run).status is RunStatus.RUNNING
+        lease = ledger.lease(run)
+        assert lease is not None
+        assert not lease.expired(time.time()), "not handed over: the lease was left as it was"
+    # pi lives on under its keeper: `tether recover` resumes the run on it.
+    rec = tether_proc(tmp_path, "recover", "--config", str(config), "--json", log="recover.log")
+    try:
+        assert rec.wait(60) == 0, (tmp_path / "recover.log").read_text()
+    finally:
+        stop_proc(rec)
+    lines = (tmp_path / "recover.log").read_text().splitlines()
+    [item] = [json.loads(line) for line in lines if line.startswith("{")]
+    assert item["resolution"] == "resumed"
+    assert item["outcome"]["answer"] == "answer after the signals"
+    assert len(p.task_requests) == 2, "one pi, one prompt: the tool's result, then the answer"

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from pg import fresh_schema_url
-from provider import RecordedRequest, Reply, ScriptedProvider
+from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall
 from service_support import serve, stop_proc, tether_proc, write_config
 from tether.ledger import Ledger, RunStatus, open_ledger
 
@@ -203,3 +203,51 @@ def test_sigterm_past_the_drain_deadline_hands_the_run_over(
             assert ended.extra["answer"] == "answer to long"
             assert _assistant_texts(ledger, "s1") == ["answer to long"]
     assert len(p.task_requests) == 1
+
+
+def test_a_second_sigterm_during_the_drain_exits_at_once_and_the_next_worker_resumes(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    p = scripted_provider(
+        [
+            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 4; echo slept"})]),
+            Reply("answer to long"),
+        ]
+    )
+    with fresh_schema_url() as url:
+        config = write_config(tmp_path, p.url, ledger_url=url, drain_s=60)
+        with open_ledger(url) as ledger:
+            run, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="long")
+            a = tether_proc(tmp_path, "worker", "--config", str(config), log="a.log")
+            b = None
+            try:
+                p.wait_for_requests(1, timeout=60)  # pi is in the bash tool now
+                os.kill(a.pid, signal.SIGTERM)
+                deadline = time.monotonic() + 10
+                while "stopping: no more claims" not in (tmp_path / "a.log").read_text():
+                    assert time.monotonic() < deadline, "the first SIGTERM did not start a drain"
+                    time.sleep(0.05)
+                assert a.poll() is None, "still draining: the live run has 60 s"
+                second = time.monotonic()
+                os.kill(a.pid, signal.SIGTERM)
+                assert a.wait(10) == 1
+                assert time.monotonic() - second < 2, "the second SIGTERM did not exit at once"
+                assert "handing over" not in (tmp_path / "a.log").read_text()
+                assert len(p.task_requests) == 1
+                assert ledger.get_run(run.id).status is RunStatus.RUNNING
+                lease = ledger.lease(run.id)
+                assert lease is not None
+                assert not lease.expired(time.time()), "its lease was left as it was"
+                # Its harness is gone from this host: the next worker takes the run over at once.
+                b = tether_proc(tmp_path, "worker", "--config", str(config), log="b.log")
+                _wait_all_ended(ledger, ["s1"], timeout=60)
+            finally:
+                stop_proc(a)
+                if b is not None:
+                    stop_proc(b)
+            ended = ledger.get_run(run.id)
+            assert ended.status is RunStatus.FINISHED, (ended, (tmp_path / "b.log").read_text())
+            assert ended.epoch >= 2, "the second worker took the run over (a new epoch)"
+            assert ended.extra["answer"] == "answer to long"
+            assert _assistant_texts(ledger, "s1") == ["answer to long"]
+    assert len(p.task_requests) == 2, "resumed on the same pi: the tool's result, then the answer"

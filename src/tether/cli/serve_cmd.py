@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from typing import Annotated
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated
 
 import anyio
 import typer
@@ -13,6 +14,9 @@ import typer
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import command, err_console
 from tether.ledger import Fence
+
+if TYPE_CHECKING:
+    import uvicorn
 
 __all__ = ["serve", "worker"]
 
@@ -34,6 +38,21 @@ def _exit_handing_over(handed: list[Fence]) -> None:
     os._exit(0)
 
 
+def _second_signal_exits(server: uvicorn.Server) -> None:
+    """uvicorn takes a second SIGTERM as it took the first (and a second Ctrl-C only cuts short
+    its wait for open connections), so the drain would run to its end: a second signal exits at
+    once, as ``tether worker``'s does. Live runs keep their leases (pi lives on under its keeper);
+    the next reconcile takes them, as after a crash."""
+    first = server.handle_exit
+
+    def handle_exit(sig: int, frame: FrameType | None) -> None:
+        if server.should_exit:
+            os._exit(1)
+        first(sig, frame)
+
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
+
+
 @command
 def serve(
     host: Annotated[
@@ -53,8 +72,8 @@ def serve(
 ) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json), with N in-process workers.
 
-    SIGTERM: stop taking requests and runs, let live runs finish until [service] drain_s, then
-    hand the rest over (their leases) and exit.
+    SIGTERM or Ctrl-C: stop taking requests and runs, let live runs finish until [service]
+    drain_s, then hand the rest over (their leases) and exit; a second signal exits at once.
 
     Example: tether serve --workers 2        (the whole platform on one machine, SQLite)
     """
@@ -75,6 +94,7 @@ def serve(
             timeout_graceful_shutdown=5,
         )
     )
+    _second_signal_exits(server)
     with store:
         server.run()
 
