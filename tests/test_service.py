@@ -313,7 +313,8 @@ def test_a_second_sigterm_during_the_drain_exits_at_once_and_recover_resumes_the
 ) -> None:
     p = scripted_provider(
         [
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 4; echo slept"})]),
+            # Long enough that both signals land while the tool runs, on a loaded machine too.
+            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 8; echo slept"})]),
             Reply("answer after the signals"),
         ]
     )

@@ -210,7 +210,8 @@ def test_a_second_sigterm_during_the_drain_exits_at_once_and_the_next_worker_res
 ) -> None:
     p = scripted_provider(
         [
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 4; echo slept"})]),
+            # Long enough that both signals land while the tool runs, on a loaded machine too.
+            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 8; echo slept"})]),
             Reply("answer to long"),
         ]
     )
