@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 import sqlite3
 import stat
 from pathlib import Path
@@ -356,3 +358,45 @@ def test_a_takeover_serves_the_tool_socket_again_and_the_lost_server_leaves_it_a
         assert after_lost["ok"] is True, after_lost
         assert remade["ok"] is True, remade
         assert not first.private_dir.exists()
+
+
+@pytest.mark.parametrize("how", ["open to others", "another user's"])
+def test_a_takeover_serves_no_socket_in_a_directory_that_is_not_private(
+    tmp_path: Path, how: str
+) -> None:
+    # The socket's directory in the temporary directory was removed with the lost harness,
+    # and someone made one at that name before the takeover: its socket would be theirs to
+    # replace, so none is bound there (pi's tool calls fail; the run goes on).
+    run_dir = tmp_path / ("d" * 100) / "run"
+    run_dir.mkdir(parents=True)
+    first = ToolChannel.new(run_dir)
+    assert first.private_dir is not None
+    if how == "open to others":
+        first.private_dir.chmod(0o755)
+    else:
+        if os.getuid() != 0:
+            pytest.skip("giving a directory to another user takes root")
+        os.chown(first.private_dir, 65534, 65534)
+    try:
+        with open_ledger(f"sqlite://{tmp_path}/l.db") as ledger:
+            ledger.ensure_session("s1")
+            run = ledger.create_run("s1", "rev")
+            server = ToolServer(
+                ledger=ledger,
+                grants=GRANTS,
+                fence=ledger.claim_run(run.id),
+                agent="rev",
+                actor="user:ana",
+                obligations=Obligations(),
+                channel=ToolChannel.again(first.path, first.token),
+            )
+
+            async def go() -> None:
+                with anyio.fail_after(10):
+                    await server.serve()  # reports started and returns at once
+
+            anyio.run(go)
+        assert not first.path.exists()
+        assert first.private_dir.exists(), "someone else's directory is left alone"
+    finally:
+        shutil.rmtree(first.private_dir, ignore_errors=True)
