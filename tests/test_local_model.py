@@ -109,8 +109,8 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
         "Name one method that both of them have.",
     ]
     results = [run_json(tmp_path, "s1", text) for text in requests]
-    assert [r["status"] for r in results] == ["finished"] * len(requests)
-    assert all(isinstance(r["answer"], str) for r in results)
+    assert [r["status"] for r in results] == ["finished"] * len(requests), results
+    assert all(isinstance(r["answer"], str) for r in results), results
     assert len({r["run"] for r in results}) == len(requests)
     outcomes = [r["checkpoint"] for r in results]
     assert all(o in ("written", "not_needed") or o.startswith("refused:") for o in outcomes)
@@ -120,7 +120,7 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
     records = [json.loads(line) for line in log.stdout.split("\n") if line.strip()]
     rows = [r for r in records if r.get("type") == "row"]
     seqs = [r["seq"] for r in rows]
-    assert seqs == list(range(1, len(rows) + 1))
+    assert seqs == list(range(1, len(rows) + 1)), log.stdout
     # Each request is a row of its own run, by its actor, byte-identical (a follow-up may also
     # copy an earlier request as a new row; a copy names its origin).
     requests_logged = [
@@ -134,7 +134,7 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
         else r["message"]["content"]
         for r in requests_logged
     ]
-    assert texts == requests
+    assert texts == requests, log.stdout
     assert [r["run"] for r in requests_logged] == [r["run"] for r in results]
     for copy in (r for r in rows if "origin" in r):
         assert rows[copy["origin"] - 1]["message"] == copy["message"]
@@ -143,7 +143,7 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
         for r in rows
         if r.get("message", {}).get("role") == "assistant" and r["actor"] == f"agent:{AGENT}"
     ]
-    assert {r["run"] for r in answers} >= {r["run"] for r in results}
+    assert {r["run"] for r in answers} >= {r["run"] for r in results}, log.stdout
 
     compactions = [r for r in rows if "compaction" in r]
     receipts = [r for r in rows if "receipt" in r]
@@ -152,11 +152,13 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
         mine = [r for r in compactions if r["run"] == result["run"]]
         refused = [r for r in receipts if r["run"] == result["run"]]
         if outcome == "written":
-            assert len(mine) == 1
-            assert mine[0]["compaction"]["covers_to"] < mine[0]["seq"]
+            assert len(mine) == 1, log.stdout
+            assert mine[0]["compaction"]["covers_to"] < mine[0]["seq"], log.stdout
         elif outcome.startswith("refused:"):
-            assert not mine
-            assert [r["receipt"]["reason"] for r in refused] == [outcome.removeprefix("refused:")]
+            assert not mine, log.stdout
+            assert [r["receipt"]["reason"] for r in refused] == [
+                outcome.removeprefix("refused:")
+            ], log.stdout
     # The budget is small: the working view got over it, so a checkpoint was attempted (written
     # or refused, whichever the tiny model's summary earned).
     assert any(o != "not_needed" for o in outcomes), outcomes
@@ -176,15 +178,15 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
     )
     assert view_proc.returncode == 0, view_proc.stdout + view_proc.stderr
     view = json.loads(view_proc.stdout)
-    assert view["status"] == "ok"
+    assert view["status"] == "ok", view
     assert view["bytes"] <= view["budget"] == BUDGET
     assert view["previous_request"]["run"] == results[-1]["run"]
     assert view["previous_request"]["actor"] == ACTOR
     assert view["previous_request"]["seq"] == requests_logged[-1]["seq"]
     if compactions:
-        assert view["checkpoint"]["seq"] == compactions[-1]["seq"]
+        assert view["checkpoint"]["seq"] == compactions[-1]["seq"], (view, log.stdout)
     else:
-        assert view["checkpoint"] is None
+        assert view["checkpoint"] is None, view
     for message in view["messages"]:
         assert message["role"] in ("system", "user", "assistant", "toolResult", "custom")
         assert isinstance(message["content"], list | str)
