@@ -153,13 +153,18 @@ def run_dirs(runs: Path) -> list[str]:
 
 
 def descendants_with(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line names ``marker``, but for the ``rm`` of a run
+    directory set aside to be removed (``tether.files.remove_later``: tether's own removal,
+    which may still run on a loaded machine)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(
-                proc.info["cmdline"] or []
-            ):
-                found.append(proc)
+            argv = proc.info["cmdline"] or []
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or marker not in " ".join(argv):
+                continue
+            if argv[:3] == ["rm", "-rf", "--"] and f"/{DISCARDED_DIR}/" in argv[-1]:
+                continue
+            found.append(proc)
         except psutil.Error:
             continue
     return found
