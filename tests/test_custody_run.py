@@ -198,19 +198,25 @@ def assert_serialized(store: Ledger, session: str) -> list[Run]:
 def test_two_tether_runs_on_a_session_serialize_and_the_second_sees_the_first(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
-    provider = scripted_provider(by_request(lambda asked: "sleep 1.5" if asked == "A" else None))
+    # A's tool holds its run until the test has seen B queued and C refused (a fixed sleep lost
+    # that race on a loaded machine: A ended before B's process had started).
+    go = tmp_path / "go"
+    hold = f"while [ ! -e {go} ]; do sleep 0.05; done; echo went"
+    provider = scripted_provider(by_request(lambda asked: hold if asked == "A" else None))
     cfg = write_config(tmp_path, provider.url)
     first = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
-    wait_until(lambda: running_run(store, "s1"), what="the first run")
-    live = running_run(store, "s1")
-    assert live is not None
-    second = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "B")
-    wait_until(lambda: store.queued_runs("s1"), what="the second request to queue")
-    # A request that waits holds no idle pi: only A's run has a directory (and a pi) now.
-    assert run_dirs(tmp_path / "runs") == [live.id]
-    busy = tether(
-        tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "--no-wait", "C"
-    )
+    try:
+        wait_until(lambda: running_run(store, "s1"), what="the first run")
+        live = running_run(store, "s1")
+        assert live is not None
+        run_on_s1 = ["run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json"]
+        second = start(tmp_path, *run_on_s1, "B")
+        wait_until(lambda: store.queued_runs("s1"), what="the second request to queue")
+        # A request that waits holds no idle pi: only A's run has a directory (and a pi) now.
+        assert run_dirs(tmp_path / "runs") == [live.id]
+        busy = tether(tmp_path, *run_on_s1, "--no-wait", "C")
+    finally:
+        go.touch()  # (a failure above leaves no tool looping)
     out_a, err_a = first.communicate(timeout=120)
     out_b, err_b = second.communicate(timeout=120)
     assert first.returncode == 0, err_a
