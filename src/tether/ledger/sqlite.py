@@ -222,7 +222,8 @@ def _check_not_foreign(conn: sqlite3.Connection, path: str) -> None:
     # reads on their own could see its version before the commit and its tables after.
     conn.execute("BEGIN")
     try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if conn.execute("PRAGMA user_version").fetchone()[0] != 0:
+            return  # a tether ledger (the usual case: one read)
         names = [
             r[0]
             for r in conn.execute(
@@ -233,8 +234,6 @@ def _check_not_foreign(conn: sqlite3.Connection, path: str) -> None:
     finally:
         if conn.in_transaction:
             conn.execute("COMMIT")
-    if version != 0:
-        return
     if names:
         shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
         raise LedgerError(
