@@ -24,8 +24,8 @@ from pg import fresh_schema_url
 from provider import Reply, ScriptedProvider, Step, ToolCall
 from tether.config import load_config
 from tether.files import DISCARDED_DIR
-from tether.harness.custody import reconcile
-from tether.harness.placement import host_id
+from tether.harness.custody.placement import host_id
+from tether.harness.custody.reconcile import reconcile
 from tether.ledger import Ledger, Run, RunStatus, open_ledger
 from tether.processes import start_time
 
@@ -276,7 +276,8 @@ def test_several_tether_runs_race_on_postgresql_without_two_live_runs(
 def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
-    provider = scripted_provider(by_request(lambda asked: "sleep 3; echo slept"))
+    in_tool = tmp_path / "in-tool"
+    provider = scripted_provider(by_request(lambda asked: f"touch {in_tool}; sleep 3; echo slept"))
     cfg = write_config(tmp_path, provider.url)
     proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
     wait_until(lambda: running_run(store, "s1"), what="the run")
@@ -284,7 +285,7 @@ def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     assert run is not None
     placed = keeper_placement(store, run.id)
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
-    time.sleep(0.5)  # inside the bash tool now
+    wait_until(in_tool.exists, what="the bash tool to run")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
     pi = psutil.Process(placed["pi_pid"])
@@ -386,7 +387,7 @@ def test_a_placement_whose_pid_was_reused_is_never_signalled(
                 "run_dir": str(run_dir),
             },
         )
-        time.sleep(0.05)
+        wait_until(lambda: store.expired_leases(session="s1"), what="the lease to expire")
         done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
         assert done.returncode == 0, done.stderr
         [item] = [json.loads(line) for line in done.stdout.splitlines()]
@@ -399,7 +400,7 @@ def test_a_placement_whose_pid_was_reused_is_never_signalled(
 
 def _host_id() -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from tether.harness.placement import host_id
+    from tether.harness.custody.placement import host_id
 
     return host_id()
 
@@ -429,7 +430,9 @@ def test_a_placement_on_another_host_ends_unconfirmed_and_the_session_refuses(
         assert time.monotonic() < killed + 6, "too slow to check within the lease"
         assert early.returncode == 0, early.stderr
         assert early.stdout.strip() == "", early.stdout
-        time.sleep(max(0.0, killed + 6.2 - time.monotonic()))
+        wait_until(
+            lambda: store.expired_leases(session="s1"), within=20, what="the lease to expire"
+        )
         done = tether(tmp_path, "recover", "--config", str(cfg), "--json", env=host_b)
         assert done.returncode == 0, done.stderr
         [item] = [json.loads(line) for line in done.stdout.splitlines()]
@@ -502,9 +505,11 @@ def test_when_pi_is_killed_its_tool_processes_end_too(
 def test_sighup_and_sigterm_are_soft_stops(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
-    provider = scripted_provider(by_request(lambda asked: "sleep 30"))
+    in_tool = tmp_path / "in-tool"
+    provider = scripted_provider(by_request(lambda asked: f"touch {in_tool}; sleep 30"))
     cfg = write_config(tmp_path, provider.url)
     for sig, session in ((signal.SIGHUP, "s1"), (signal.SIGTERM, "s2")):
+        in_tool.unlink(missing_ok=True)
         proc = start(
             tmp_path, "run", "--config", str(cfg), "-s", session, "-a", "rev", "--json", "A"
         )
@@ -512,7 +517,7 @@ def test_sighup_and_sigterm_are_soft_stops(
         run = running_run(store, session)
         assert run is not None
         placed = keeper_placement(store, run.id)
-        time.sleep(1.0)
+        wait_until(in_tool.exists, what="the bash tool to run")  # pi is well into the run
         proc.send_signal(sig)
         _out, err = proc.communicate(timeout=60)
         assert proc.returncode == 4, err

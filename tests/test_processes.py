@@ -16,7 +16,7 @@ import psutil
 import psutil._pslinux
 import pytest
 
-from tether.harness import placement
+from tether.harness.custody import placement
 from tether.processes import alive, start_time
 
 

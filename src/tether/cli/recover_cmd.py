@@ -13,7 +13,7 @@ from rich.markup import escape as esc
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import command, err_console
 from tether.events import Resumed, RunEvent
-from tether.harness.custody import Resolution, reconcile
+from tether.harness.custody.reconcile import Resolution, reconcile
 
 __all__ = ["recover"]
 

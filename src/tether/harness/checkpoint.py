@@ -39,7 +39,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from tether.config import AgentConfig, Config
 from tether.errors import LedgerError
-from tether.harness.run import in_thread
 from tether.harness.stops import race_clock
 from tether.harness.turn import NOT_NEEDED, CheckpointResult, CheckpointStatus, SettledTurn
 from tether.ledger import ReceiptReason, Row, RowKind
@@ -49,6 +48,7 @@ from tether.pi.errors import TransportClosed
 from tether.pi.install import extension_file
 from tether.pi.protocol import Command, Response
 from tether.sizes import measure
+from tether.threads import in_thread
 
 __all__ = [
     "EXTENSION_PATH",

@@ -15,15 +15,14 @@ the rows the run writes after a recall carry them (DESIGN §3.10).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
 import shutil
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -35,6 +34,7 @@ from tether.errors import LedgerError, NotFound, RecallError
 from tether.files import DIR_MODE
 from tether.ledger import Fence, Ledger
 from tether.pi.toolchannel import ToolChannel, ToolName
+from tether.threads import in_thread
 
 if TYPE_CHECKING:
     from tether.recall import RecallAnswer
@@ -44,8 +44,6 @@ __all__ = ["ToolServer"]
 MAX_REQUEST_BYTES = 64 * 1024
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 def _private_dir_ready(path: Path) -> bool:
@@ -201,9 +199,6 @@ class ToolServer:
         except LedgerError as exc:
             return {"ok": False, "error": f"the ledger failed: {exc}; try again later"}
 
-    async def _in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
-
     async def _recall(self, args: dict[str, Any]) -> dict[str, Any]:
         from tether.recall import read_range, search
 
@@ -213,7 +208,7 @@ class ToolServer:
         first, last = _int(args.get("from"), "from"), _int(args.get("to"), "to")
         found: RecallAnswer
         if query and query.strip():
-            found = await self._in_thread(
+            found = await in_thread(
                 search,
                 self.ledger,
                 self.fence.session,
@@ -224,7 +219,7 @@ class ToolServer:
                 last=last,
             )
         elif first is not None or last is not None:
-            found = await self._in_thread(
+            found = await in_thread(
                 read_range,
                 self.ledger,
                 self.fence.session,
@@ -254,7 +249,7 @@ class ToolServer:
         text = args.get("text")
         if not isinstance(text, str):
             raise RecallError('"text" must be the note\'s text')
-        note = await self._in_thread(
+        note = await in_thread(
             add_note,
             self.ledger,
             self.fence.session,

@@ -6,9 +6,10 @@ there, by offset. A harness that dies leaves pi running; a new one ``attach``-es
 directory and reads the events from the start (the RPC client and the mirror are idempotent over
 a replay).
 
-Before a ``prompt`` or ``compact`` reaches the FIFO, a marker file (``prompt.sent``,
-``compact.sent``) is written: a harness that takes the run over knows whether the
-summary command may have been delivered, and never sends it again (invariant 16).
+Every command is handed to ``before_send`` (when given) before it reaches the FIFO: the
+harness marks a ``prompt`` or ``compact`` there (:mod:`tether.harness.custody.markers`), so a
+harness that takes the run over knows whether the summary command may have been delivered, and
+never sends it again (invariant 16).
 
 Cleanup signals pi only after confirming its pid still names the process the keeper started
 (its start time), and not at all once the run has been ``disown``-ed (a newer owner holds it).
@@ -26,7 +27,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +63,6 @@ def read_exit(run_dir: Path) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def _write_marker(path: Path, data: dict[str, Any]) -> None:
-    # Written before the command and not synced: it must survive this process (a SIGKILL
-    # leaves the page cache to the next harness), not the host, which pi would not survive.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, json.dumps(data).encode())
-    finally:
-        os.close(fd)
-
-
 class KeeperTransport:
     """pi under a keeper. ``async with KeeperTransport.adopt(...)`` takes one this process
     started (a :class:`~tether.pi.launch.PiLaunch`);
@@ -85,6 +76,7 @@ class KeeperTransport:
         grace_s: float,
         keeper_proc: subprocess.Popen[bytes] | None = None,
         stderr_log: Path | None = None,
+        before_send: Callable[[bytes], None] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.placement = placement
@@ -98,6 +90,7 @@ class KeeperTransport:
         self._disowned = False
         self._stdin_closed = False
         self._write_lock = anyio.Lock()
+        self._before_send = before_send
         self.offset = 0
         """How far the events file has been read."""
         self.caught_up = anyio.Event()
@@ -114,6 +107,7 @@ class KeeperTransport:
         *,
         stderr_log: Path,
         grace_s: float = 3.0,
+        before_send: Callable[[bytes], None] | None = None,
     ) -> AsyncIterator[KeeperTransport]:
         """Take over a keeper this process started (``keeper.start``, or a
         :class:`~tether.pi.launch.PiLaunch`): wait for it to record pi, then talk to pi."""
@@ -128,7 +122,12 @@ class KeeperTransport:
         placement["pi_start"] = start_time(placement.get("pi_pid"))
         placement["keeper_start"] = start_time(placement.get("keeper_pid"))
         transport = cls(
-            run_dir, placement, grace_s=grace_s, keeper_proc=proc, stderr_log=stderr_log
+            run_dir,
+            placement,
+            grace_s=grace_s,
+            keeper_proc=proc,
+            stderr_log=stderr_log,
+            before_send=before_send,
         )
         try:
             yield transport
@@ -138,13 +137,18 @@ class KeeperTransport:
     @classmethod
     @contextlib.asynccontextmanager
     async def attach(
-        cls, run_dir: Path, placement: Placement, *, grace_s: float = 3.0
+        cls,
+        run_dir: Path,
+        placement: Placement,
+        *,
+        grace_s: float = 3.0,
+        before_send: Callable[[bytes], None] | None = None,
     ) -> AsyncIterator[KeeperTransport]:
         """Take over the keeper of ``run_dir``, as the run's recorded ``placement`` names it
         (pids with their start times)."""
         if not isinstance(placement.get("pi_pid"), int):
             raise TransportClosed(f"no pi recorded for {run_dir}")
-        transport = cls(run_dir, placement, grace_s=grace_s)
+        transport = cls(run_dir, placement, grace_s=grace_s, before_send=before_send)
         try:
             yield transport
         finally:
@@ -182,6 +186,13 @@ class KeeperTransport:
                 if line.strip():
                     tail.append(line.decode("utf-8", "replace"))
         return "\n".join(tail)
+
+    def pi_placement(self) -> dict[str, Any]:
+        return dict(self.placement)
+
+    async def fenced_out(self) -> None:
+        # pi outlives this harness under its keeper: the newer owner has it now.
+        self.disown()
 
     def channel_ok(self) -> bool:
         """The command FIFO is still in the run directory (DESIGN §3.7: without it, no
@@ -242,25 +253,13 @@ class KeeperTransport:
             raise TransportClosed("pi's command channel is closed")
         if not self.channel_ok():
             raise TransportClosed(f"pi's command FIFO {self._fifo} is missing")
-        self._mark(data)
+        if self._before_send is not None:
+            self._before_send(data)
         async with self._write_lock:
             try:
                 await anyio.to_thread.run_sync(self._write, data)
             except OSError as exc:
                 raise TransportClosed(f"pi's command FIFO failed: {exc}") from exc
-
-    def _mark(self, data: bytes) -> None:
-        """Record, before it is written, that a prompt or compact is sent."""
-        for line in data.split(b"\n"):
-            if b'"compact"' not in line and b'"prompt"' not in line:
-                continue
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                kind = record.get("type") if isinstance(record, dict) else None
-                if kind in ("compact", "prompt"):
-                    _write_marker(
-                        self.run_dir / f"{kind}.sent", {"id": record.get("id"), "at": time.time()}
-                    )
 
     def _write(self, data: bytes) -> None:
         if self._fd is None:
@@ -280,8 +279,7 @@ class KeeperTransport:
     def _signal(self, sig: signal.Signals) -> None:
         if self._disowned or not self.pi_alive():
             return  # gone, or the pid names another process now: never signal it
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+        keeper.signal_group(self.pid, sig)
 
     async def _wait_exit(self, seconds: float) -> bool:
         # Woken by exit.json landing (inotify), and looking at least every 50 ms: a keeper that

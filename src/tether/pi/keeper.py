@@ -93,6 +93,16 @@ def read_placement(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def signal_group(pid: int, sig: int) -> None:
+    """Signal pi's process group (pi and the tools it started in it): the one place tether
+    signals pi. The caller has confirmed ``pid`` still names pi (not reaped, or its start time
+    matched): a reused pid is never signalled. A group already gone is no error."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _write_atomic(path: str, data: dict[str, object]) -> None:
     # Renamed into place, not synced: these records matter while the host is up (a host that
     # goes down takes pi with it), and a sync costs a run dearly on a busy disk.

@@ -9,7 +9,6 @@ loads, then releases the gate. Nothing here touches the ledger.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import time
@@ -225,8 +224,7 @@ class PiLaunch:
             placement = keeper.read_placement(self.run_dir)
             pid = placement.get("pi_pid") if placement else None
             if isinstance(pid, int):
-                with contextlib.suppress(OSError):
-                    os.killpg(pid, signal.SIGKILL)  # its own group: pi and what it started
+                keeper.signal_group(pid, signal.SIGKILL)  # its own group: pi and what it started
                 break
             time.sleep(0.005)  # the keeper records pi's pid right after starting it
         try:

@@ -17,20 +17,21 @@ group id) may belong to a replacement process, which cleanup must never touch.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 import anyio
 import anyio.abc
 import psutil
 
 from tether.files import private_file
+from tether.pi import keeper
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.jsonl import LineSplitter
+from tether.processes import start_time
 
 __all__ = ["AgentTransport", "SubprocessTransport"]
 
@@ -64,6 +65,25 @@ class AgentTransport(Protocol):
 
     def diagnostics(self) -> str:
         """The last lines the agent wrote to stderr (for error messages)."""
+        ...
+
+    @property
+    def pid(self) -> int:
+        """The agent's process id."""
+        ...
+
+    def pi_placement(self) -> dict[str, Any]:
+        """Where the agent runs, for the run's lease: ``pi_pid`` and ``pi_start`` (and its
+        keeper's, when it has one)."""
+        ...
+
+    def channel_ok(self) -> bool:
+        """Commands can still reach the agent (a keeper's FIFO can be removed under it)."""
+        ...
+
+    async def fenced_out(self) -> None:
+        """A newer owner holds the run: leave the agent to it when it can be taken over, or
+        else stop it at once. Never raises."""
         ...
 
 
@@ -146,6 +166,16 @@ class SubprocessTransport:
     def diagnostics(self) -> str:
         return "\n".join(self._tail)
 
+    def pi_placement(self) -> dict[str, Any]:
+        return {"pi_pid": self.pid, "pi_start": start_time(self.pid)}
+
+    def channel_ok(self) -> bool:
+        return not self._stdin_closed and not self._closed
+
+    async def fenced_out(self) -> None:
+        # pi is this harness's child and ends with it: nothing a newer owner could take over.
+        await self.kill()
+
     async def _pump_stderr(self) -> None:
         stream = self._process.stderr
         try:
@@ -197,8 +227,7 @@ class SubprocessTransport:
     def _signal_group(self, sig: signal.Signals) -> None:
         if self._process.returncode is not None:
             return  # reaped: the pid may be someone else's now
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._process.pid, sig)
+        keeper.signal_group(self._process.pid, sig)
 
     async def _close_stdin(self) -> None:
         if self._stdin_closed or self._process.stdin is None:

@@ -4,9 +4,7 @@ shown."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -22,6 +20,7 @@ from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
 from tether.service.auth import Caller, caller
 from tether.service.state import ServiceState, service_of
+from tether.threads import in_thread
 
 __all__ = [
     "RequestIn",
@@ -34,15 +33,12 @@ __all__ = [
     "run_json",
 ]
 
-T = TypeVar("T")
 
 router = APIRouter(prefix="/v1", tags=["v1"])
 CallerDep = Annotated[Caller, Depends(caller)]
 
 
-async def blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """A ledger call (synchronous) in a worker thread."""
-    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+blocking = in_thread  # a ledger call (synchronous) in a worker thread
 
 
 def state(request: Request) -> ServiceState:

@@ -35,8 +35,8 @@ from tether.harness import (
     continuation_checkpoint,
     run_claimed,
 )
-from tether.harness.custody import reconcile
-from tether.harness.placement import owner_id
+from tether.harness.custody.placement import owner_id
+from tether.harness.custody.reconcile import reconcile
 from tether.harness.relay import Deliver, LivePi
 from tether.harness.run import in_thread
 from tether.ledger import Fence, Ledger, RunStatus

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
-import os
 import signal
 import time
 from collections.abc import Sequence
@@ -36,13 +35,17 @@ from tether.clock import Clock, SystemClock
 from tether.config import Config
 from tether.errors import FencedOut, RunNotActive
 from tether.events import EventBus, Resumed, Subscriber
-from tether.harness import placement as place
-from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
+from tether.harness.checkpoint import continuation_checkpoint
+from tether.harness.claimed import queued_request
+from tether.harness.context import ClaimedRun, PiStart, RunControls
+from tether.harness.custody import placement as place
+from tether.harness.custody.state import has_run_state, load_run_state
+from tether.harness.driver import Driver
+from tether.harness.ending import drive_recorded
 from tether.harness.relay import RelayHook
-from tether.harness.run import _drive_recorded, _Driver, in_thread
 from tether.harness.stops import StopControl
 from tether.harness.stranded import record_stranded_ends
-from tether.harness.turn import RunOutcome, RunRequest
+from tether.harness.turn import RunOutcome
 from tether.ledger import Fence, Ledger, Run, RunStatus
 from tether.mirror.entries import Actors, message_text
 from tether.mirror.mirror import Mirror
@@ -51,6 +54,7 @@ from tether.pi.detached import read_placement
 from tether.pi.install import PiInstall, find_pi
 from tether.pi.launch import runs_dir
 from tether.processes import alive, start_time
+from tether.threads import in_thread
 
 __all__ = ["Reconciled", "Resolution", "lapsed", "reconcile"]
 
@@ -185,7 +189,7 @@ async def _reconcile_one(
         same_pi
         and alive(where.get("pi_pid"), where.get("pi_start"))
         and (run_dir / keeper.FIFO_NAME).exists()
-        and (run_dir / place.RUN_STATE).exists()
+        and has_run_state(run_dir)
     ):
         return await _resume(ledger, config, run, fence, where, subscribers, pi, clock, relay)
     if alive(where.get("pi_pid"), where.get("pi_start")):
@@ -238,27 +242,24 @@ def _stop_pi(where: dict[str, Any]) -> None:
     """Signal pi's group only after matching its start time (pid reuse)."""
     pid = where.get("pi_pid")
     if isinstance(pid, int) and alive(pid, where.get("pi_start")):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+        keeper.signal_group(pid, signal.SIGKILL)
 
 
 def _last_answer(session_file: Path, offset: int) -> str | None:
-    """The last assistant text pi wrote to the run's session file after ``offset``."""
-    answer = None
+    """The last assistant text pi wrote to the run's session file after ``offset`` (pi's
+    session format read here on its own, for now: one line, one entry, ``entry.message``)."""
     try:
-        data = session_file.read_bytes()[offset:]
+        lines = session_file.read_bytes()[offset:].split(b"\n")
     except OSError:
         return None
-    for line in data.split(b"\n"):
-        try:
+    answer = None
+    for line in lines:
+        with contextlib.suppress(ValueError):
             entry = json.loads(line)
-        except ValueError:
-            continue
-        message = entry.get("message") if isinstance(entry, dict) else None
-        if isinstance(message, dict) and message.get("role") == "assistant":
-            text = message_text(message)
-            if text.strip():
-                answer = text
+            message = entry.get("message") if isinstance(entry, dict) else None
+            if isinstance(message, dict) and message.get("role") == "assistant":
+                text = message_text(message)
+                answer = text if text.strip() else answer
     return answer
 
 
@@ -268,7 +269,7 @@ async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -
     answer = None
     problems: list[str] = []
     try:
-        saved = place.load_run_state(run_dir)
+        saved = load_run_state(run_dir)
     except (OSError, ValueError):
         saved = None
     if saved is not None and run.request_seq is not None:
@@ -279,8 +280,8 @@ async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -
             fence,
             session_file=session_file,
             actors=Actors(user=str(asked.get("actor", "user:local")), agent=run.agent),
-            start_offset=int(saved.get("offset", 0)),
-            known={str(k): v for k, v in (saved.get("known") or {}).items()},
+            start_offset=saved.offset,
+            known=dict(saved.known),
             request=(str(asked.get("text", "")), run.request_seq),
         )
         try:
@@ -288,7 +289,7 @@ async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -
         except (FencedOut, RunNotActive):
             return None
         problems = mirror.problems[:10]
-        answer = _last_answer(session_file, int(saved.get("offset", 0)))
+        answer = _last_answer(session_file, saved.offset)
     detail = f"the harness of run {fence.run} was lost and pi is gone"
     extra: dict[str, Any] = {
         "stop_reason": Resolution.HARNESS_LOST.value,
@@ -315,39 +316,43 @@ async def _resume(
     clock: Clock | None,
     relay: RelayHook | None = None,
 ) -> Reconciled | None:
-    """Finish the run on its original pi (see :meth:`_Driver.resume`)."""
-    asked = run.extra.get("request") or {}
-    request = RunRequest(
-        session=run.session,
-        agent=run.agent,
-        text=str(asked.get("text", "")),
-        actor=str(asked.get("actor", "user:local")),
-        run_id=run.id,
-        extensions=(EXTENSION_PATH,),
+    """Finish the run on its original pi (see :meth:`Driver.resume`)."""
+    request = queued_request(
+        run.id, run.session, run.agent, run.extra.get("request") or {}, checkpoint=True
     )
     run_dir = Path(where["run_dir"])
-    saved = place.load_run_state(run_dir)
+    saved = load_run_state(run_dir)
     clock = clock or SystemClock()
-    remaining = max(0.0, float(saved.get("deadline_at", 0)) - _now())
+    remaining = max(0.0, saved.deadline_at - _now())
     bus = EventBus(list(subscribers))
-    driver = _Driver(
-        ledger=ledger,
-        config=config,
-        request=request,
-        pi=pi or find_pi(),
-        clock=clock,
-        stop=StopControl(),
-        bus=bus,
-        fence=fence,
-        run_dir=run_dir,
-        deadline=clock.now() + remaining,
-        checkpoint=continuation_checkpoint,
-        keys={},  # pi runs already: it read its key at start
-        workdir=config.workdir(run.agent),
-        relay=relay,
+    driver = Driver(
+        ClaimedRun(
+            ledger=ledger,
+            config=config,
+            fence=fence,
+            request=request,
+            run_dir=run_dir,
+            workdir=config.workdir(run.agent),
+            pi=pi or find_pi(),
+        ),
+        RunControls(
+            clock=clock,
+            deadline=clock.now() + remaining,
+            stop=StopControl(),
+            bus=bus,
+            checkpoint=continuation_checkpoint,
+            relay=relay,
+        ),
+        PiStart(),  # pi runs already: it read its key at start
     )
     bus.emit(Resumed(run=run.id, session=run.session, pi_pid=int(where["pi_pid"])))
-    outcome = await _drive_recorded(driver, ledger, fence, bus, driver.resume(where))
+    outcome = await drive_recorded(
+        driver.resume(where),
+        ledger=ledger,
+        fence=fence,
+        bus=bus,
+        answer=lambda: driver.state.answer,
+    )
     return Reconciled(run.id, run.session, Resolution.RESUMED, outcome=outcome)
 
 

@@ -1,0 +1,162 @@
+"""A claimed run, started (DESIGN §3.5): its request, pi started ahead of it (custody), its
+follow-up view, and the driver that runs it to its end. A run refused now (the view, the
+agent's key or workdir) ends ``failed`` before pi is let through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+
+from tether.clock import Clock, SystemClock
+from tether.config import Config
+from tether.errors import LedgerError
+from tether.events import EventBus, RunStarted, Subscriber
+from tether.harness.checkpoint import EXTENSION_PATH
+from tether.harness.context import ClaimedRun, PiStart, RunControls
+from tether.harness.custody import placement as custody_place
+from tether.harness.driver import Driver
+from tether.harness.ending import drive_recorded
+from tether.harness.prepare import followup_view
+from tether.harness.relay import RelayHook
+from tether.harness.rundir import check_workdir, runs_dir
+from tether.harness.stops import StopControl
+from tether.harness.turn import CheckpointStep, RunOutcome, RunRequest
+from tether.ledger import Fence, Ledger, RunStatus
+from tether.pi.agentdir import provider_keys
+from tether.pi.install import PiInstall, find_pi
+from tether.pi.launch import PiLaunch
+from tether.threads import in_thread
+
+__all__ = ["queued_request", "run_claimed", "start_pi"]
+
+
+def start_pi(
+    config: Config, request: RunRequest, *, pi: PiInstall, run_id: str, workdir: Path
+) -> tuple[PiLaunch | None, OSError | None]:
+    """The run's pi, started now and held at its gate (custody); or why it could not start."""
+    try:
+        launch = PiLaunch.start(
+            config,
+            request.agent,
+            pi=pi,
+            run_id=run_id,
+            workdir=workdir,
+            extensions=request.extensions,
+        )
+    except OSError as exc:
+        return None, exc
+    return launch, None
+
+
+def queued_request(
+    run_id: str, session: str, agent: str, asked: object, *, checkpoint: bool
+) -> RunRequest:
+    """The request a run was queued with (its ``extra["request"]``), with the continuation
+    extension when a checkpoint step is given."""
+    fields = asked if isinstance(asked, dict) else {}
+    return RunRequest(
+        session=session,
+        agent=agent,
+        text=str(fields.get("text", "")),
+        actor=str(fields.get("actor", "user:local")),
+        run_id=run_id,
+        extensions=(EXTENSION_PATH,) if checkpoint else (),
+    )
+
+
+async def run_claimed(
+    ledger: Ledger,
+    config: Config,
+    fence: Fence,
+    *,
+    stop: StopControl | None = None,
+    subscribers: Sequence[Subscriber] = (),
+    checkpoint: CheckpointStep | None = None,
+    clock: Clock | None = None,
+    pi: PiInstall | None = None,
+    request: RunRequest | None = None,
+    relay: RelayHook | None = None,
+    launch: PiLaunch | None = None,
+) -> RunOutcome:
+    """Execute one claimed run exactly as ``tether run`` does: the view, the request row, pi,
+    the mirror, the checkpoint, heartbeats, and the run's end. ``request`` defaults to the
+    run's queued request (``extra["request"]``), with the continuation extension when a
+    checkpoint step is given. A view refused now ends the run ``failed`` and raises."""
+    run = await in_thread(ledger.get_run, fence.run)
+    if request is None:
+        request = queued_request(
+            run.id,
+            run.session,
+            run.agent,
+            run.extra.get("request") or {},
+            checkpoint=checkpoint is not None,
+        )
+    agent = config.agent(request.agent)
+    clock = clock or SystemClock()
+    stop = stop or StopControl()
+    bus = EventBus(list(subscribers))
+    run_dir = runs_dir(config) / run.id
+    # Where the run is held, from the start: a harness lost before pi starts is confirmed
+    # gone on this host at once, instead of leaving an unconfirmable lease.
+    await in_thread(
+        ledger.heartbeat,
+        fence,
+        lease_s=config.custody.lease_s,
+        placement=custody_place.placement(pi=None, run_dir=run_dir),
+    )
+    try:
+        keys = provider_keys(config, request.agent)
+        workdir = check_workdir(
+            request.workdir or config.workdir(request.agent),
+            agent=request.agent,
+            config=config,
+            ledger=ledger,
+        )
+        pi = pi or find_pi()
+        start_error: OSError | None = None
+        if launch is None and config.custody.detached:
+            # A worker's run: pi loads while the view is built and the run's files written.
+            launch, start_error = start_pi(config, request, pi=pi, run_id=run.id, workdir=workdir)
+        view = await followup_view(ledger, config, request)
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            if launch is not None:
+                await in_thread(launch.discard, config.harness.stop_grace_s)
+            with contextlib.suppress(LedgerError):
+                await in_thread(
+                    ledger.end_run,
+                    fence,
+                    RunStatus.FAILED,
+                    extra={"error": f"refused before it started: {exc}", "answer": None},
+                )
+        raise
+    bus.emit(
+        RunStarted(run=run.id, session=request.session, agent=request.agent, follow_up=bool(view))
+    )
+    driver = Driver(
+        ClaimedRun(
+            ledger=ledger,
+            config=config,
+            fence=fence,
+            request=request,
+            run_dir=run_dir,
+            workdir=workdir,
+            pi=pi,
+        ),
+        RunControls(
+            clock=clock,
+            deadline=clock.now() + agent.deadline_s,
+            stop=stop,
+            bus=bus,
+            checkpoint=checkpoint,
+            relay=relay,
+        ),
+        PiStart(keys=keys, launch=launch, start_error=start_error),
+    )
+    return await drive_recorded(
+        driver.drive(view), ledger=ledger, fence=fence, bus=bus, answer=lambda: driver.state.answer
+    )

@@ -1,0 +1,88 @@
+"""The fixed facts of one claimed run, grouped (the driver, the preparation and the end read
+them; none of them changes while the run is driven)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tether.access import Obligations
+from tether.clock import Clock
+from tether.config import AgentConfig, Config
+from tether.events import EventBus
+from tether.harness.relay import RelayHook
+from tether.harness.stops import StopControl, Stopped
+from tether.harness.turn import CheckpointStep, RunRequest
+from tether.ledger import Fence, Ledger
+from tether.mirror.entries import Actors
+from tether.pi.install import PiInstall
+from tether.pi.launch import PiLaunch
+
+__all__ = ["ClaimedRun", "PiStart", "Progress", "RunControls"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """Which run, where, for whom."""
+
+    ledger: Ledger
+    config: Config
+    fence: Fence
+    request: RunRequest
+    run_dir: Path
+    workdir: Path
+    pi: PiInstall
+
+    @property
+    def agent(self) -> AgentConfig:
+        return self.config.agent(self.request.agent)
+
+    @property
+    def actors(self) -> Actors:
+        return Actors(user=self.request.actor, agent=self.request.agent)
+
+    @property
+    def grace(self) -> float:
+        return self.config.harness.stop_grace_s
+
+
+@dataclass(frozen=True, slots=True)
+class RunControls:
+    """What bounds and watches the run: its clock and deadline, its stops, its events, and
+    the steps given to it (the checkpoint, the relay of live requests)."""
+
+    clock: Clock
+    deadline: float
+    stop: StopControl
+    bus: EventBus
+    checkpoint: CheckpointStep | None = None
+    relay: RelayHook | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PiStart:
+    """How pi is to be had: its provider keys (for a child pi), or pi started ahead of the run
+    and held at its gate (custody), or why that start failed."""
+
+    keys: dict[str, str] = field(default_factory=dict)
+    launch: PiLaunch | None = None
+    start_error: OSError | None = None
+
+
+@dataclass(slots=True)
+class Progress:
+    """What the driver learns as the run goes (the rest of what pi was seen doing is in
+    :class:`tether.harness.pump.RunState`)."""
+
+    obligations: Obligations = field(default_factory=Obligations)
+    """The sources of everything the run was given; every row it writes carries them."""
+    prompted: bool = False
+    """pi took the prompt (so an abort waits for it to settle)."""
+    resuming: bool = False
+    """Taking over a run whose harness was lost (pi was prompted by the lost harness)."""
+    failure: Stopped | None = None
+    """The harness's own failure (a helper task, the final mirror pass): it wins."""
+
+    def failed(self, failure: Stopped) -> None:
+        """Keep the first failure."""
+        self.failure = self.failure or failure

@@ -1,0 +1,56 @@
+"""What a harness taking a run over needs (DESIGN §3.7): the mirror's start, the request row,
+the deadline, the view, the sources and the tools channel. Written by the driver, before pi is
+let through, as ``RUN_DIR/custody.json`` (atomically, 0600); read by a resume and by a
+``harness_lost`` reconcile.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+__all__ = ["RUN_STATE", "CustodyState", "load_run_state", "save_run_state"]
+
+RUN_STATE = "custody.json"
+
+
+class CustodyState(msgspec.Struct, kw_only=True):
+    request_seq: int
+    """The ledger seq of the run's request row."""
+    offset: int = 0
+    """Where pi's own entries begin in the session file (after the view's)."""
+    known: dict[str, int | None] = {}
+    """The session file's entry ids written from the view, with the seq each stands for."""
+    deadline_at: float = 0.0
+    """The run's deadline, wall-clock seconds (a resume counts what is left of it)."""
+    view: dict[str, Any] | None = None
+    """The run record's ``view`` (None for a session's first run)."""
+    sources: list[str] = []
+    """The obligations of everything the run was given."""
+    tools_token: str | None = None
+    tools_path: str | None = None
+    """pi's tools socket and token: a resume serves the same ones."""
+
+
+def save_run_state(run_dir: Path, state: CustodyState) -> None:
+    tmp = run_dir / (RUN_STATE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(msgspec.json.encode(state))
+    os.replace(tmp, run_dir / RUN_STATE)
+
+
+def load_run_state(run_dir: Path) -> CustodyState:
+    """Raises ``OSError`` (no file) or ``ValueError`` (not a run state)."""
+    data = (run_dir / RUN_STATE).read_bytes()
+    try:
+        return msgspec.json.decode(data, type=CustodyState)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"{run_dir / RUN_STATE} is not a run's custody state: {exc}") from exc
+
+
+def has_run_state(run_dir: Path) -> bool:
+    return (run_dir / RUN_STATE).exists()

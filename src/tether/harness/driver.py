@@ -1,0 +1,484 @@
+"""The driver: one claimed run, from pi's start to the run's end (DESIGN §3.5 steps 5-7).
+
+pi is had one of three ways, behind one transport seam (:class:`tether.pi.transport.
+AgentTransport`): as this process's child (``drive`` without custody), under a keeper started
+ahead of the run (``drive`` with custody), or by taking over a keeper whose harness was lost
+(``resume``). From there the run is the same: the task turn inside its stop scopes, the
+checkpoint step after a settled, successful turn, pi closed (orderly, escalating), the last
+mirror pass, and the end (:mod:`tether.harness.ending`). The helper tasks (following pi's
+events, mirroring, the heartbeat, the deadline, the relay) run beside the turn; a failure in
+one stops pi and is reported, never lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from tether.clock import sleep
+from tether.errors import FencedOut, RunNotActive, StorageError
+from tether.events import PiStarted, StopRequested
+from tether.followup import FollowupView
+from tether.harness.context import ClaimedRun, PiStart, Progress, RunControls
+from tether.harness.custody import placement as custody_place
+from tether.harness.custody.markers import Marked, Markers
+from tether.harness.custody.recovery import await_lost_checkpoint
+from tether.harness.custody.state import CustodyState, load_run_state
+from tether.harness.ending import PiEnded, RunEnder
+from tether.harness.prepare import Prepared, make_mirror, prepare
+from tether.harness.pump import RunState, follow
+from tether.harness.relay import LivePi, RelayHook
+from tether.harness.rundir import make_run_dir
+from tether.harness.stops import Stopped, StopReason, race_clock
+from tether.harness.storage import StorageRetry
+from tether.harness.tools import ToolServer
+from tether.harness.turn import (
+    NOT_NEEDED,
+    CheckpointResult,
+    PiFailed,
+    PiSettled,
+    RunOutcome,
+    SettledTurn,
+    TaskEnd,
+)
+from tether.ledger import ReceiptReason
+from tether.mirror.mirror import Mirror
+from tether.pi.client import RpcClient
+from tether.pi.detached import KeeperTransport
+from tether.pi.errors import PiStartupFailed, TransportClosed
+from tether.pi.keys import key_channel
+from tether.pi.launch import pi_command
+from tether.pi.protocol import Command, Disposition
+from tether.pi.toolchannel import ToolChannel
+from tether.pi.transport import AgentTransport, SubprocessTransport
+from tether.threads import in_thread
+
+__all__ = ["Driver"]
+
+log = logging.getLogger(__name__)
+
+Opener = contextlib.AbstractAsyncContextManager[AgentTransport]
+
+
+@contextlib.asynccontextmanager
+async def _not_started(why: str) -> AsyncIterator[AgentTransport]:
+    """The transport of a pi that could not be started: entering it fails the task turn."""
+    raise PiStartupFailed(why)
+    yield  # pragma: no cover  (never reached: it makes this a generator)
+
+
+class Driver:
+    """Drives one claimed run. ``drive`` (or ``resume``) returns the outcome; what pi was seen
+    doing is in ``state`` (observations), what the run came to is in the values the phases
+    return."""
+
+    def __init__(self, run: ClaimedRun, controls: RunControls, start: PiStart) -> None:
+        self.run = run
+        self.controls = controls
+        self.start = start
+        self.state = RunState()
+        self.progress = Progress()
+        self.storage = StorageRetry(controls.clock, run.config.harness.storage_retry_s)
+        self.ender = RunEnder(run, self.storage)
+        self.markers = Markers(run.run_dir)
+
+    # -- three ways to pi ------------------------------------------------------------------------
+
+    async def drive(self, view: FollowupView | None) -> RunOutcome:
+        run, launch = self.run, self.start.launch
+        if not run.config.custody.detached:
+            return await self._drive_child(view)
+        # pi was started when the request was admitted (or the run claimed) and loads while
+        # the run's rows and its session file are written; then it is let through its gate.
+        try:
+            tools = launch.tools if launch is not None else ToolChannel.new(run.run_dir)
+            prepared = await self._prepare(view, tools)
+        except BaseException:
+            if launch is not None:
+                with anyio.CancelScope(shield=True):
+                    await in_thread(launch.discard, run.grace, keep_dir=True)
+            raise
+        opener: Opener
+        if launch is None:
+            opener = _not_started(f"cannot start pi's keeper: {self.start.start_error}")
+        else:
+            launch.release()
+            opener = KeeperTransport.adopt(
+                run.run_dir,
+                launch.keeper,
+                stderr_log=launch.stderr_log,
+                grace_s=run.grace,
+                before_send=self.markers.mark,
+            )
+        return await self._drive_pi(opener, prepared, self._tools(tools))
+
+    async def _drive_child(self, view: FollowupView | None) -> RunOutcome:
+        """pi as this process's child (``custody.detached = false``): it ends with the harness."""
+        run = self.run
+        tools = ToolChannel.new(make_run_dir(run.config, run.fence.run))
+        prepared = await self._prepare(view, tools)
+        # The provider key reaches pi over this channel only (DESIGN §3.10).
+        with key_channel(self.start.keys) as keys:
+            command = pi_command(
+                run.config,
+                run.request.agent,
+                pi=run.pi,
+                run_dir=run.run_dir,
+                keys=keys,
+                tools=tools,
+                extensions=run.request.extensions,
+            )
+            opener = SubprocessTransport.open(
+                command.argv,
+                env=command.env,
+                cwd=run.workdir,
+                stderr_log=run.run_dir / "pi.log",
+                grace_s=run.grace,
+                pass_fds=command.pass_fds,
+            )
+            return await self._drive_pi(opener, prepared, self._tools(tools))
+
+    async def _prepare(self, view: FollowupView | None, tools: ToolChannel) -> Prepared:
+        c = self.controls
+        return await prepare(
+            self.run,
+            view,
+            tools,
+            obligations=self.progress.obligations,
+            clock=c.clock,
+            deadline=c.deadline,
+            bus=c.bus,
+        )
+
+    async def resume(self, placement: dict[str, Any]) -> RunOutcome:
+        """Take over a run whose harness was lost, on its original pi (DESIGN §3.7): attach
+        to the keeper, replay pi's events from the start (the mirror writes each entry once,
+        by id), wait for pi to settle without prompting again, and finish the run. A
+        ``compact`` that may have been delivered is never sent again."""
+        run = self.run
+        saved: CustodyState = load_run_state(run.run_dir)
+        self.progress.resuming = True
+        self.progress.obligations.add(saved.sources)
+        mirror = make_mirror(
+            run,
+            offset=saved.offset,
+            known=dict(saved.known),
+            request_seq=saved.request_seq,
+            bus=self.controls.bus,
+            obligations=self.progress.obligations,
+        )
+        opener = KeeperTransport.attach(
+            run.run_dir, placement, grace_s=run.grace, before_send=self.markers.mark
+        )
+        # pi knows the tools socket and token it was started with: serve those again.
+        tools = None
+        if saved.tools_token and saved.tools_path:
+            tools = self._tools(ToolChannel.again(Path(saved.tools_path), saved.tools_token))
+        return await self._drive_pi(opener, Prepared(mirror, saved.view), tools)
+
+    def _tools(self, channel: ToolChannel) -> ToolServer:
+        run = self.run
+        return ToolServer(
+            ledger=run.ledger,
+            grants=run.config.access.grants,
+            fence=run.fence,
+            agent=run.request.agent,
+            actor=run.request.actor,
+            obligations=self.progress.obligations,
+            channel=channel,
+        )
+
+    # -- with pi ---------------------------------------------------------------------------------
+
+    async def _drive_pi(
+        self, opener: Opener, prepared: Prepared, tools: ToolServer | None
+    ) -> RunOutcome:
+        mirror = prepared.mirror
+        task: TaskEnd = PiFailed(StopReason.STARTUP_FAILED, "pi was not started")
+        checkpoint, late = NOT_NEEDED, None
+        exit_status: int | None = None
+        diagnostics = ""
+        try:
+            async with opener as transport, anyio.create_task_group() as keeper:
+                # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
+                keeper.start_soon(self._kill_on_hard_stop, transport)
+                if tools is not None:
+                    await keeper.start(tools.serve)  # recall and note (DESIGN §3.9)
+                try:
+                    task, checkpoint, late = await self._with_pi(transport, mirror)
+                finally:
+                    diagnostics = transport.diagnostics()
+                    await transport.aclose()
+                    keeper.cancel_scope.cancel()
+            exit_status = transport.exit_status
+        except (PiStartupFailed, TransportClosed) as exc:
+            task = PiFailed(StopReason.STARTUP_FAILED, str(exc))
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.storage.retried(functools.partial(mirror.sync, final=True))
+                except (FencedOut, RunNotActive) as exc:
+                    self.progress.failed(Stopped.fenced(exc))
+                except StorageError as exc:
+                    self.progress.failed(self._storage_failure(exc))
+        return await self.ender.conclude(
+            PiEnded(task, checkpoint, late, exit_status, diagnostics),
+            state=self.state,
+            progress=self.progress,
+            mirror=mirror,
+            log_path=self.run.run_dir / "pi.log",
+            view_record=prepared.view_record,
+        )
+
+    async def _kill_on_hard_stop(self, transport: AgentTransport) -> None:
+        stop = self.controls.stop
+        await stop.hard_requested.wait()
+        if stop.reason is StopReason.FENCED_OUT:
+            # A newer owner holds the run: never signal a pi it can take over.
+            await transport.fenced_out()
+            return
+        await transport.kill()
+
+    async def _heartbeat(self, transport: AgentTransport) -> None:
+        """Keep the lease and record where pi runs (DESIGN §3.7); a lost lease fences the run
+        out (the helper's failure stops it, without touching pi)."""
+        run = self.run
+        where = custody_place.placement(pi=transport.pi_placement(), run_dir=run.run_dir)
+        lease_s = run.config.custody.lease_s
+        while True:
+            try:
+                await in_thread(run.ledger.heartbeat, run.fence, lease_s=lease_s, placement=where)
+            except StorageError:
+                # A ledger that cannot be written does not stop pi (the mirror rides it out):
+                # the lease lasts lease_s, and the next beat, a third of it later, tries again.
+                self.storage.failed()
+            await sleep(self.controls.clock, lease_s / 3)
+
+    async def _with_pi(
+        self, transport: AgentTransport, mirror: Mirror
+    ) -> tuple[TaskEnd, CheckpointResult, Stopped | None]:
+        """The task turn, then (after a successful one) the checkpoint; both as values."""
+        run, c = self.run, self.controls
+        c.bus.emit(PiStarted(pid=transport.pid, version=run.pi.version))
+        async with RpcClient.connect(transport, id_prefix=f"e{run.fence.epoch}.") as client:
+            records = client.subscribe()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    self._guard, follow(records, self.state, bus=c.bus, stop=c.stop, mirror=mirror)
+                )
+                tg.start_soon(self._guard, self._keep_mirroring(mirror))
+                tg.start_soon(self._guard, self._heartbeat(transport))
+                tg.start_soon(self._watch_deadline)
+                tg.start_soon(self._announce_stop)
+                live = LivePi(client, run.actors, run=run.fence.run, session=run.fence.session)
+                relaying = anyio.CancelScope()
+                if c.relay is not None:
+                    tg.start_soon(self._relay, c.relay, live, relaying)
+                task = await self._task_turn(client, transport)
+                # Nothing more goes into pi once the turn settled (the checkpoint may follow).
+                live.close()
+                relaying.cancel()
+                checkpoint, late = NOT_NEEDED, None
+                if self.progress.resuming and self.markers.sent(Marked.COMPACT):
+                    # The lost harness may have delivered the summary command: never again.
+                    checkpoint = await await_lost_checkpoint(
+                        run.ledger, run.fence, mirror, run.run_dir, c.clock, c.deadline
+                    )
+                elif (
+                    isinstance(task, PiSettled)
+                    and task.succeeded
+                    and c.checkpoint is not None
+                    and not c.stop.requested
+                ):
+                    if not transport.channel_ok():
+                        checkpoint = CheckpointResult.refused(
+                            ReceiptReason.CANCELLED,
+                            f"pi's command FIFO of run {run.fence.run} is missing: no "
+                            "checkpoint and no further prompts until it is checked",
+                        )
+                    else:
+                        checkpoint, late = await self._checkpoint(client, transport, mirror)
+                tg.cancel_scope.cancel()
+        return task, checkpoint, late
+
+    async def _keep_mirroring(self, mirror: Mirror) -> None:
+        """Mirror as pi writes. A ledger that cannot be written does not stop pi: the entries
+        stay in pi's session file, and the next pass (or the final one) writes them."""
+        while True:
+            try:
+                await mirror.run()
+            except StorageError:
+                await self.storage.pause()
+
+    def _storage_failure(self, exc: StorageError) -> Stopped:
+        return Stopped(
+            StopReason.STORAGE_ERROR,
+            True,
+            detail=f"the ledger could not be written ({exc}); the run's messages, its answer "
+            f"included, are kept in pi's session file {self.run.run_dir / 'session.jsonl'}",
+        )
+
+    async def _relay(self, hook: RelayHook, live: LivePi, scope: anyio.CancelScope) -> None:
+        """The relay hook, while the turn is live; its failure loses a delivery, not the run."""
+        with scope:
+            try:
+                await hook(live)
+            except Exception:
+                log.exception("the relay of run %s failed; the run goes on", self.run.fence.run)
+
+    async def _guard(self, coro: Awaitable[None]) -> None:
+        """Run a helper task; a failure in it stops pi and is reported, never lost."""
+        try:
+            await coro
+        except Exception as exc:
+            if isinstance(exc, FencedOut | RunNotActive):
+                failure = Stopped.fenced(exc)
+            else:
+                failure = Stopped(
+                    StopReason.PROTOCOL_ERROR, True, detail=f"the harness failed: {exc}"
+                )
+            self.progress.failed(failure)
+            self.controls.stop.stop_hard(failure.reason, failure.detail)
+
+    # -- the task turn ---------------------------------------------------------------------------
+
+    async def _task_turn(self, client: RpcClient, transport: AgentTransport) -> TaskEnd:
+        """Prompt and wait for pi to settle, inside the stop scopes; a stop is a value."""
+        stop = self.controls.stop
+        with stop.scope(hard=True):
+            with stop.scope(hard=False):
+                return await self._prompt_and_settle(client)
+            # The soft scope caught a soft stop or the deadline: abort, let pi settle.
+            return await self._abort(client)
+        await transport.kill()
+        return stop.value()
+
+    def _settled(self) -> TaskEnd:
+        state = self.state
+        if state.settled:
+            return PiSettled(aborted=state.settled_aborted, last=state.last_assistant)
+        return PiFailed(
+            StopReason.TRANSPORT_LOST, f"pi went away before the run settled: {state.closed_reason}"
+        )
+
+    async def _prompt_and_settle(self, client: RpcClient) -> TaskEnd:
+        if self.progress.resuming and self.markers.sent(Marked.PROMPT):
+            # The lost harness prompted pi: follow the same run to its end.
+            self.progress.prompted = True
+            await self.state.done.wait()
+            return self._settled()
+        try:
+            response = await client.request(Command.PROMPT, message=self.run.request.text)
+        except TransportClosed as exc:
+            return PiFailed(
+                StopReason.STARTUP_FAILED, f"pi stopped before it took the prompt: {exc}"
+            )
+        if not response.success:
+            return PiFailed(StopReason.STARTUP_FAILED, f"pi rejected the prompt: {response.error}")
+        disposition = response.data.get("disposition") if isinstance(response.data, dict) else None
+        if disposition != Disposition.STARTED:
+            return PiFailed(
+                StopReason.PROTOCOL_ERROR,
+                f"pi did not start a run for the prompt (disposition {disposition!r})",
+            )
+        self.progress.prompted = True
+        await self.state.done.wait()
+        return self._settled()
+
+    async def _abort(self, client: RpcClient) -> TaskEnd:
+        """Send ``abort`` and wait up to the grace period for pi to settle; if it does not, the
+        stop escalates (the hard scope catches it and pi is killed)."""
+        stop, clock = self.controls.stop, self.controls.clock
+        stopped = stop.value()
+        if self.state.closed_reason is not None:
+            return stopped
+
+        async def abort_and_settle() -> None:
+            with contextlib.suppress(TransportClosed):
+                await client.request(Command.ABORT)
+            if self.progress.prompted or self.state.turns:
+                await self.state.done.wait()
+
+        settled, _ = await race_clock(clock, clock.now() + self.run.grace, abort_and_settle)
+        if not settled and self.state.closed_reason is None:
+            stop.escalate()
+            await anyio.lowlevel.checkpoint()  # the hard scope takes it from here
+        return stopped
+
+    # -- the checkpoint --------------------------------------------------------------------------
+
+    async def _checkpoint(
+        self, client: RpcClient, transport: AgentTransport, mirror: Mirror
+    ) -> tuple[CheckpointResult, Stopped | None]:
+        """The checkpoint step after a successful task turn. A soft stop or the deadline sends
+        ``abort`` (pi aborts the summary and answers ``compact``); a hard stop cancels the step
+        and kills pi. Returns the result and the stop that landed meanwhile, if any."""
+        run, c = self.run, self.controls
+        assert c.checkpoint is not None
+        try:
+            await self.storage.retried(mirror.sync)
+        except StorageError:
+            # The turn's rows are not all in the ledger: no checkpoint can cover them. The
+            # final pass tries the rows again; the checkpoint is cancelled.
+            return CheckpointResult.refused(ReceiptReason.CANCELLED), None
+        turn = SettledTurn(
+            client=client,
+            ledger=run.ledger,
+            fence=run.fence,
+            mirror=mirror,
+            config=run.config,
+            agent_name=run.request.agent,
+            agent=run.agent,
+            run_id=run.fence.run,
+            session=run.fence.session,
+            answer=self.state.answer,
+            clock=c.clock,
+            deadline=c.deadline,
+            stop=c.stop,
+            bus=c.bus,
+        )
+        result: CheckpointResult | None = None
+        with c.stop.scope(hard=True):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._abort_on_soft_stop, client)
+                try:
+                    result = await c.checkpoint(turn)
+                except TransportClosed as exc:
+                    result = CheckpointResult.refused(
+                        ReceiptReason.CANCELLED,
+                        f"pi went away during the checkpoint: {exc}",
+                    )
+                except (FencedOut, RunNotActive) as exc:
+                    self.progress.failed(Stopped.fenced(exc))
+                    result = CheckpointResult.refused(ReceiptReason.CANCELLED)
+                except StorageError:
+                    # the task turn is done: a ledger that fails now costs the checkpoint only
+                    self.storage.failed()
+                    result = CheckpointResult.refused(ReceiptReason.CANCELLED)
+                tg.cancel_scope.cancel()
+        if result is None:  # cut off by a hard stop
+            await transport.kill()
+            result = turn.attempt or NOT_NEEDED
+        return result, (c.stop.value() if c.stop.requested else None)
+
+    async def _abort_on_soft_stop(self, client: RpcClient) -> None:
+        stop = self.controls.stop
+        await stop.soft_requested.wait()
+        if not stop.hard:
+            with contextlib.suppress(TransportClosed):
+                await client.request(Command.ABORT)
+
+    async def _watch_deadline(self) -> None:
+        await self.controls.clock.sleep_until(self.controls.deadline)
+        self.controls.stop.soft(StopReason.DEADLINE)
+
+    async def _announce_stop(self) -> None:
+        stop = self.controls.stop
+        await stop.soft_requested.wait()
+        self.controls.bus.emit(StopRequested(reason=str(stop.reason), hard=stop.hard))

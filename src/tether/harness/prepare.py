@@ -1,0 +1,180 @@
+"""Before pi is let through (DESIGN §3.5 steps 2-4): the follow-up view, the run's rows (the
+view's copies, the request, fenced), pi's session file written from the view, and what a
+harness taking the run over needs (:mod:`tether.harness.custody.state`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tether.access import Obligations
+from tether.clock import Clock
+from tether.config import Config
+from tether.events import EventBus
+from tether.files import private_file
+from tether.followup import FollowupView, Refusal, build_view
+from tether.harness.context import ClaimedRun
+from tether.harness.custody.state import CustodyState, save_run_state
+from tether.harness.rundir import make_run_dir
+from tether.harness.turn import RunRequest
+from tether.ledger import Ledger, NewRow, RowKind
+from tether.mirror.mirror import Mirror
+from tether.pi.sessionfile import PreEntry, write_session_file
+from tether.pi.toolchannel import ToolChannel
+from tether.threads import in_thread
+
+__all__ = ["Prepared", "followup_view", "make_mirror", "prepare"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    mirror: Mirror
+    view_record: dict[str, Any] | None
+    """What the run's record keeps about the view it started from (None: no history)."""
+
+
+async def followup_view(ledger: Ledger, config: Config, request: RunRequest) -> FollowupView | None:
+    """The follow-up view when the session has history (None for its first run); a refused
+    view raises ``Refused`` before anything is written."""
+    if await in_thread(ledger.last_seq, request.session) == 0:
+        return None
+    view = await in_thread(
+        build_view,
+        ledger,
+        session=request.session,
+        agent=request.agent,
+        actor=request.actor,
+        request=request.text,
+        config=config.followup,
+        grants=config.access.grants,
+    )
+    if isinstance(view, Refusal):
+        raise view.error()
+    return view
+
+
+def _view_record(view: FollowupView, copied: int) -> dict[str, Any]:
+    return {
+        "budget": view.budget,
+        "bytes": view.bytes,
+        "messages": len(view.messages),
+        "copied": copied,
+        "checkpoint": view.checkpoint.seq if view.checkpoint else None,
+        "previous_request": view.previous_request.to_json() if view.previous_request else None,
+        "gaps": [g.to_json() for g in view.gaps],
+    }
+
+
+def _request_message(text: str) -> dict[str, Any]:
+    """The request as pi will store it when it takes the prompt."""
+    return {
+        "role": "user",
+        "content": [{"type": "text", "text": text}],
+        "timestamp": int(time.time() * 1000),
+    }
+
+
+async def _record_request(run: ClaimedRun) -> int:
+    row = NewRow(
+        actor=run.request.actor, kind=RowKind.MESSAGE, body=_request_message(run.request.text)
+    )
+    rows = await in_thread(run.ledger.append, run.fence, [row], request=True)
+    return rows[0].seq
+
+
+async def _write_view(run: ClaimedRun, view: FollowupView) -> list[PreEntry]:
+    """Write the view's copied messages as new rows of this run (original actors, the sources
+    the view carries, ``extra.origin``); reused ones stay where they are. Returns the session
+    file's messages, each with the ledger seq it stands for."""
+    copies = [vm for vm in view.messages if vm.copied]
+    written = iter(
+        await in_thread(
+            run.ledger.append,
+            run.fence,
+            [
+                NewRow(
+                    actor=vm.actor,
+                    kind=RowKind.MESSAGE,
+                    body=vm.message,
+                    sources=vm.sources,
+                    extra={"origin": vm.origin},
+                )
+                for vm in copies
+            ],
+        )
+    )
+    entries = []
+    for vm in view.messages:
+        seq = next(written).seq if vm.copied else (None if vm.synthetic else vm.origin)
+        entries.append(PreEntry(message=vm.message, seq=seq))
+    return entries
+
+
+def make_mirror(
+    run: ClaimedRun,
+    *,
+    offset: int,
+    known: dict[str, int | None],
+    request_seq: int,
+    bus: EventBus | None,
+    obligations: Obligations | None,
+) -> Mirror:
+    return Mirror(
+        run.ledger,
+        run.fence,
+        session_file=run.run_dir / "session.jsonl",
+        actors=run.actors,
+        start_offset=offset,
+        known=known,
+        request=(run.request.text, request_seq),
+        bus=bus,
+        obligations=obligations,
+    )
+
+
+async def prepare(
+    run: ClaimedRun,
+    view: FollowupView | None,
+    tools: ToolChannel,
+    *,
+    obligations: Obligations,
+    clock: Clock,
+    deadline: float,
+    bus: EventBus,
+) -> Prepared:
+    """The run's rows (the view's copies, the request) and pi's session file, and what a
+    harness taking the run over needs (DESIGN §3.7)."""
+    entries = await _write_view(run, view) if view is not None else []
+    if view is not None:
+        obligations.add(view.sources)
+    view_record = _view_record(view, sum(vm.copied for vm in view.messages)) if view else None
+    request_seq = await _record_request(run)
+    make_run_dir(run.config, run.fence.run)
+    session_file = private_file(run.run_dir / "session.jsonl")
+    offset, known = write_session_file(
+        session_file, session_id=run.fence.run, cwd=run.workdir, messages=entries
+    )
+    save_run_state(
+        run.run_dir,
+        CustodyState(
+            offset=offset,
+            known=known,
+            request_seq=request_seq,
+            deadline_at=time.time() + max(0.0, deadline - clock.now()),
+            view=view_record,
+            sources=sorted(obligations.sources),
+            tools_token=tools.token,
+            tools_path=str(tools.path),
+        ),
+    )
+    mirror = make_mirror(
+        run,
+        offset=offset,
+        known=known,
+        request_seq=request_seq,
+        bus=bus,
+        obligations=obligations,
+    )
+    return Prepared(mirror, view_record)
