@@ -88,6 +88,39 @@ def run_sync(
     return anyio.run(go), events
 
 
+def test_a_manual_clock_tells_when_someone_sleeps_on_it() -> None:
+    clock = ManualClock()
+    woke: list[float] = []
+
+    async def sleeper(until: float) -> None:
+        await clock.sleep_until(until)
+        woke.append(clock.now())
+
+    async def go() -> None:
+        async with anyio.create_task_group() as tg:
+            assert clock.asleep == 0
+            tg.start_soon(sleeper, 5.0)
+            tg.start_soon(sleeper, 9.0)
+            with anyio.fail_after(5):
+                await clock.sleepers(2)
+                await clock.sleepers(1, at=9.0)
+            assert clock.asleep == 2
+            clock.advance(5)
+            with anyio.fail_after(5):
+                while not woke:  # the woken task runs on a later turn of the loop
+                    await anyio.lowlevel.checkpoint()
+            assert woke == [5.0]
+            assert clock.asleep == 1
+            # Nobody sleeps until 5 any more: a wait for one times out.
+            with anyio.move_on_after(0.1) as waited:
+                await clock.sleepers(1, at=5.0)
+            assert waited.cancelled_caught
+            tg.cancel_scope.cancel()
+        assert clock.asleep == 0  # a cancelled sleeper is no longer counted
+
+    anyio.run(go)
+
+
 def test_multi_turn_run_records_tool_calls_in_order(
     tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
@@ -305,6 +338,8 @@ def test_deadline_aborts_and_keeps_the_answer(
 
             tg.start_soon(run)
             await _wait_for(lambda: len(p.requests) == 2)
+            with anyio.fail_after(20):
+                await clock.sleepers(1, at=3600.0)  # the run waits for its deadline
             clock.advance(3600)
         return result[0]
 
@@ -535,10 +570,12 @@ def test_soft_stop_that_pi_ignores_escalates_and_refuses_the_session(
 
             tg.start_soon(run)
             await _wait_for(lambda: any(type(e).__name__ == "PiStarted" for e in events))
-            await anyio.sleep(0.2)
+            with anyio.fail_after(20):
+                await clock.sleepers(1, at=100.0)  # the run waits for its deadline
             clock.advance(100)  # the deadline: abort is sent, pi never answers
             await _wait_for(lambda: any(type(e).__name__ == "StopRequested" for e in events))
-            await anyio.sleep(0.2)
+            with anyio.fail_after(20):  # the abort waits out the grace on the clock
+                await clock.sleepers(1, at=100.0 + config.harness.stop_grace_s)
             clock.advance(config.harness.stop_grace_s)  # the grace runs out: kill
         return result[0]
 
