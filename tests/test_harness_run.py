@@ -28,6 +28,7 @@ from tether.clock import ManualClock
 from tether.config import Config
 from tether.errors import ConfigError
 from tether.events import PiStarted, RunEvent, RunStarted, Settled, ToolStarted
+from tether.harness.ending import PiRecord, RunEnd, Strays
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
 from tether.ledger import Ledger, Row, RowKind, RunStatus, open_ledger
@@ -119,6 +120,44 @@ def test_a_manual_clock_tells_when_someone_sleeps_on_it() -> None:
         assert clock.asleep == 0  # a cancelled sleeper is no longer counted
 
     anyio.run(go)
+
+
+def test_the_end_record_writes_the_run_extra_it_always_wrote() -> None:
+    base = {
+        "stop_reason": "completed",
+        "answer": None,
+        "error": None,
+        "checkpoint": "not_needed",
+        "turns": 1,
+        "tool_calls": 0,
+        "retries": 0,
+        "omitted_attempts": 0,
+        "pi": {"version": "1.6.0", "exit_status": None},
+        "log": "/runs/r1/pi.log",
+        "ended_by_harness": "2026-01-01T00:00:00Z",
+    }
+    pi = PiRecord(version="1.6.0", exit_status=None)
+    plain = RunEnd(**{**base, "pi": pi})
+    # Every key always written is there (None included), in its order; no optional key is.
+    assert list(plain.to_extra().items()) == list(base.items())
+    full = RunEnd(
+        **{**base, "pi": pi},
+        view={"budget": 10},
+        escalated=True,
+        strays=Strays(count=2, samples=["a"]),
+        extension_errors=["e"],
+        mirror_problems=["m"],
+        storage_retries=3,
+    )
+    assert full.to_extra() == {
+        **base,
+        "view": {"budget": 10},
+        "escalated": True,
+        "strays": {"count": 2, "samples": ["a"]},
+        "extension_errors": ["e"],
+        "mirror_problems": ["m"],
+        "storage_retries": 3,
+    }
 
 
 def test_multi_turn_run_records_tool_calls_in_order(

@@ -14,26 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from tether.clock import sleep
 from tether.errors import FencedOut, RunNotActive, StorageError
-from tether.events import PiStarted, StopRequested
+from tether.events import PiStarted
 from tether.followup import FollowupView
+from tether.harness import helpers
 from tether.harness.context import ClaimedRun, PiStart, Progress, RunControls
-from tether.harness.custody import placement as custody_place
 from tether.harness.custody.markers import Marked, Markers
 from tether.harness.custody.recovery import await_lost_checkpoint
 from tether.harness.custody.state import CustodyState, load_run_state
 from tether.harness.ending import PiEnded, RunEnder
 from tether.harness.prepare import Prepared, make_mirror, prepare
 from tether.harness.pump import RunState, follow
-from tether.harness.relay import LivePi, RelayHook
+from tether.harness.relay import LivePi
 from tether.harness.rundir import make_run_dir
 from tether.harness.stops import Stopped, StopReason, race_clock
 from tether.harness.storage import StorageRetry
@@ -60,8 +58,6 @@ from tether.pi.transport import AgentTransport, SubprocessTransport
 from tether.threads import in_thread
 
 __all__ = ["Driver"]
-
-log = logging.getLogger(__name__)
 
 Opener = contextlib.AbstractAsyncContextManager[AgentTransport]
 
@@ -207,7 +203,7 @@ class Driver:
         try:
             async with opener as transport, anyio.create_task_group() as keeper:
                 # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
-                keeper.start_soon(self._kill_on_hard_stop, transport)
+                keeper.start_soon(helpers.kill_on_hard_stop, self.controls.stop, transport)
                 if tools is not None:
                     await keeper.start(tools.serve)  # recall and note (DESIGN §3.9)
                 try:
@@ -236,30 +232,6 @@ class Driver:
             view_record=prepared.view_record,
         )
 
-    async def _kill_on_hard_stop(self, transport: AgentTransport) -> None:
-        stop = self.controls.stop
-        await stop.hard_requested.wait()
-        if stop.reason is StopReason.FENCED_OUT:
-            # A newer owner holds the run: never signal a pi it can take over.
-            await transport.fenced_out()
-            return
-        await transport.kill()
-
-    async def _heartbeat(self, transport: AgentTransport) -> None:
-        """Keep the lease and record where pi runs (DESIGN §3.7); a lost lease fences the run
-        out (the helper's failure stops it, without touching pi)."""
-        run = self.run
-        where = custody_place.placement(pi=transport.pi_placement(), run_dir=run.run_dir)
-        lease_s = run.config.custody.lease_s
-        while True:
-            try:
-                await in_thread(run.ledger.heartbeat, run.fence, lease_s=lease_s, placement=where)
-            except StorageError:
-                # A ledger that cannot be written does not stop pi (the mirror rides it out):
-                # the lease lasts lease_s, and the next beat, a third of it later, tries again.
-                self.storage.failed()
-            await sleep(self.controls.clock, lease_s / 3)
-
     async def _with_pi(
         self, transport: AgentTransport, mirror: Mirror
     ) -> tuple[TaskEnd, CheckpointResult, Stopped | None]:
@@ -272,14 +244,14 @@ class Driver:
                 tg.start_soon(
                     self._guard, follow(records, self.state, bus=c.bus, stop=c.stop, mirror=mirror)
                 )
-                tg.start_soon(self._guard, self._keep_mirroring(mirror))
-                tg.start_soon(self._guard, self._heartbeat(transport))
-                tg.start_soon(self._watch_deadline)
-                tg.start_soon(self._announce_stop)
+                tg.start_soon(self._guard, helpers.keep_mirroring(mirror, self.storage))
+                tg.start_soon(self._guard, helpers.heartbeat(run, transport, c.clock, self.storage))
+                tg.start_soon(helpers.watch_deadline, c.clock, c.deadline, c.stop)
+                tg.start_soon(helpers.announce_stop, c.stop, c.bus)
                 live = LivePi(client, run.actors, run=run.fence.run, session=run.fence.session)
                 relaying = anyio.CancelScope()
                 if c.relay is not None:
-                    tg.start_soon(self._relay, c.relay, live, relaying)
+                    tg.start_soon(helpers.relay, c.relay, live, relaying, run.fence.run)
                 task = await self._task_turn(client, transport)
                 # Nothing more goes into pi once the turn settled (the checkpoint may follow).
                 live.close()
@@ -307,15 +279,6 @@ class Driver:
                 tg.cancel_scope.cancel()
         return task, checkpoint, late
 
-    async def _keep_mirroring(self, mirror: Mirror) -> None:
-        """Mirror as pi writes. A ledger that cannot be written does not stop pi: the entries
-        stay in pi's session file, and the next pass (or the final one) writes them."""
-        while True:
-            try:
-                await mirror.run()
-            except StorageError:
-                await self.storage.pause()
-
     def _storage_failure(self, exc: StorageError) -> Stopped:
         return Stopped(
             StopReason.STORAGE_ERROR,
@@ -323,14 +286,6 @@ class Driver:
             detail=f"the ledger could not be written ({exc}); the run's messages, its answer "
             f"included, are kept in pi's session file {self.run.run_dir / 'session.jsonl'}",
         )
-
-    async def _relay(self, hook: RelayHook, live: LivePi, scope: anyio.CancelScope) -> None:
-        """The relay hook, while the turn is live; its failure loses a delivery, not the run."""
-        with scope:
-            try:
-                await hook(live)
-            except Exception:
-                log.exception("the relay of run %s failed; the run goes on", self.run.fence.run)
 
     async def _guard(self, coro: Awaitable[None]) -> None:
         """Run a helper task; a failure in it stops pi and is reported, never lost."""
@@ -473,12 +428,3 @@ class Driver:
         if not stop.hard:
             with contextlib.suppress(TransportClosed):
                 await client.request(Command.ABORT)
-
-    async def _watch_deadline(self) -> None:
-        await self.controls.clock.sleep_until(self.controls.deadline)
-        self.controls.stop.soft(StopReason.DEADLINE)
-
-    async def _announce_stop(self) -> None:
-        stop = self.controls.stop
-        await stop.soft_requested.wait()
-        self.controls.bus.emit(StopRequested(reason=str(stop.reason), hard=stop.hard))

@@ -31,8 +31,8 @@ while pi is being closed. Whatever answer exists is kept in every outcome (invar
 The rooms: ``queue`` (admission, queueing, reconcile on touch: :func:`execute_run`),
 ``claimed`` (a claimed run started: :func:`run_claimed`), ``prepare`` (the view's copies, the
 request row, pi's session file, the custody state), ``driver`` (pi's three openings, the task
-turn, the checkpoint, the helper tasks), ``storage`` (the storage-retry policy), ``ending``
-(the verdict, the end record, the outcome).
+turn, the checkpoint), ``helpers`` (the tasks beside the turn), ``storage`` (the storage-retry
+policy), ``ending`` (the verdict, the end record, the outcome).
 """
 
 from __future__ import annotations

@@ -1,0 +1,89 @@
+"""The helper tasks that run beside a run's task turn (:mod:`tether.harness.driver` starts
+them): the heartbeat, mirroring as pi writes, the deadline, the stop's announcement, the kill
+on a hard stop, and the relay of live requests. The driver guards the ones that can fail: a
+failure stops pi and is reported, never lost."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+
+from tether.clock import Clock, sleep
+from tether.errors import StorageError
+from tether.events import EventBus, StopRequested
+from tether.harness.context import ClaimedRun
+from tether.harness.custody import placement as custody_place
+from tether.harness.relay import LivePi, RelayHook
+from tether.harness.stops import StopControl, StopReason
+from tether.harness.storage import StorageRetry
+from tether.mirror.mirror import Mirror
+from tether.pi.transport import AgentTransport
+from tether.threads import in_thread
+
+__all__ = [
+    "announce_stop",
+    "heartbeat",
+    "keep_mirroring",
+    "kill_on_hard_stop",
+    "relay",
+    "watch_deadline",
+]
+
+log = logging.getLogger(__name__)
+
+
+async def kill_on_hard_stop(stop: StopControl, transport: AgentTransport) -> None:
+    """Lives through pi's orderly close too: a second Ctrl-C there kills at once."""
+    await stop.hard_requested.wait()
+    if stop.reason is StopReason.FENCED_OUT:
+        # A newer owner holds the run: never signal a pi it can take over.
+        await transport.fenced_out()
+        return
+    await transport.kill()
+
+
+async def heartbeat(
+    run: ClaimedRun, transport: AgentTransport, clock: Clock, storage: StorageRetry
+) -> None:
+    """Keep the lease and record where pi runs (DESIGN §3.7); a lost lease fences the run
+    out (the helper's failure stops it, without touching pi)."""
+    where = custody_place.placement(pi=transport.pi_placement(), run_dir=run.run_dir)
+    lease_s = run.config.custody.lease_s
+    while True:
+        try:
+            await in_thread(run.ledger.heartbeat, run.fence, lease_s=lease_s, placement=where)
+        except StorageError:
+            # A ledger that cannot be written does not stop pi (the mirror rides it out):
+            # the lease lasts lease_s, and the next beat, a third of it later, tries again.
+            storage.failed()
+        await sleep(clock, lease_s / 3)
+
+
+async def keep_mirroring(mirror: Mirror, storage: StorageRetry) -> None:
+    """Mirror as pi writes. A ledger that cannot be written does not stop pi: the entries
+    stay in pi's session file, and the next pass (or the final one) writes them."""
+    while True:
+        try:
+            await mirror.run()
+        except StorageError:
+            await storage.pause()
+
+
+async def watch_deadline(clock: Clock, deadline: float, stop: StopControl) -> None:
+    await clock.sleep_until(deadline)
+    stop.soft(StopReason.DEADLINE)
+
+
+async def announce_stop(stop: StopControl, bus: EventBus) -> None:
+    await stop.soft_requested.wait()
+    bus.emit(StopRequested(reason=str(stop.reason), hard=stop.hard))
+
+
+async def relay(hook: RelayHook, live: LivePi, scope: anyio.CancelScope, run_id: str) -> None:
+    """The relay hook, while the turn is live; its failure loses a delivery, not the run."""
+    with scope:
+        try:
+            await hook(live)
+        except Exception:
+            log.exception("the relay of run %s failed; the run goes on", run_id)
