@@ -271,3 +271,14 @@ def test_no_module_over_600_lines_without_a_reason() -> None:
     )
     stale = sorted(path for path in excused if long.get(path, 0) <= MAX_LINES)
     assert not stale, f"docs/architecture.md excuses modules that are not over {MAX_LINES}: {stale}"
+
+
+def test_only_the_keeper_signals_a_process_group() -> None:
+    """pi's process group is signalled in one function, ``tether.pi.keeper.signal_group``."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "killpg":
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    assert len(found) == 1, found
+    assert found[0].startswith("tether/pi/keeper.py:"), found

@@ -601,3 +601,22 @@ def test_workers_take_a_session_again_once_its_waiting_tether_run_is_gone(
     taken = store.claim_next(owner="w1", lease_s=30)
     assert taken is not None
     assert taken.run == nxt.id
+
+
+def test_markers_record_a_prompt_or_compact_before_it_is_sent(tmp_path: Path) -> None:
+    from tether.harness.custody.markers import Marked, Markers
+
+    markers = Markers(tmp_path)
+    assert not markers.sent(Marked.PROMPT)
+    assert markers.sent_id(Marked.COMPACT) is None
+    # Other commands, and a line that only names one, leave no marker.
+    markers.mark(b'{"type":"get_messages","id":"e1.1"}\n{"type":"abort","note":"prompt"}\n')
+    assert not markers.sent(Marked.PROMPT)
+    assert not markers.sent(Marked.COMPACT)
+    markers.mark(b'{"type":"prompt","id":"e1.2","message":"hi"}\n')
+    assert markers.sent(Marked.PROMPT)
+    assert markers.sent_id(Marked.PROMPT) == "e1.2"
+    assert not markers.sent(Marked.COMPACT)
+    markers.mark(b'{"type":"compact","id":"e1.3","customInstructions":"x"}\n')
+    assert markers.sent_id(Marked.COMPACT) == "e1.3"
+    assert (tmp_path / "compact.sent").stat().st_mode & 0o777 == 0o600

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["RUN_STATE", "CustodyState", "load_run_state", "save_run_state"]
+__all__ = ["RUN_STATE", "CustodyState", "has_run_state", "load_run_state", "save_run_state"]
 
 RUN_STATE = "custody.json"
 
