@@ -5,11 +5,15 @@ tests/test_interop.py (``test_imported_and_mirrored_entries_are_the_same_rows``)
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,24 +40,38 @@ def rows_of(store: Ledger, session: str) -> list[Shape]:
     return [(r.kind, r.actor, r.body, r.entry_id) for r in store.iter_rows(session)]
 
 
-def imported(path: Path) -> list[Shape]:
-    with open_ledger("memory:") as store:
-        import_pi(store, path, session="imported", agent=AGENT, actor=USER)
-        return rows_of(store, "imported")
+_sessions = itertools.count()
 
 
-def mirrored(path: Path) -> list[Shape]:
+@contextlib.contextmanager
+def _in(store: Ledger | None) -> Iterator[tuple[Ledger, str]]:
+    """``store`` (a new session in it), or a new in-memory ledger."""
+    session = f"s{next(_sessions)}"
+    if store is not None:
+        yield store, session
+        return
+    with open_ledger("memory:") as new:
+        yield new, session
+
+
+def imported(path: Path, store: Ledger | None = None) -> list[Shape]:
+    with _in(store) as (ledger, session):
+        import_pi(ledger, path, session=session, agent=AGENT, actor=USER)
+        return rows_of(ledger, session)
+
+
+def mirrored(path: Path, store: Ledger | None = None) -> list[Shape]:
     """The file as the mirror writes it during a run: every entry, read from the start."""
-    with open_ledger("memory:") as store:
-        store.ensure_session("mirrored")
-        fence = store.claim_run(store.create_run("mirrored", AGENT).id)
-        mirror = Mirror(store, fence, session_file=path, actors=Actors(user=USER, agent=AGENT))
+    with _in(store) as (ledger, session):
+        ledger.ensure_session(session)
+        fence = ledger.claim_run(ledger.create_run(session, AGENT).id)
+        mirror = Mirror(ledger, fence, session_file=path, actors=Actors(user=USER, agent=AGENT))
 
         async def sync() -> None:
             await mirror.sync(final=True)
 
         anyio.run(sync)
-        return rows_of(store, "mirrored")
+        return rows_of(ledger, session)
 
 
 def write(path: Path, entries: list[dict[str, Any]]) -> Path:
@@ -179,13 +197,25 @@ def session_files(draw: st.DrawFn) -> list[dict[str, Any]]:
     return entries
 
 
+@pytest.fixture(scope="module")
+def store() -> Iterator[Ledger]:
+    """One ledger for every generated file (a session each): opening one costs more than a file."""
+    with open_ledger("memory:") as ledger:
+        yield ledger
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("generated")
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(entries=session_files())
 def test_generated_entries_imported_and_mirrored_are_the_same_rows(
-    entries: list[dict[str, Any]], tmp_path_factory: Any
+    entries: list[dict[str, Any]], store: Ledger, scratch: Path
 ) -> None:
-    path = write(tmp_path_factory.mktemp("pf") / "session.jsonl", entries)
-    assert imported(path) == mirrored(path)
+    path = write(scratch / "session.jsonl", entries)  # each example rewrites it
+    assert imported(path, store) == mirrored(path, store)
 
 
 @settings(max_examples=150, deadline=None)
