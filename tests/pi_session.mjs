@@ -3,6 +3,7 @@
 //   node pi_session.mjs branch FILE FROM SUMMARY  -> branch_summary entry from FROM (new leaf)
 //   node pi_session.mjs edit FILE TARGET JSON    -> context_edit of TARGET (JSON: null or {content})
 //   node pi_session.mjs extras FILE TARGET       -> a custom_message, a label on TARGET, a name, a custom entry
+//   node pi_session.mjs quiet FILE               -> a custom_message given no display and no details
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -34,6 +35,10 @@ if (command === "context") {
   sm.appendSessionInfo("interop test");
   sm.appendCustomEntry("ext.state", { count: 42 });
   process.stdout.write(sm.getLeafId());
+} else if (command === "quiet") {
+  // what an extension's message is when it leaves `display` out: pi writes no such field
+  const sm = SessionManager.open(file);
+  process.stdout.write(sm.appendCustomMessageEntry("ext.quiet", "QUIET-NOTE: no display given"));
 } else {
   process.stderr.write(`unknown command ${command}\n`);
   process.exit(2);

@@ -282,3 +282,25 @@ def test_only_the_keeper_signals_a_process_group() -> None:
                 found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
     assert len(found) == 1, found
     assert found[0].startswith("tether/pi/keeper.py:"), found
+
+
+PRESENTATION = {"rich", "typer", "click", "jinja2"}
+"""Libraries that show things to people: the CLI's and the service's, never the core's."""
+
+
+def test_the_functional_core_imports_no_presentation() -> None:
+    wrong = []
+    for path in sorted((ROOT / "followup").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            wrong += [
+                f"{path.relative_to(ROOT)} imports {n}"
+                for n in names
+                if n.split(".")[0] in PRESENTATION
+            ]
+    assert not wrong, "render in the CLI or the service, not in followup/:\n" + "\n".join(wrong)

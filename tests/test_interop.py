@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from pi_rpc import PiRpc
 from provider import Reply, ScriptedProvider, ToolCall, route
+from test_pi_format import imported, mirrored
 from tether.cli.app import app
 from tether.config import (
     AgentConfig,
@@ -309,6 +310,40 @@ def test_import_runs_actors_and_what_was_left_out(
     assert {"model_change", "thinking_level_change", "label", "session_info", "custom"} <= set(
         report.bookkeeping
     )
+
+
+@PI_SESSION
+@pytest.mark.slow
+def test_imported_and_mirrored_entries_are_the_same_rows(
+    pi_sessions: dict[str, Any], tmp_path: Path
+) -> None:
+    """One mapping of pi's format: the entries of a file the real pi wrote (prompts, a tool
+    call, steering, its own compaction; an extension's messages (one without ``display``), a
+    label, a name, extension state and a branch summary appended by pi's own SessionManager)
+    give the same rows imported (``tether import pi``) as mirrored (a run's mirror reading it)."""
+    path = tmp_path / "session.jsonl"
+    shutil.copy(pi_sessions["files"]["compacted"], path)
+    pi_tool("extras", str(path), entries(path)[-1]["id"])
+    pi_tool("quiet", str(path))
+    # a branch summary from the leaf itself: the file stays one branch, as a run's file is
+    pi_tool("branch", str(path), entries(path)[-1]["id"], "BRANCH-SUMMARY: the way so far")
+    written = entries(path)[1:]
+    assert {"compaction", "custom_message", "branch_summary", "label", "custom"} <= {
+        e["type"] for e in written
+    }
+    rows = imported(path)
+    assert rows == mirrored(path)
+    # every conversation entry is a row: the messages, the compaction, the extension's message
+    # and the branch summary
+    assert [eid for *_, eid in rows] == [
+        e["id"]
+        for e in written
+        if e["type"] in ("message", "compaction", "custom_message", "branch_summary")
+    ]
+    assert {kind for kind, *_ in rows} == {RowKind.MESSAGE, RowKind.COMPACTION}
+    # pi wrote no display for the quiet message, and its context has none: neither has the row
+    quiet = next(body for _, _, body, _ in rows if body.get("customType") == "ext.quiet")
+    assert "display" not in quiet
 
 
 # -- export: pi opens it and continues it; the round trip is the identity --------------------

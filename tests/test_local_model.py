@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tether.model import ModelServer, find_model, write_local_config
-from tether.model.process import _proc_start
+from tether.processes import start_time
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local-model")]
 
@@ -85,7 +85,7 @@ def test_cli_serves_reports_and_stops_the_model(tmp_path: Path) -> None:
     finally:
         stopped = tether(tmp_path, "model", "stop", "--json", "--state-dir", str(state))
     assert json.loads(stopped.stdout) == {"status": "stopped", "pid": info["pid"]}
-    assert _proc_start(info["pid"]) is None  # gone (or a zombie until init reaps it)
+    assert start_time(info["pid"]) is None  # gone (or a zombie until init reaps it)
     after = tether(tmp_path, "model", "status", "--json", "--state-dir", str(state))
     assert after.returncode == 1
     assert json.loads(after.stdout) == {"status": "not_running"}

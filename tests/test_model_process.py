@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tether.config import load_config
@@ -18,17 +19,17 @@ from tether.model.process import (
     ServerState,
     ServerStatus,
     StopOutcome,
-    _proc_start,
     read_state,
     server_status,
     stop_recorded,
     write_state,
 )
+from tether.processes import start_time
 
 
 def gone(pid: int, within: float = 5.0) -> bool:
     deadline = time.monotonic() + within
-    while _proc_start(pid) is not None:
+    while start_time(pid) is not None:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
@@ -49,13 +50,13 @@ def group() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
         yield proc, grandchild
     finally:
         for pid in (proc.pid, grandchild):
-            if _proc_start(pid) is not None:
+            if start_time(pid) is not None:
                 subprocess.run(["kill", "-9", str(pid)], check=False)
         proc.wait()
 
 
 def state_for(pid: int, tmp: Path, *, proc_start: int | None = None, port: int = 9) -> ServerState:
-    start = _proc_start(pid)
+    start = start_time(pid)
     assert start is not None
     return ServerState(
         pid=pid,
@@ -142,7 +143,7 @@ def test_a_server_stop_kills_descendants_and_reaps_the_child(tmp_path: Path) -> 
         assert gone(child)
     finally:
         for pid in (proc.pid, child):
-            if _proc_start(pid) is not None:
+            if start_time(pid) is not None:
                 subprocess.run(["kill", "-9", str(pid)], check=False)
         proc.wait()
 
@@ -155,7 +156,7 @@ def test_a_server_that_exited_already_is_reaped_on_stop(tmp_path: Path) -> None:
     server.stop(grace=5.0)
     assert time.monotonic() - began < 1.0
     assert proc.returncode == 3
-    assert _proc_start(proc.pid) is None
+    assert start_time(proc.pid) is None
 
 
 def test_alive_but_silent_is_not_answering(
@@ -187,3 +188,18 @@ def test_local_config_is_valid_and_carries_the_compat_flags(tmp_path: Path) -> N
     agent = config.agent("helper")
     assert (agent.provider, agent.model, agent.effort) == ("local", "smollm2", "off")
     assert agent.summary_max_bytes == 1500
+
+
+def test_a_clock_step_does_not_make_a_recorded_server_stale(
+    tmp_path: Path, group: tuple[subprocess.Popen[bytes], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a clock step the kernel reports a boot time moved by the step (it recomputes it from
+    # the clock on every read), while the process is the same one: it must still be found.
+    proc, _ = group
+    write_state(state_for(proc.pid, tmp_path, port=9), tmp_path)
+    booted = psutil.boot_time()
+    monkeypatch.setattr(psutil, "boot_time", lambda: booted + 30.0)
+    assert server_status(tmp_path)[0] is ServerStatus.NOT_ANSWERING
+    outcome, _ = stop_recorded(tmp_path, grace=5.0)
+    assert outcome is StopOutcome.STOPPED
+    assert proc.wait(timeout=5) != 0

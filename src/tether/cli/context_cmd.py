@@ -74,7 +74,7 @@ def _show(view: FollowupView | Refusal, as_json: bool) -> None:
     else:
         from rich.console import Console  # for people only: --json does without rich
 
-        from tether.followup.render import render_refusal, render_view
+        from tether.cli.context_render import render_refusal, render_view
 
         if isinstance(view, Refusal):
             render_refusal(view, err_console)

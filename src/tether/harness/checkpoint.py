@@ -44,6 +44,7 @@ from tether.harness.turn import NOT_NEEDED, CheckpointResult, CheckpointStatus, 
 from tether.ledger import ReceiptReason, Row, RowKind
 from tether.pi.agentdir import pi_settings
 from tether.pi.client import Record, is_notify
+from tether.pi.continuation import MARKER_TAG, MARKER_VERSION, PRESENCE_COMMAND, RECEIPT_KIND
 from tether.pi.errors import TransportClosed
 from tether.pi.install import extension_file
 from tether.pi.protocol import Command, Response
@@ -64,12 +65,6 @@ __all__ = [
 
 EXTENSION_PATH = extension_file("continuation")
 """The continuation extension, shipped inside the package, compiled (``pi -e PATH``)."""
-
-MARKER_TAG = "continuation"
-MARKER_VERSION = 1
-RECEIPT_KIND = "continuation_checkpoint_refused"
-PRESENCE_COMMAND = "tether-continuation"
-"""The command the extension registers so ``get_commands`` shows it is loaded."""
 
 # pi's own retry defaults (settings.md: retry.*), used for the summary call as pi uses them for
 # its own summaries, unless the run's pi settings change them.

@@ -1,8 +1,9 @@
 """A ledger session as a pi session file (format v3) that pi opens and continues.
 
-The rows become one parent chain in seq order (the mapping in :mod:`tether.interop.pi_format`,
-read backwards), so the file's active branch is the whole session and pi's context for it is
-what the ledger holds: the newest compaction's summary, then the rows from its first kept entry.
+The rows become one parent chain in seq order (pi's format, :mod:`tether.pi.sessionformat`,
+read backwards, with what the import kept in :mod:`tether.interop.pi_format`), so the file's
+active branch is the whole session and pi's context for it is what the ledger holds: the newest
+compaction's summary, then the rows from its first kept entry.
 Entry ids are the rows' pi entry ids (new 8-hex ids for rows that have none), so an export of an
 imported session gives back the entries it came from.
 
@@ -20,18 +21,16 @@ import uuid
 from dataclasses import dataclass
 from typing import IO, Any
 
-from tether.interop.pi_format import (
-    AFTER_KEY,
-    BEFORE_KEY,
-    HEADER_KEY,
-    PI_KEY,
-    RECEIPT_TYPE,
-    SESSION_VERSION,
-    iso_of_ms,
-)
-from tether.interop.pi_import import message_of
+from tether.interop.pi_format import AFTER_KEY, BEFORE_KEY, HEADER_KEY, PI_KEY
 from tether.ledger import Ledger, Row, RowKind
-from tether.pi.sessionfile import new_entry_id
+from tether.pi.sessionformat import (
+    SESSION_VERSION,
+    compaction_entry,
+    iso_of_ms,
+    message_entry,
+    new_entry_id,
+    receipt_entry,
+)
 
 __all__ = ["ExportReport", "export_pi"]
 
@@ -75,55 +74,18 @@ class _Ids:
 def _entry(row: Row, eid: str, parent: str | None, first_kept: str) -> dict[str, Any]:
     rest = row.extra.get(PI_KEY)
     rest = rest if isinstance(rest, dict) else {}
-    body = row.body
-    out: dict[str, Any]
-    if row.kind is RowKind.COMPACTION:
-        out = {
-            "type": "compaction",
-            "summary": body.get("summary", ""),
-            "firstKeptEntryId": first_kept,
-            "tokensBefore": body.get("tokens_before") or 0,
-        }
-        details = body.get("details")
-        marker = body.get("continuation")
-        if isinstance(marker, dict):
-            # the import (like the mirror) reads a continuation marker from the details
-            details = {**(details if isinstance(details, dict) else {}), "continuation": marker}
-        if details is not None or "details" in body:
-            out["details"] = details
-        if "from_hook" in body:
-            out["fromHook"] = body["from_hook"]
-        stamp_ms = None
-    elif row.kind is RowKind.RECEIPT:
-        out = {"type": "custom", "customType": RECEIPT_TYPE, "data": body}
-        stamp_ms = None
-    elif body.get("role") == "custom":
-        out = {
-            "type": "custom_message",
-            "customType": body.get("customType"),
-            "content": body.get("content", []),
-        }
-        for key in ("display", "details"):
-            if key in body:
-                out[key] = body[key]
-        stamp_ms = body.get("timestamp")
-    elif body.get("role") == "branchSummary":
-        out = {"type": "branch_summary", "summary": body.get("summary", "")}
-        if "fromId" in body:
-            out["fromId"] = body["fromId"]
-        stamp_ms = body.get("timestamp")
-    else:
-        out = {"type": "message", "message": body}
-        stamp_ms = body.get("timestamp")
-    head: dict[str, Any] = {"type": out["type"], "id": eid, "parentId": parent}
+    head: dict[str, Any] = {"id": eid, "parentId": parent}
+    stamp_ms = row.body.get("timestamp") if row.kind is RowKind.MESSAGE else None
     if "timestamp" not in rest:
         head["timestamp"] = iso_of_ms(stamp_ms)
-    entry = {**head, **rest, **out}
-    if entry["type"] in ("custom_message", "branch_summary") and (message_of(entry, "", 0) != body):
-        # pi would build a different message from that entry (its timestamp comes from the
-        # entry's): a message entry holds this one exactly
-        entry = {**head, **rest, "type": "message", "message": body}
-    return entry
+    stamp = rest.get("timestamp", head.get("timestamp"))
+    if row.kind is RowKind.COMPACTION:
+        out = compaction_entry(row.body, first_kept)
+    elif row.kind is RowKind.RECEIPT:
+        out = receipt_entry(row.body)
+    else:
+        out = message_entry(row.body, stamp)
+    return {"type": out["type"], **head, **rest, **out}
 
 
 def export_pi(

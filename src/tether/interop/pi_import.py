@@ -11,7 +11,9 @@ pi's own rules (``dist/core/session-manager.js`` of the pinned package) are foll
 * ``context_edit`` entries on the branch are applied to their targets (the latest wins): a null
   replacement leaves the target out, a replacement changes the content of a user, assistant,
   tool-result or custom message (a string becomes one text block for assistants and results);
-* null content is read as pi reads it (``[]``, or ``""`` for a system message).
+* what each entry stands for (null content read as pi reads it, ``hookMessage`` as ``custom``
+  …) is :mod:`tether.pi.sessionformat`, which the mirror reads a run's file with too: the same
+  entry becomes the same row either way.
 
 Runs: one per user message that starts a turn; a user message right after a tool result is
 steering inside the running turn and belongs to it. System messages right before a turn's user
@@ -39,20 +41,13 @@ from typing import IO, Any
 
 from tether.errors import AlreadyExists, InterchangeError
 from tether.ids import check_id, new_run_id
-from tether.interop.pi_format import (
-    AFTER_KEY,
-    BEFORE_KEY,
-    BODY_FIELDS,
-    HEADER_KEY,
-    PI_KEY,
-    RECEIPT_TYPE,
-    ms_of_iso,
-)
+from tether.interop.pi_format import AFTER_KEY, BEFORE_KEY, HEADER_KEY, PI_KEY
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus, Session
 from tether.ledger.models import now_iso
-from tether.mirror.entries import Actors, compaction_body, message_actor
+from tether.mirror.entries import ROW_KINDS, Actors, entry_row
+from tether.pi.sessionformat import BODY_FIELDS, EntryKind, entry_kind
 
-__all__ = ["ImportPlan", "ImportReport", "LeftOut", "import_pi", "message_of", "plan_import"]
+__all__ = ["ImportPlan", "ImportReport", "LeftOut", "import_pi", "plan_import"]
 
 DEFAULT_ACTOR = "user:pi"
 """The actor of imported user messages when ``--actor`` is not given."""
@@ -72,12 +67,6 @@ class LeftOut(enum.StrEnum):
     """Entries a ``context_edit`` with a null replacement removed from the context."""
     MALFORMED = "malformed"
     """Lines that are not JSON objects (pi skips them too)."""
-
-
-class _Kind(enum.Enum):
-    ROW = "row"
-    BOOKKEEPING = "bookkeeping"
-    EDIT = "edit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +171,7 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
     lengths: array[int] = array("q")
     lines: array[int] = array("q")
     types: list[str] = []
+    kinds: list[EntryKind] = []
     roles: list[str | None] = []
     info: dict[int, Any] = {}
     header: dict[str, Any] | None = None
@@ -221,6 +211,7 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
             lengths.append(len(raw))
             lines.append(lineno)
             types.append(sys.intern(kind))
+            kinds.append(entry_kind(entry))
             role = None
             if kind == "message" and isinstance(entry.get("message"), dict):
                 role = entry["message"].get("role")
@@ -230,10 +221,6 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
                 info[pos] = (entry.get("targetId"), entry.get("replacement") is None)
             elif kind == "compaction":
                 info[pos] = entry.get("firstKeptEntryId", entry.get("firstKeptEntryIndex"))
-            elif kind == "custom":
-                info[pos] = entry.get("customType")
-            elif kind == "branch_summary":
-                info[pos] = bool(entry.get("summary"))
     if header is None:
         raise InterchangeError(source, 0, "not a pi session file: it holds no header")
     version = header.get("version", 1)
@@ -286,22 +273,6 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
             if isinstance(target, str):
                 edits[target] = (pos, is_null)
 
-    def kind_of(pos: int) -> tuple[_Kind, RowKind | None]:
-        t = types[pos]
-        if t == "message":
-            return _Kind.ROW, RowKind.MESSAGE
-        if t == "custom_message":
-            return _Kind.ROW, RowKind.MESSAGE
-        if t == "branch_summary":
-            return (_Kind.ROW, RowKind.MESSAGE) if info.get(pos) else (_Kind.BOOKKEEPING, None)
-        if t == "compaction":
-            return _Kind.ROW, RowKind.COMPACTION
-        if t == "custom" and info.get(pos) == RECEIPT_TYPE:
-            return _Kind.ROW, RowKind.RECEIPT
-        if t == "context_edit":
-            return _Kind.EDIT, None
-        return _Kind.BOOKKEEPING, None
-
     rows: list[_PlannedRow] = []
     row_roles: list[str | None] = []
     rows_before: dict[str, int] = {}
@@ -310,15 +281,15 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
     bookkeeping: Counter[str] = Counter()
     for pos in branch:
         rows_before.setdefault(ids[pos], len(rows))
-        kind, row_kind = kind_of(pos)
-        if kind is _Kind.EDIT:
+        kind = kinds[pos]
+        if kind is EntryKind.EDIT:
             left_out[LeftOut.CONTEXT_EDIT] += 1
             continue
-        if kind is _Kind.BOOKKEEPING:
+        row_kind = ROW_KINDS.get(kind)
+        if row_kind is None:
             before.append(pos)
             bookkeeping[types[pos] or "unknown"] += 1
             continue
-        assert row_kind is not None
         edit = edits.get(ids[pos])
         if edit is not None and edit[1]:
             left_out[LeftOut.OMITTED_BY_EDIT] += 1
@@ -397,42 +368,11 @@ def _bookkeeping(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k != "parentId"}
 
 
-def message_of(entry: dict[str, Any], source: str, line: int) -> dict[str, Any]:
-    """The AgentMessage a row-producing message entry stands for, as pi's context has it."""
-    kind = entry.get("type")
-    if kind == "message":
-        message = entry.get("message")
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InterchangeError(source, line, "a message entry holds no message with a role")
-        message = dict(message)
-        if message["role"] == "hookMessage":
-            message["role"] = "custom"
-        if message.get("content") is None:
-            if message["role"] == "system":
-                message["content"] = ""
-            elif message["role"] in _TURN_ROLES:
-                message["content"] = []
-        return message
-    if kind == "custom_message":
-        out: dict[str, Any] = {
-            "role": "custom",
-            "customType": entry.get("customType"),
-            "content": entry["content"] if entry.get("content") is not None else [],
-            "timestamp": ms_of_iso(entry.get("timestamp")),
-        }
-        for key in ("display", "details"):
-            if key in entry:
-                out[key] = entry[key]
-        return out
-    # branch_summary
-    out = {
-        "role": "branchSummary",
-        "summary": entry.get("summary"),
-        "timestamp": ms_of_iso(entry.get("timestamp")),
-    }
-    if "fromId" in entry:
-        out["fromId"] = entry["fromId"]
-    return out
+_UNREADABLE = {
+    RowKind.MESSAGE: "a message entry holds no message with a role",
+    RowKind.RECEIPT: "a tether receipt entry has no kind",
+    RowKind.COMPACTION: "a compaction entry is unreadable",
+}
 
 
 def _apply_edit(message: dict[str, Any], replacement: Any) -> dict[str, Any]:
@@ -458,33 +398,26 @@ def iter_rows(plan: ImportPlan, session: str, run_ids: list[str], actors: Actors
                 extra[PI_KEY] = rest
             if planned.before:
                 extra[BEFORE_KEY] = [_bookkeeping(plan.read_entry(f, b)) for b in planned.before]
-            if planned.kind is RowKind.COMPACTION:
-                if not isinstance(entry.get("summary"), str):
-                    raise InterchangeError(source, line, "a compaction entry has no summary")
-                body = compaction_body(entry, planned.covers_to)
-                actor = actors.agent_actor
-            elif planned.kind is RowKind.RECEIPT:
-                data = entry.get("data")
-                if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
-                    raise InterchangeError(source, line, "a tether receipt entry has no kind")
-                body = data
-                actor = actors.agent_actor
-            else:
-                body = message_of(entry, source, line)
-                if planned.edit is not None:
-                    edit = plan.read_entry(f, planned.edit)
-                    body = _apply_edit(body, edit.get("replacement"))
-                actor = message_actor(body, actors)
+            if planned.kind is RowKind.COMPACTION and not isinstance(entry.get("summary"), str):
+                raise InterchangeError(source, line, "a compaction entry has no summary")
+            # the mirror's mapping, so an imported entry is the row a mirrored one is
+            row = entry_row(entry, actors, covers_to=planned.covers_to)
+            if row is None:
+                raise InterchangeError(source, line, _UNREADABLE[planned.kind])
+            body = row.body
+            if planned.edit is not None:
+                edit = plan.read_entry(f, planned.edit)
+                body = _apply_edit(body, edit.get("replacement"))
             yield Row(
                 session=session,
                 seq=seq,
                 run=run_ids[planned.run] if planned.run is not None else None,
-                actor=actor,
-                kind=planned.kind,
+                actor=row.actor,
+                kind=row.kind,
                 body=body,
                 sources=(),
                 bytes=0,
-                entry_id=str(entry["id"]) if entry.get("id") is not None else None,
+                entry_id=row.entry_id,
                 extra=extra,
             )
 

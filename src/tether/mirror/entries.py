@@ -1,12 +1,10 @@
-"""pi session entries (``docs/session-format.md``) as ledger rows.
+"""pi session entries as ledger rows: pi's format (:mod:`tether.pi.sessionformat`, shared with
+the import and the export) plus who wrote each row.
 
-Conversation entries become rows; pi's bookkeeping does not (model and thinking-level changes,
-labels, session names, usage records, extension state and context edits change no message):
-
-    message         → a MESSAGE row holding the AgentMessage as pi stored it
-    custom_message  → a MESSAGE row holding the ``custom`` AgentMessage pi builds from it
-    branch_summary  → a MESSAGE row holding the ``branchSummary`` AgentMessage
+    message entries → a MESSAGE row holding the AgentMessage pi's context has for the entry
     compaction      → a COMPACTION row (summary, covers_to, tokens_before, continuation marker)
+    tether.receipt  → a RECEIPT row
+    anything else   → no row (pi's bookkeeping and context edits change no message)
 
 Actors: the requester (``user:…``) for user and bash-command messages, ``tool:NAME`` for tool
 results, ``agent:NAME`` for everything the agent's side wrote.
@@ -14,25 +12,38 @@ results, ``agent:NAME`` for everything the agent's side wrote.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import msgspec
 
 from tether.ledger import NewRow, RowKind
+from tether.pi.sessionformat import (
+    EntryKind,
+    compaction_body,
+    entry_kind,
+    entry_message,
+    entry_time,
+    message_text,
+    receipt_body,
+)
 
 __all__ = [
-    "CONVERSATION_ENTRIES",
+    "ROW_KINDS",
     "Actors",
     "compaction_body",
     "entry_message",
+    "entry_row",
     "entry_time",
     "message_actor",
-    "message_row",
     "message_text",
 ]
 
-CONVERSATION_ENTRIES = frozenset({"message", "custom_message", "branch_summary", "compaction"})
+ROW_KINDS = {
+    EntryKind.MESSAGE: RowKind.MESSAGE,
+    EntryKind.COMPACTION: RowKind.COMPACTION,
+    EntryKind.RECEIPT: RowKind.RECEIPT,
+}
+"""The kind of row each kind of entry becomes; the other kinds become none."""
 
 
 class Actors(msgspec.Struct, frozen=True):
@@ -49,49 +60,6 @@ class Actors(msgspec.Struct, frozen=True):
         return f"agent:{self.agent}"
 
 
-def entry_time(entry: dict[str, Any]) -> float | None:
-    """An entry's ISO timestamp as wall-clock seconds."""
-    stamp = entry.get("timestamp")
-    if not isinstance(stamp, str):
-        return None
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _ms(entry: dict[str, Any]) -> int | None:
-    when = entry_time(entry)
-    return int(when * 1000) if when is not None else None
-
-
-def entry_message(entry: dict[str, Any]) -> dict[str, Any] | None:
-    """The AgentMessage a conversation entry stands for (None for compactions and bookkeeping)."""
-    kind = entry.get("type")
-    if kind == "message":
-        message = entry.get("message")
-        return message if isinstance(message, dict) else None
-    if kind == "custom_message":
-        out: dict[str, Any] = {
-            "role": "custom",
-            "customType": entry.get("customType"),
-            "content": entry.get("content", []),
-            "display": entry.get("display", False),
-            "timestamp": _ms(entry),
-        }
-        if "details" in entry:
-            out["details"] = entry["details"]
-        return out
-    if kind == "branch_summary":
-        return {
-            "role": "branchSummary",
-            "summary": entry.get("summary", ""),
-            "fromId": entry.get("fromId"),
-            "timestamp": _ms(entry),
-        }
-    return None
-
-
 def message_actor(message: dict[str, Any], actors: Actors) -> str:
     role = message.get("role")
     if role == "toolResult":
@@ -105,48 +73,21 @@ def message_actor(message: dict[str, Any], actors: Actors) -> str:
     return actors.agent_actor
 
 
-def message_text(message: dict[str, Any]) -> str:
-    """The text blocks of a message, joined (thinking and tool calls left out)."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"
-        )
-    return ""
-
-
-def compaction_body(entry: dict[str, Any], covers_to: int) -> dict[str, Any]:
-    """The COMPACTION row body for a pi ``compaction`` entry (DESIGN §3.1, §3.6).
-
-    ``continuation`` is the typed marker a tether continuation checkpoint carries in the entry's
-    ``details`` (absent for a compaction pi made on its own)."""
-    details = entry.get("details")
-    body: dict[str, Any] = {
-        "summary": entry.get("summary", ""),
-        "covers_to": covers_to,
-        "tokens_before": entry.get("tokensBefore"),
-        "first_kept_entry_id": entry.get("firstKeptEntryId"),
-        "self_retaining": entry.get("firstKeptEntryId") == entry.get("id"),
-    }
-    if isinstance(details, dict):
-        body["details"] = details
-        marker = details.get("continuation")
-        if isinstance(marker, dict):
-            body["continuation"] = marker
-    if entry.get("fromHook") is not None:
-        body["from_hook"] = bool(entry.get("fromHook"))
-    return body
-
-
-def message_row(entry: dict[str, Any], actors: Actors) -> NewRow | None:
-    message = entry_message(entry)
-    if message is None:
+def entry_row(entry: dict[str, Any], actors: Actors, *, covers_to: int = 0) -> NewRow | None:
+    """The row ``entry`` becomes (``covers_to`` for a compaction: the last seq it covers), or
+    None: bookkeeping, an edit, a message entry without a message, a receipt without a kind."""
+    kind = entry_kind(entry)
+    eid = str(entry["id"]) if entry.get("id") is not None else None
+    body: dict[str, Any] | None
+    if kind is EntryKind.MESSAGE:
+        body = entry_message(entry)
+        actor = message_actor(body, actors) if body is not None else ""
+    elif kind is EntryKind.COMPACTION:
+        body, actor = compaction_body(entry, covers_to), actors.agent_actor
+    elif kind is EntryKind.RECEIPT:
+        body, actor = receipt_body(entry), actors.agent_actor
+    else:
         return None
-    return NewRow(
-        actor=message_actor(message, actors),
-        kind=RowKind.MESSAGE,
-        body=message,
-        entry_id=str(entry["id"]),
-    )
+    if body is None:
+        return None
+    return NewRow(actor=actor, kind=ROW_KINDS[kind], body=body, entry_id=eid)

@@ -14,7 +14,7 @@ Entries it does not write:
   omits from context with a ``context_edit`` and then retries: pi's raw history keeps it, the
   ledger keeps what the model goes on to see (the count is in ``omitted_attempts``). An attempt
   no retry follows is written: it is the run's last word,
-- pi's bookkeeping entries (see :mod:`tether.mirror.entries`).
+- pi's bookkeeping and edit entries (see :mod:`tether.pi.sessionformat`).
 """
 
 from __future__ import annotations
@@ -35,15 +35,8 @@ from tether.access import Obligations
 from tether.errors import LedgerError
 from tether.events import EventBus, RowsMirrored
 from tether.ledger import Fence, Ledger, NewRow, Row, RowKind
-from tether.mirror.entries import (
-    CONVERSATION_ENTRIES,
-    Actors,
-    compaction_body,
-    entry_message,
-    entry_time,
-    message_row,
-    message_text,
-)
+from tether.mirror.entries import ROW_KINDS, Actors, entry_row
+from tether.pi.sessionformat import EntryKind, entry_kind, entry_message, entry_time, message_text
 
 __all__ = ["Mirror", "SessionTail"]
 
@@ -237,12 +230,12 @@ class Mirror:
                 self._omitted = [held]
                 return []
             self._add(batch, held)
-        kind = entry.get("type")
-        if kind == "compaction":
+        kind = entry_kind(entry)
+        if kind is EntryKind.COMPACTION:
             return await self._flush(batch) + await self._compaction(entry)
-        if kind not in CONVERSATION_ENTRIES:
+        if kind not in ROW_KINDS:
             self._known[eid] = None
-            self.skipped[str(kind)] += 1
+            self.skipped[str(entry.get("type"))] += 1
         elif self._is_request(message):
             assert self._request is not None
             self._known[eid] = self._request[1]
@@ -270,7 +263,7 @@ class Mirror:
         )
 
     def _add(self, pending: _Pending, entry: dict[str, Any]) -> None:
-        row = message_row(entry, self._actors)
+        row = entry_row(entry, self._actors)
         if row is None:
             self._known[entry["id"]] = None
             return
@@ -319,11 +312,6 @@ class Mirror:
 
     async def _compaction(self, entry: dict[str, Any]) -> list[Row]:
         last = await anyio.to_thread.run_sync(self._ledger.last_seq, self._fence.session)
-        body = compaction_body(entry, self._covers_to(entry, last))
-        row = NewRow(
-            actor=self._actors.agent_actor,
-            kind=RowKind.COMPACTION,
-            body=body,
-            entry_id=str(entry["id"]),
-        )
+        row = entry_row(entry, self._actors, covers_to=self._covers_to(entry, last))
+        assert row is not None  # a compaction entry always makes a row
         return await self._write([row], [entry_time(entry)])

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tether.errors import ModelError
 from tether.model.weights import DEFAULT_MODEL, INSTALL_HINT, find_model, server_available
+from tether.processes import alive, start_time
 
 __all__ = [
     "DEFAULT_STATE_DIR",
@@ -83,8 +84,8 @@ class ServerState(BaseModel):
     alias: str
     started_at: float
     proc_start: float
-    """The process's start time in seconds since boot (psutil's ``create_time`` less the boot
-    time, at 0.01 s resolution): unlike the wall-clock start, a clock step does not move it."""
+    """The process's start time in seconds since boot (:func:`tether.processes.start_time`, the
+    kernel's own record): unlike the wall-clock start, a clock step does not move it."""
     log: str
 
     @property
@@ -101,29 +102,12 @@ def _live(pid: int) -> psutil.Process | None:
         return None
 
 
-def _started(proc: psutil.Process) -> float:
-    return round(proc.create_time() - psutil.boot_time(), 2)
-
-
-def _proc_start(pid: int) -> float | None:
-    """The start time of ``pid`` (:attr:`ServerState.proc_start`), or None if there is no such
-    live process."""
-    proc = _live(pid)
-    if proc is None:
-        return None
-    try:
-        return _started(proc)
-    except psutil.NoSuchProcess:
-        return None
-
-
 def _recorded(state: ServerState) -> psutil.Process | None:
     """The recorded server's process, if it is still alive and is the same process."""
+    # Taken before the check: if the recorded process is alive after it, the pid named that
+    # process already when psutil took it (a pid names one process for that process's life).
     proc = _live(state.pid)
-    try:
-        return proc if proc is not None and _started(proc) == state.proc_start else None
-    except psutil.NoSuchProcess:
-        return None
+    return proc if proc is not None and alive(state.pid, state.proc_start) else None
 
 
 def _same_process(state: ServerState) -> bool:
@@ -238,14 +222,21 @@ class ModelServer:
             # The child holds its own copy; ours would only keep the port after it exits.
             actual_port = sock.getsockname()[1]
             sock.close()
+        # Not reaped yet, so the pid is still this child's; no start time: it has exited already.
+        started = start_time(proc.pid)
+        if started is None:  # a zombie until reaped here: nothing to record
+            status = proc.wait()
+            raise ModelError(
+                f"the model server exited with status {status} before it answered; its log "
+                f"({log_path}) ends with:\n{_log_tail(log_path)}"
+            )
         state = ServerState(
             pid=proc.pid,
             port=actual_port,
             model=str(model),
             alias=alias,
             started_at=time.time(),
-            # Not reaped yet, so the pid is still this child's even if it has exited already.
-            proc_start=_started(psutil.Process(proc.pid)),
+            proc_start=started,
             log=str(log_path),
         )
         server = cls(proc, state)

@@ -2,45 +2,21 @@
 
 For a follow-up, the file holds the follow-up view's messages as ``message`` entries in view
 order, one parent chain, so pi's context is exactly the view: pi appends the new request and
-everything after it. The entry ids written here are tether's, so the mirror knows which entries
-it must not mirror again.
+everything after it (the format: :mod:`tether.pi.sessionformat`). The entry ids
+written here are tether's, so the mirror knows which entries it must not mirror again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SESSION_VERSION", "PreEntry", "iso_of_ms", "new_entry_id", "write_session_file"]
+from tether.pi.sessionformat import SESSION_VERSION, iso_of_ms, new_entry_id
 
-SESSION_VERSION = 3
-
-
-def new_entry_id(taken: set[str]) -> str:
-    """An 8-hex id like pi's own, unique in ``taken`` (and added to it)."""
-    while True:
-        eid = uuid.uuid4().hex[:8]
-        if eid not in taken:
-            taken.add(eid)
-            return eid
-
-
-def iso_of_ms(ms: Any) -> str:
-    """Unix milliseconds as pi writes entry timestamps (``Date.toISOString``); now when absent
-    or out of any date's range."""
-    when = datetime.now(UTC)
-    if isinstance(ms, int | float) and not isinstance(ms, bool):
-        # a timestamp no date can hold (NaN, 1e23 from a row written before loads checked
-        # them) is the entry's time of writing instead: a date pi can parse
-        with contextlib.suppress(ValueError, OverflowError, OSError):
-            when = datetime.fromtimestamp(ms / 1000, UTC)
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+__all__ = ["PreEntry", "write_session_file"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,11 +38,11 @@ from tether.harness import (
 from tether.harness.custody.placement import owner_id
 from tether.harness.custody.reconcile import reconcile
 from tether.harness.relay import Deliver, LivePi
-from tether.harness.run import in_thread
 from tether.ledger import Fence, Ledger, RunStatus
 from tether.pi.install import PiInstall
 from tether.service.metrics import Metrics
 from tether.service.state import LiveHub
+from tether.threads import in_thread
 
 __all__ = ["Worker"]
 

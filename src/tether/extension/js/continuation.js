@@ -27,12 +27,19 @@
  * (pi imports compiled modules natively; see `pimodules.ts`).
  */
 import { piCodingAgent } from "./pimodules.js";
+// What the harness and this extension agree on. Python's `tether.pi.continuation` (and
+// `tether.ledger.ReceiptReason`) is the source; tests/test_continuation_contract.py loads the
+// compiled module and fails when a value here differs.
 export const MARKER_TAG = "continuation";
 export const MARKER_VERSION = 1;
 export const RECEIPT_KIND = "continuation_checkpoint_refused";
 /** Listed by pi's `get_commands`, so the harness can check this extension is loaded before it
  * sends the marker (without it, pi's default summarizer would take the marker as a focus). */
 export const PRESENCE_COMMAND = "tether-continuation";
+/** The `kind` of the notice the presence command sends when it is run. */
+export const PRESENCE_KIND = "continuation_extension";
+/** The closed set of refusal reasons (DESIGN §3.1). */
+export const REFUSAL_REASONS = ["cancelled", "truncated", "empty", "over_bound", "provider_failure"];
 function isRecord(value) {
     return typeof value === "object" && value !== null && !Array.isArray(value);
 }
@@ -179,7 +186,8 @@ void sessionManagerTakesNull;
 // ---------------------------------------------------------------------------------------------
 // The handler
 // ---------------------------------------------------------------------------------------------
-function refuse(ctx, run, reason) {
+/** Exported for tests/test_continuation_contract.py, which reads the receipt with Python. */
+export function refuse(ctx, run, reason) {
     ctx.ui.notify(JSON.stringify({ kind: RECEIPT_KIND, run, reason }), "error");
     return { cancel: true };
 }
@@ -212,7 +220,7 @@ export default function continuation(pi) {
     pi.registerCommand(PRESENCE_COMMAND, {
         description: `tether continuation checkpoint, marker version ${MARKER_VERSION} (used by tether's harness)`,
         handler: async (_args, ctx) => {
-            ctx.ui.notify(JSON.stringify({ kind: "continuation_extension", version: MARKER_VERSION }), "info");
+            ctx.ui.notify(JSON.stringify({ kind: PRESENCE_KIND, version: MARKER_VERSION }), "info");
         },
     });
     pi.on("session_before_compact", async (event, ctx) => {

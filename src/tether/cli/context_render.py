@@ -1,4 +1,5 @@
-"""Showing a follow-up view to a person: what the model will see, and what was left out."""
+"""Showing a follow-up view to a person (`tether context`): what the model will see, and what
+was left out. Presentation (rich) lives here, in the CLI, not in the functional core."""
 
 from __future__ import annotations
 
