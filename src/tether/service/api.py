@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
@@ -35,6 +36,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+UNPROCESSABLE = HTTPStatus.UNPROCESSABLE_ENTITY
+"""422. Starlette's ``HTTP_422_UNPROCESSABLE_ENTITY`` warns (renamed ``…_CONTENT`` in 0.48, absent
+before): the standard library's name works, silently, with every Starlette FastAPI accepts."""
 
 router = APIRouter(prefix="/v1", tags=["v1"])
 CallerDep = Annotated[Caller, Depends(caller)]
@@ -173,7 +178,7 @@ def _admit_request(st: ServiceState, session: str, body: RequestIn, caller: Call
         st.config.agent(body.agent)
         admit_request(body.text, st.config.followup)
     except (ConfigError, UsageError) as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+        raise HTTPException(UNPROCESSABLE, str(exc)) from None
     except Refused as exc:
         raise refused(status.HTTP_409_CONFLICT, exc.reason.value, exc.detail) from None
     found = st.ledger.session(session)
@@ -295,7 +300,7 @@ async def get_context(
     try:
         st.config.agent(agent)
     except ConfigError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+        raise HTTPException(UNPROCESSABLE, str(exc)) from None
     view = await blocking(
         build_view,
         st.ledger,
@@ -339,6 +344,6 @@ async def post_note(session: str, body: NoteIn, who: CallerDep, st: StateDep) ->
     try:
         st.config.agent(body.agent)
     except ConfigError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+        raise HTTPException(UNPROCESSABLE, str(exc)) from None
     note = await blocking(st.ledger.add_note, session, body.agent, body.text)
     return {"session": note.session, "agent": note.agent, "at": note.at, "actor": who.actor}

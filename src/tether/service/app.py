@@ -14,7 +14,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,7 +22,6 @@ from fastapi.responses import JSONResponse
 
 from tether.config import Config
 from tether.errors import LedgerError, NotFound
-from tether.harness import EXTENSION_PATH
 from tether.ledger import Fence, Ledger
 from tether.pi.install import PiInstall
 from tether.service import api, ops, pages, stream
@@ -34,6 +32,8 @@ __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
 
+STOPPING = "stopping: no more claims; live runs finish until [service] drain_s or are handed over"
+
 
 def create_app(
     config: Config,
@@ -41,7 +41,6 @@ def create_app(
     *,
     workers: int = 0,
     pi: PiInstall | None = None,
-    extensions: tuple[Path, ...] = (EXTENSION_PATH,),
     on_handover: Callable[[list[Fence]], None] | None = None,
 ) -> FastAPI:
     """The service over ``ledger``. ``workers``: concurrency of the in-process worker (0: none,
@@ -63,7 +62,6 @@ def create_app(
             hub=st.hub,
             metrics=st.metrics,
             pi=pi,
-            extensions=extensions,
             on_handover=on_handover,
         )
         st.workers.append(worker)
@@ -73,6 +71,7 @@ def create_app(
                 yield
             finally:
                 st.stopping = True
+                log.info(STOPPING)
                 worker.stop()
 
     app = FastAPI(
