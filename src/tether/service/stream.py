@@ -22,7 +22,15 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from tether.events import AnswerDelta, RowsMirrored, RunEvent, ToolFinished, ToolStarted
 from tether.ledger import ENDED_STATUSES, Ledger, Row, Run, RunStatus
-from tether.service.api import CallerDep, StateDep, blocking, row_json, run_json, sees_session
+from tether.service.api import (
+    CallerDep,
+    RunId,
+    StateDep,
+    blocking,
+    row_json,
+    run_json,
+    sees_session,
+)
 from tether.service.auth import Caller
 from tether.service.state import ServiceState
 
@@ -160,7 +168,7 @@ class _Stream:
     response_class=EventSourceResponse,
 )
 async def run_events(
-    run: str,
+    run: RunId,
     who: CallerDep,
     st: StateDep,
     last_event_id: Annotated[str | None, Header()] = None,

@@ -7,12 +7,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from fastapi import HTTPException, status
-
 from tether.followup import Refusal, build_view
 from tether.followup.messages import CHECKPOINT_TYPE, NOTES_TYPE
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
-from tether.service.api import UNPROCESSABLE, sees_session
+from tether.service.api import known_agent, sees_session, session_or_404
 from tether.service.auth import Caller
 from tether.service.page_context import (
     BudgetPart,
@@ -31,7 +29,6 @@ __all__ = [
     "index_context",
     "next_context",
     "run_header",
-    "session_or_error",
     "timeline_context",
 ]
 
@@ -92,16 +89,6 @@ def run_header(ledger: Ledger, run: Run, who: Caller) -> RunHeader:
     )
 
 
-def session_or_error(ledger: Ledger, session: str, who: Caller) -> None:
-    if ledger.session(session) is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session!r}")
-    if not sees_session(ledger, session, who):
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            f"{who.actor} is not admitted to session {session!r} (its opening row's sources)",
-        )
-
-
 def index_context(st: ServiceState, who: Caller) -> IndexPage:
     lines = []
     for session, last_seq, counts in st.ledger.session_overview(limit=SESSIONS_SHOWN):
@@ -133,7 +120,7 @@ def timeline_context(
     st: ServiceState, session: str, who: Caller, after: int | None, limit: int
 ) -> TimelinePage:
     ledger = st.ledger
-    session_or_error(ledger, session, who)
+    session_or_404(ledger, session, who)
     found = ledger.get_session(session)
     last = ledger.last_seq(session)
     start = max(0, last - limit) if after is None else min(after, last)
@@ -196,11 +183,8 @@ PARTS = ("checkpoint", "previous_request", "notes", "suffix")
 
 
 def next_context(st: ServiceState, session: str, agent: str, who: Caller) -> NextPage:
-    session_or_error(st.ledger, session, who)
-    try:
-        st.config.agent(agent)
-    except Exception as exc:
-        raise HTTPException(UNPROCESSABLE, str(exc)) from None
+    session_or_404(st.ledger, session, who)
+    known_agent(st, agent)
     view = build_view(
         st.ledger,
         session=session,

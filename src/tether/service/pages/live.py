@@ -9,6 +9,7 @@ from fastapi import APIRouter, Header
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from tether.service import stream
+from tether.service.api import RunId
 from tether.service.pages.login import PageCaller, StateDep
 
 __all__ = ["LIVE_EVENTS", "router"]
@@ -20,7 +21,7 @@ LIVE_EVENTS = frozenset({"status", "row", "checkpoint", "end"})
 
 @router.get("/live/runs/{run}/events")
 async def live_events(
-    run: str,
+    run: RunId,
     who: PageCaller,
     st: StateDep,
     last_event_id: Annotated[str | None, Header()] = None,

@@ -10,7 +10,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from tether.service.api import blocking
+from tether.service.api import AgentName, RunId, SessionId, blocking, session_or_404
 from tether.service.page_context import RunHeader
 from tether.service.pages.assets import env, json_page, render
 from tether.service.pages.contexts import (
@@ -18,7 +18,6 @@ from tether.service.pages.contexts import (
     index_context,
     next_context,
     run_header,
-    session_or_error,
     timeline_context,
 )
 from tether.service.pages.login import PageCaller, StateDep
@@ -50,14 +49,14 @@ async def index_json(who: PageCaller, st: StateDep) -> JSONResponse:
 
 @router.get("/sessions/{session}.json")
 async def timeline_json(
-    session: str, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
+    session: SessionId, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
 ) -> JSONResponse:
     return json_page(await blocking(timeline_context, st, session, who, after, limit))
 
 
 @router.get("/sessions/{session}/rows.html", response_class=HTMLResponse)
 async def timeline_fragment(
-    session: str, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
+    session: SessionId, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
 ) -> HTMLResponse:
     """The rows after a seq as the timeline renders them (the live script appends them)."""
     ctx = await blocking(timeline_context, st, session, who, after, limit)
@@ -66,11 +65,13 @@ async def timeline_fragment(
 
 
 @router.get("/sessions/{session}/runs/{run}/head.html", response_class=HTMLResponse)
-async def run_head_fragment(session: str, run: str, who: PageCaller, st: StateDep) -> HTMLResponse:
+async def run_head_fragment(
+    session: SessionId, run: RunId, who: PageCaller, st: StateDep
+) -> HTMLResponse:
     """One run's header as the timeline renders it (the live script refreshes it at the end)."""
 
     def header() -> RunHeader:
-        session_or_error(st.ledger, session, who)
+        session_or_404(st.ledger, session, who)
         found = st.ledger.run(run)
         if found is None or found.session != session:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run!r} in session {session!r}")
@@ -82,12 +83,16 @@ async def run_head_fragment(session: str, run: str, who: PageCaller, st: StateDe
 
 
 @router.get("/sessions/{session}/next.json")
-async def next_json(session: str, agent: str, who: PageCaller, st: StateDep) -> JSONResponse:
+async def next_json(
+    session: SessionId, agent: AgentName, who: PageCaller, st: StateDep
+) -> JSONResponse:
     return json_page(await blocking(next_context, st, session, agent, who))
 
 
 @router.get("/sessions/{session}/next", response_class=HTMLResponse)
-async def next_page(session: str, agent: str, who: PageCaller, st: StateDep) -> HTMLResponse:
+async def next_page(
+    session: SessionId, agent: AgentName, who: PageCaller, st: StateDep
+) -> HTMLResponse:
     ctx = await blocking(next_context, st, session, agent, who)
     json_url = f"/sessions/{quote(session, safe='')}/next.json?agent={quote(agent, safe='')}"
     return render("next.html", ctx, json_url=json_url)
@@ -95,7 +100,7 @@ async def next_page(session: str, agent: str, who: PageCaller, st: StateDep) -> 
 
 @router.get("/sessions/{session}", response_class=HTMLResponse)
 async def timeline(
-    session: str, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
+    session: SessionId, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
 ) -> HTMLResponse:
     ctx = await blocking(timeline_context, st, session, who, after, limit)
     json_url = f"/sessions/{quote(session, safe='')}.json{_query(after, limit)}"
