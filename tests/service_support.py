@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,19 @@ drain_s = {drain_s}
     return path
 
 
+def wait_until(
+    predicate: Callable[[], object], what: str, within: float = 30, proc: Served | None = None
+) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` (and the serve log) when it does
+    not within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            log = proc.output()[-3000:] if proc is not None else ""
+            raise TimeoutError(f"{what}: not within {within} s\n{log}")
+        time.sleep(0.02)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -89,15 +102,22 @@ def auth(token: str = "ana-token") -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def tether_proc(tmp: Path, *args: str, log: str) -> subprocess.Popen[bytes]:
-    """`tether ARGS` in its own process group (so a test can signal it and what it started)."""
+def tether_proc(
+    tmp: Path, *args: str, log: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`tether ARGS` in its own process group (so a test can signal it and what it started);
+    ``env`` adds to the environment."""
     out = (tmp / log).open("wb")
     return subprocess.Popen(
         [sys.executable, str(ENTRY), *args],
         cwd=tmp,
         stdout=out,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)]),
+            **(env or {}),
+        },
         start_new_session=True,
     )
 
@@ -151,7 +171,14 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(tmp: Path, config: Path, *, workers: int = 1, log: str = "serve.log") -> Iterator[Served]:
+def serve(
+    tmp: Path,
+    config: Path,
+    *,
+    workers: int = 1,
+    log: str = "serve.log",
+    env: dict[str, str] | None = None,
+) -> Iterator[Served]:
     port = free_port()
     proc = tether_proc(
         tmp,
@@ -163,6 +190,7 @@ def serve(tmp: Path, config: Path, *, workers: int = 1, log: str = "serve.log") 
         "--workers",
         str(workers),
         log=log,
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=url, timeout=30)

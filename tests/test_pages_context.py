@@ -15,9 +15,10 @@ from fastapi.testclient import TestClient
 
 from tether.config import load_config
 from tether.ledger import Ledger, NewRow, RunStatus, open_ledger
-from tether.service import api, page_context, pages
+from tether.service import api, page_context
 from tether.service.app import create_app
 from tether.service.pages import COOKIE
+from tether.service.pages.contexts import answer_row
 
 CONTEXTS = [
     getattr(page_context, name)
@@ -155,7 +156,7 @@ def test_the_sessions_overview_is_newest_first_with_run_counts(ledger: Ledger) -
 
 
 def test_a_runs_answer_row_is_found_from_its_end(ledger: Ledger) -> None:
-    """pages.answer_row (read backwards, bounded pages) finds the row api.answer_row finds."""
+    """The pages' answer_row (read backwards, bounded pages) finds the row api.answer_row finds."""
     ledger.ensure_session("s")
     fence = ledger.claim_run(ledger.create_run("s", "rev").id)
     ledger.append(fence, [NewRow.message("user:ana", _msg("user", "go"))], request=True)
@@ -167,7 +168,7 @@ def test_a_runs_answer_row_is_found_from_its_end(ledger: Ledger) -> None:
         [NewRow.message("tool:bash", _msg("toolResult", f"out {i}")) for i in range(70)],
     )
     run = ledger.end_run(fence, RunStatus.FINISHED, extra={"answer": "the answer"})
-    mine = pages.answer_row(ledger, run)
+    mine = answer_row(ledger, run)
     assert mine is not None
     assert mine == api.answer_row(ledger, run)
     assert mine.body["content"][0]["text"] == "the answer"

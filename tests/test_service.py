@@ -15,8 +15,17 @@ import httpx
 import pytest
 
 from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall
-from service_support import auth, serve, sse_events, stop_proc, tether_proc, write_config
+from service_support import (
+    auth,
+    serve,
+    sse_events,
+    stop_proc,
+    tether_proc,
+    wait_until,
+    write_config,
+)
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
+from tether.service.app import STOPPING
 
 Provider = Callable[..., ScriptedProvider]
 
@@ -64,7 +73,13 @@ def test_the_same_request_id_twice_is_one_run(tmp_path: Path, scripted_provider:
         s.wait_run(first.json()["run"])
         after = s.post("s1", "do it", request_id="same")
         assert after.json() == first.json()
-        time.sleep(0.5)
+        # A duplicate would be a run of its own: wait until the worker has nothing left to do.
+        with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+            wait_until(
+                lambda: not (ledger.queued_runs("s1") or ledger.live_runs(session="s1")),
+                "s1 has no queued or live run",
+                proc=s,
+            )
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
         assert [r.id for r in ledger.runs("s1")] == [first.json()["run"]]
     assert len(p.task_requests) == 1
@@ -168,6 +183,7 @@ def test_two_requests_on_a_session_run_one_after_the_other(
 ) -> None:
     live = {"s1": 0, "s1_most": 0, "all": 0, "all_most": 0}
     lock = threading.Lock()
+    elsewhere_asked = threading.Event()
 
     def slow(req: RecordedRequest) -> Reply:
         mine = req.last_user_text in ("first", "second")
@@ -177,7 +193,12 @@ def test_two_requests_on_a_session_run_one_after_the_other(
             if mine:
                 live["s1"] += 1
                 live["s1_most"] = max(live["s1_most"], live["s1"])
-        time.sleep(1.0)
+        if req.last_user_text == "elsewhere":
+            elsewhere_asked.set()
+        elif req.last_user_text == "first":
+            # The first run stays live until the other session's run has reached the provider
+            # (it must not wait for s1's runs); a second s1 run started meanwhile would show.
+            elsewhere_asked.wait(60)
         with lock:
             live["all"] -= 1
             if mine:
@@ -332,7 +353,7 @@ def test_a_second_sigterm_during_the_drain_exits_at_once_and_recover_resumes_the
                 break
             assert time.monotonic() < deadline, "the first SIGTERM did not stop serving"
             time.sleep(0.05)
-        time.sleep(0.5)
+        wait_until(lambda: STOPPING in s.output(), "the worker stopping", proc=s)
         assert s.proc.poll() is None, "still draining: the live run has 60 s"
         second = time.monotonic()
         os.kill(s.proc.pid, signal.SIGTERM)
@@ -355,3 +376,22 @@ def test_a_second_sigterm_during_the_drain_exits_at_once_and_recover_resumes_the
     assert item["resolution"] == "resumed"
     assert item["outcome"]["answer"] == "answer after the signals"
     assert len(p.task_requests) == 2, "one pi, one prompt: the tool's result, then the answer"
+
+
+def test_a_serve_log_carries_no_deprecation_warning(tmp_path: Path) -> None:
+    """Every warning shown (PYTHONWARNINGS=default), the routes that answer 422 taken: Starlette
+    warned on its old name of that status, once per process, into the serve log."""
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    with serve(tmp_path, config, workers=0, env={"PYTHONWARNINGS": "default"}) as s:
+        assert s.post("s1", "hi", agent="nobody").status_code == 422
+        assert s.get("/v1/sessions/s1/context", agent="nobody").status_code in (404, 422)
+        s.post("s1", "open the session")  # queued: no worker here
+        assert s.get("/v1/sessions/s1/context", agent="nobody").status_code == 422
+        note = s.client.post(
+            "/v1/sessions/s1/notes", json={"agent": "nobody", "text": "n"}, headers=auth()
+        )
+        assert note.status_code == 422
+        assert s.get("/sessions/s1/next.json", agent="nobody").status_code == 422
+        assert s.client.get("/healthz").status_code == 200
+    log = s.output()
+    assert "Warning" not in log, log

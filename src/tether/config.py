@@ -172,6 +172,9 @@ class ServiceConfig(_Section, frozen=True):
     relay_wait_s: NonNegativeSeconds = 5.0
     """How long a ``steer``/``follow_up`` request waits for the worker holding the live run to
     take it before it is answered as queued (it then becomes the session's next run)."""
+    max_body_bytes: Positive | None = None
+    """The largest request body the service reads; a larger one is refused with 413 before it
+    is read (default: :meth:`Config.body_limit`, room for the largest admissible request)."""
 
     def __post_init__(self) -> None:
         for digest in self.tokens:
@@ -203,6 +206,13 @@ class Config(_Section, frozen=True):
                 f"unknown agent {name!r} (configured: {known}); add [agents.{name}] to "
                 f"{self.path or 'tether.toml'}"
             ) from None
+
+    @property
+    def body_limit(self) -> int:
+        """``[service] max_body_bytes``, or room for the largest admissible request: its text at
+        ``[followup] request_max_bytes`` with every byte JSON-escaped (``\\u0001`` is 6 bytes
+        for 1), and 64 KiB for the rest of the body (agent, request_id, deliver)."""
+        return self.service.max_body_bytes or 6 * self.followup.request_limit + 65_536
 
     def workdir(self, name: str) -> Path:
         """The agent's working directory, resolved (relative to the config file)."""

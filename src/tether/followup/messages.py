@@ -79,8 +79,12 @@ def notes_message(agent: str, notes: Sequence[Note], *, timestamp: int) -> dict[
     ]
     for note in notes:
         by = f"Note by agent {note.agent}"
-        if note.run or note.actor:
-            by += f" (run {note.run or 'unknown'}, working for {note.actor or 'an unknown actor'})"
+        if note.run:
+            by += f" (run {note.run}, working for {note.actor or 'an unknown actor'})"
+        elif note.actor:
+            # Added from outside a run (the API, `tether note add --actor`): it names who added
+            # it, so nobody can put words in the agent's own notes.
+            by = f"Note by {note.actor}, added outside any run (not agent {note.agent}'s own)"
         parts.append(f"{by} at {note.at}:\n{quote(note.text)}")
     return _custom(NOTES_TYPE, "\n\n".join(parts), timestamp)
 

@@ -7,8 +7,9 @@ claim queued runs and execute them as ``tether run`` does.
     await Worker(ledger, config, concurrency=4).run()   # `tether worker`
 
 Modules: ``app`` (create_app), ``api`` (the JSON API), ``stream`` (server-sent events),
-``ops`` (/healthz, /metrics), ``auth`` (bearer tokens), ``worker`` (claiming and executing runs,
-relay), ``state`` and ``metrics``.
+``hub`` (live events of this process's runs, a bounded buffer per stream), ``ops`` (/healthz,
+/metrics), ``auth`` (bearer tokens), ``pages`` (the pages for people, a package), ``worker``
+(claiming and executing runs, relay), ``state`` and ``metrics``.
 """
 
 from __future__ import annotations

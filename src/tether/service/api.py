@@ -4,20 +4,26 @@ shown."""
 
 from __future__ import annotations
 
+import enum
+import json
+from collections.abc import Callable
+from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tether.admission import admit_request
-from tether.errors import ConfigError, SessionRefusing, UsageError
+from tether.errors import ConfigError, RecallError, SessionRefusing, UsageError
 from tether.followup import Refusal, RefusalReason, Refused, build_view
 from tether.harness.relay import Deliver
+from tether.ids import id_problem
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
+from tether.recall import add_note
 from tether.service.auth import Caller, caller
 from tether.service.state import ServiceState, service_of
 from tether.threads import in_thread
@@ -33,6 +39,10 @@ __all__ = [
     "run_json",
 ]
 
+
+UNPROCESSABLE = HTTPStatus.UNPROCESSABLE_ENTITY
+"""422. Starlette's ``HTTP_422_UNPROCESSABLE_ENTITY`` warns (renamed ``…_CONTENT`` in 0.48, absent
+before): the standard library's name works, silently, with every Starlette FastAPI accepts."""
 
 router = APIRouter(prefix="/v1", tags=["v1"])
 CallerDep = Annotated[Caller, Depends(caller)]
@@ -51,13 +61,33 @@ StateDep = Annotated[ServiceState, Depends(state)]
 # -- shapes ----------------------------------------------------------------------------------------
 
 
+def _id(kind: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        problem = id_problem(value)
+        if problem is not None:
+            raise ValueError(f"{kind} id {problem}")
+        return value
+
+    return check
+
+
+SessionId = Annotated[str, AfterValidator(_id("session"))]
+"""A session id where it enters (path or body): checked before the ledger sees it (422)."""
+RunId = Annotated[str, AfterValidator(_id("run"))]
+AgentName = Annotated[str, AfterValidator(_id("agent"))]
+
+
 class RequestIn(BaseModel):
-    agent: str = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid")
+
+    agent: AgentName
     text: str = Field(min_length=1)
     """The request; not blank."""
-    request_id: str | None = Field(None, min_length=1, max_length=200)
-    """The client's key: the same key again on the session returns the same answer and writes
-    nothing."""
+    request_id: Annotated[str, AfterValidator(_id("request"))] | None = Field(
+        None, min_length=1, max_length=200
+    )
+    """The client's key, scoped to the session and the caller's actor: the same key again with
+    the same agent and text returns the same answer and writes nothing; with another, 409."""
     deliver: Deliver = Deliver.QUEUE
 
 
@@ -81,8 +111,17 @@ class RunOut(BaseModel):
 
 
 class NoteIn(BaseModel):
-    agent: str = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid")
+
+    agent: AgentName
     text: str = Field(min_length=1)
+
+
+class EdgeRefusal(enum.StrEnum):
+    """Why the API refuses a request that admission (``RefusalReason``) would not."""
+
+    REQUEST_ID_CONFLICT = "request_id_conflict"
+    """The ``request_id`` was used by the same actor on the session for another request."""
 
 
 def refused(code: int, reason: str, detail: str) -> HTTPException:
@@ -151,7 +190,7 @@ def sees_session(ledger: Ledger, session: str, caller: Caller) -> bool:
     return first is None or caller.admission.admits(first.sources)
 
 
-def _session_or_404(ledger: Ledger, session: str, caller: Caller) -> None:
+def session_or_404(ledger: Ledger, session: str, caller: Caller) -> None:
     if ledger.session(session) is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session!r}")
     if not sees_session(ledger, session, caller):
@@ -161,15 +200,27 @@ def _session_or_404(ledger: Ledger, session: str, caller: Caller) -> None:
         )
 
 
+def known_agent(st: ServiceState, agent: str) -> None:
+    """422 for an agent this server does not configure. The message names the configured ones,
+    never the configuration file (a path of the server's filesystem)."""
+    if agent not in st.config.agents:
+        known = ", ".join(sorted(st.config.agents)) or "none"
+        raise HTTPException(
+            UNPROCESSABLE,
+            f"unknown agent {agent!r} (configured here: {known}); use one of them, or ask the "
+            "server's operator to add it",
+        )
+
+
 def _admit_request(st: ServiceState, session: str, body: RequestIn, caller: Caller) -> None:
     """The request's admission, as ``tether run`` checks it: the request itself (not empty, at
     most ``[followup] request_max_bytes``), then the view its run would be given (when the
     session has history) must not be refused; nothing is written."""
+    known_agent(st, body.agent)
     try:
-        st.config.agent(body.agent)
         admit_request(body.text, st.config.followup)
     except (ConfigError, UsageError) as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+        raise HTTPException(UNPROCESSABLE, str(exc)) from None
     except Refused as exc:
         raise refused(status.HTTP_409_CONFLICT, exc.reason.value, exc.detail) from None
     found = st.ledger.session(session)
@@ -218,7 +269,9 @@ def _answer(run: Run, request_id: str | None) -> RequestOut:
     response_model=RequestOut,
     summary="Queue a request on a session, or deliver it into its live run",
 )
-async def post_request(session: str, body: RequestIn, who: CallerDep, st: StateDep) -> RequestOut:
+async def post_request(
+    session: SessionId, body: RequestIn, who: CallerDep, st: StateDep
+) -> RequestOut:
     await blocking(_admit_request, st, session, body, who)
     try:
         run, created = await blocking(
@@ -227,13 +280,45 @@ async def post_request(session: str, body: RequestIn, who: CallerDep, st: StateD
             body.agent,
             actor=who.actor,
             text=body.text,
-            request_id=body.request_id,
+            request_id=scoped_request_id(who.actor, body.request_id),
         )
     except SessionRefusing as exc:
         raise refused(status.HTTP_409_CONFLICT, "session_refusing", str(exc)) from None
+    if not created:
+        _same_request(run, session, body, who)
     if not created or body.deliver is Deliver.QUEUE:
         return _answer(run, body.request_id)
     return await _relay(st, run, body)
+
+
+def scoped_request_id(actor: str, request_id: str | None) -> str | None:
+    """The ledger's key of a client's ``request_id``: one actor's key never finds another's run.
+    The ledger keys runs by (session, key); a JSON pair is one printable line, unambiguous
+    whatever the actor and the id hold."""
+    if request_id is None:
+        return None
+    return json.dumps([actor, request_id], ensure_ascii=False, separators=(",", ":"))
+
+
+def _same_request(run: Run, session: str, body: RequestIn, who: Caller) -> None:
+    """A retry must be the request it repeats: 409 naming what differs otherwise."""
+    asked = run.extra.get("request") or {}
+    differs = [
+        name
+        for name, theirs, mine in (
+            ("agent", run.agent, body.agent),
+            ("text", asked.get("text"), body.text),
+        )
+        if theirs != mine
+    ]
+    if differs:
+        raise refused(
+            status.HTTP_409_CONFLICT,
+            EdgeRefusal.REQUEST_ID_CONFLICT.value,
+            f"request_id {body.request_id!r} was already used by {who.actor} on session "
+            f"{session!r} for run {run.id}, with another {' and '.join(differs)}; send a new "
+            "request_id for a new request, or the same request to learn its run",
+        )
 
 
 async def _relay(st: ServiceState, run: Run, body: RequestIn) -> RequestOut:
@@ -256,10 +341,12 @@ async def _relay(st: ServiceState, run: Run, body: RequestIn) -> RequestOut:
 
 
 @router.get("/runs/{run}", response_model=RunOut, summary="A run and its answer")
-async def get_run(run: str, who: CallerDep, st: StateDep) -> dict[str, Any]:
+async def get_run(run: RunId, who: CallerDep, st: StateDep) -> dict[str, Any]:
     found = await blocking(st.ledger.run, run)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run!r}")
+    # Admission as on the session's other routes: a run tells its session, actor and status.
+    await blocking(session_or_404, st.ledger, found.session, who)
     return await blocking(run_json, st.ledger, found, who)
 
 
@@ -281,17 +368,14 @@ async def list_sessions(
 
 @router.get("/sessions/{session}/context", summary="The follow-up view for the caller (§3.2)")
 async def get_context(
-    session: str,
-    agent: str,
+    session: SessionId,
+    agent: AgentName,
     who: CallerDep,
     st: StateDep,
     request: str | None = None,
 ) -> JSONResponse:
-    await blocking(_session_or_404, st.ledger, session, who)
-    try:
-        st.config.agent(agent)
-    except ConfigError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+    await blocking(session_or_404, st.ledger, session, who)
+    known_agent(st, agent)
     view = await blocking(
         build_view,
         st.ledger,
@@ -310,13 +394,13 @@ async def get_context(
 
 @router.get("/sessions/{session}/rows", summary="Rows after a seq, admission applied")
 async def get_rows(
-    session: str,
+    session: SessionId,
     who: CallerDep,
     st: StateDep,
     after: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    await blocking(_session_or_404, st.ledger, session, who)
+    await blocking(session_or_404, st.ledger, session, who)
     rows = await blocking(st.ledger.rows_range, session, after + 1, after + limit, limit=limit)
     last = await blocking(st.ledger.last_seq, session)
     shown = [row_json(r, who) for r in rows]
@@ -330,11 +414,21 @@ async def get_rows(
 
 
 @router.post("/sessions/{session}/notes", status_code=status.HTTP_201_CREATED, summary="Add a note")
-async def post_note(session: str, body: NoteIn, who: CallerDep, st: StateDep) -> dict[str, Any]:
-    await blocking(_session_or_404, st.ledger, session, who)
+async def post_note(
+    session: SessionId, body: NoteIn, who: CallerDep, st: StateDep
+) -> dict[str, Any]:
+    """A person's note for later runs of the agent, stored with the token's actor and no run:
+    the view tells it from the agent's own notes (written in a run)."""
+    await blocking(session_or_404, st.ledger, session, who)
+    known_agent(st, body.agent)
     try:
-        st.config.agent(body.agent)
-    except ConfigError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
-    note = await blocking(st.ledger.add_note, session, body.agent, body.text)
-    return {"session": note.session, "agent": note.agent, "at": note.at, "actor": who.actor}
+        note = await blocking(add_note, st.ledger, session, body.agent, body.text, actor=who.actor)
+    except RecallError as exc:
+        raise HTTPException(UNPROCESSABLE, str(exc)) from None
+    return {
+        "session": note.session,
+        "agent": note.agent,
+        "at": note.at,
+        "actor": note.actor,
+        "run": note.run,
+    }

@@ -14,25 +14,24 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
 
 from tether.config import Config
-from tether.errors import LedgerError, NotFound
-from tether.harness import EXTENSION_PATH
 from tether.ledger import Fence, Ledger
 from tether.pi.install import PiInstall
-from tether.service import api, ops, pages, stream
+from tether.service import api, errors, ops, pages, stream
+from tether.service.guard import BodyGuard
 from tether.service.state import ServiceState, service_of
 from tether.service.worker import Worker
 
 __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
+
+STOPPING = "stopping: no more claims; live runs finish until [service] drain_s or are handed over"
 
 
 def create_app(
@@ -41,7 +40,6 @@ def create_app(
     *,
     workers: int = 0,
     pi: PiInstall | None = None,
-    extensions: tuple[Path, ...] = (EXTENSION_PATH,),
     on_handover: Callable[[list[Fence]], None] | None = None,
 ) -> FastAPI:
     """The service over ``ledger``. ``workers``: concurrency of the in-process worker (0: none,
@@ -63,7 +61,6 @@ def create_app(
             hub=st.hub,
             metrics=st.metrics,
             pi=pi,
-            extensions=extensions,
             on_handover=on_handover,
         )
         st.workers.append(worker)
@@ -73,6 +70,7 @@ def create_app(
                 yield
             finally:
                 st.stopping = True
+                log.info(STOPPING)
                 worker.stop()
 
     app = FastAPI(
@@ -86,6 +84,9 @@ def create_app(
     app.include_router(stream.router)
     app.include_router(ops.router)
     app.include_router(pages.router)
+    errors.install(app)
+    # Before the timing middleware below: that one wraps this, so refusals are counted too.
+    app.add_middleware(BodyGuard, state=st)
 
     @app.middleware("http")
     async def timed(
@@ -99,14 +100,5 @@ def create_app(
             request.method, path, response.status_code, time.perf_counter() - started
         )
         return response
-
-    @app.exception_handler(NotFound)
-    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
-
-    @app.exception_handler(LedgerError)
-    async def ledger_down(request: Request, exc: LedgerError) -> JSONResponse:
-        log.warning("ledger error on %s %s: %s", request.method, request.url.path, exc)
-        return JSONResponse({"detail": f"the ledger failed: {exc}; try again"}, status_code=503)
 
     return app

@@ -16,7 +16,7 @@ from fastapi import HTTPException, Request, status
 from tether.access import Admission
 from tether.service.state import service_of
 
-__all__ = ["Caller", "actor_for", "caller", "token_digest"]
+__all__ = ["Caller", "actor_for", "authenticate", "caller", "token_digest"]
 
 
 def token_digest(token: str) -> str:
@@ -45,23 +45,29 @@ class Caller:
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="tether"'}
 
 
-def caller(request: Request) -> Caller:
-    """The FastAPI dependency every endpoint but ``/healthz`` and ``/metrics`` takes: 401 without
-    a valid ``Authorization: Bearer TOKEN``."""
-    state = service_of(request.app)
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+def authenticate(tokens: Mapping[str, str], authorization: str) -> str:
+    """The actor of an ``Authorization`` header's bearer token, or a 401 saying what to send.
+    Checked before anything reads the request's body (:mod:`tether.service.guard`)."""
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "send Authorization: Bearer TOKEN (a token whose SHA-256 is in [service.tokens])",
             headers=_CHALLENGE,
         )
-    actor = actor_for(state.config.service.tokens, token.strip())
+    actor = actor_for(tokens, token.strip())
     if actor is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "unknown token: its SHA-256 hex is not a key of [service.tokens]",
             headers=_CHALLENGE,
         )
+    return actor
+
+
+def caller(request: Request) -> Caller:
+    """The FastAPI dependency every endpoint but ``/healthz`` and ``/metrics`` takes: 401 without
+    a valid ``Authorization: Bearer TOKEN``."""
+    state = service_of(request.app)
+    actor = authenticate(state.config.service.tokens, request.headers.get("authorization", ""))
     return Caller(actor=actor, admission=Admission(state.config.access.grants, actor))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import APIRouter
@@ -13,6 +14,7 @@ from tether.service.api import StateDep, blocking
 __all__ = ["router"]
 
 router = APIRouter(tags=["operations"])
+log = logging.getLogger(__name__)
 
 
 @router.get("/healthz", summary="Whether the service can read its ledger")
@@ -26,7 +28,9 @@ async def healthz(st: StateDep) -> JSONResponse:
     try:
         await blocking(st.ledger.sessions, limit=1)
     except LedgerError as exc:
-        body.update(status="unavailable", error=str(exc))
+        # No token needed here: the failure's text (it can name the ledger's path) is logged.
+        log.warning("healthz: the ledger cannot be read: %s", exc)
+        body.update(status="unavailable", error="the ledger cannot be read (see the server's log)")
         return JSONResponse(body, status_code=503)
     return JSONResponse(body, status_code=503 if st.stopping else 200)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 __all__ = [
     "BudgetPart",
+    "ErrorPage",
     "IndexPage",
     "LoginPage",
     "NextPage",
@@ -120,3 +121,11 @@ class NextPage:
     checkpoint: dict[str, Any] | None = doc("{seq, bytes, run, covers_to, kind}, or null.")
     previous_request: dict[str, Any] | None = doc("{seq, run, actor, mode}, or null.")
     sources: list[str] = doc("The source obligations the view carries.")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorPage:
+    status: int = doc("The HTTP status of the answer.")
+    title: str = doc("The status's name (Not Found, Forbidden, …).")
+    detail: str = doc("What went wrong, in the service's words (never a path of the server).")
+    what_to_do: str = doc("What the reader can do about it.")

@@ -2,7 +2,9 @@
 
 The ledger is the source: rows by seq (admission applied) and the run's status, polled (and
 woken at once when a worker of this process mirrors rows). Text deltas and tool calls come only
-when a worker of this process holds the run; the rows they end in come from every process.
+when a worker of this process holds the run, through the stream's own bounded subscription to the
+:class:`~tether.service.hub.LiveHub` (a stream that falls behind loses them, never a row); the
+rows they end in come from every process.
 
 Event ids: a row's id is its seq; any other event's id is ``SEQ.N`` (the newest row seq sent
 before it, and a counter). ``Last-Event-ID`` resumes after that seq: rows after it are sent again
@@ -15,13 +17,20 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-import anyio
 from fastapi import APIRouter, Header, HTTPException, status
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from tether.events import AnswerDelta, RowsMirrored, ToolFinished, ToolStarted
+from tether.events import AnswerDelta, RowsMirrored, RunEvent, ToolFinished, ToolStarted
 from tether.ledger import ENDED_STATUSES, Ledger, Row, Run, RunStatus
-from tether.service.api import CallerDep, StateDep, blocking, row_json, run_json, sees_session
+from tether.service.api import (
+    CallerDep,
+    RunId,
+    StateDep,
+    blocking,
+    row_json,
+    run_json,
+    sees_session,
+)
 from tether.service.auth import Caller
 from tether.service.state import ServiceState
 
@@ -92,60 +101,65 @@ class _Stream:
 
     async def events(self) -> AsyncIterator[ServerSentEvent]:
         st = self.st
-        listened = 0
-        while True:
-            channel = st.hub.channel(self.run.id)
-            current = await blocking(st.ledger.get_run, self.run.id)
-            ended = current.status in ENDED_STATUSES
-            if current.status is not self.status and (not ended or self.status is None):
-                self.status = current.status
-                yield self._event("status", {"run": current.id, "status": current.status.value})
-            # Rows after the status was read: once it reads ended, every row is in.
-            async for event in self._rows():
-                yield event
-            if ended:
-                if current.status is not self.status:
+        # Subscribed before the first ledger read: no live event falls between the two.
+        live = st.hub.subscribe(self.run.id)
+        try:
+            while True:
+                current = await blocking(st.ledger.get_run, self.run.id)
+                ended = current.status in ENDED_STATUSES
+                if current.status is not self.status and (not ended or self.status is None):
                     self.status = current.status
                     yield self._event("status", {"run": current.id, "status": current.status.value})
-                yield self._event(
-                    "checkpoint", {"run": current.id, "checkpoint": current.extra.get("checkpoint")}
-                )
-                try:
-                    end = await blocking(run_json, st.ledger, current, self.who)
-                except HTTPException:  # not admitted to the answer: the end without it
-                    end = {"run": current.id, "status": current.status.value, "withheld": True}
-                yield self._event("end", end)
-                return
-            if st.stopping:
-                return
-            # Live events of a run a worker of this process holds.
-            if channel is not None:
-                fresh = channel.events[listened:]
-                listened = len(channel.events)
+                # Rows after the status was read: once it reads ended, every row is in.
+                async for event in self._rows():
+                    yield event
+                if ended:
+                    async for event in self._end(current):
+                        yield event
+                    return
+                if st.stopping:
+                    return
+                # Live events of a run a worker of this process holds.
+                fresh = live.take()
                 for ev in fresh if self.live_allowed else ():
-                    if isinstance(ev, AnswerDelta):
-                        yield self._event("text", {"delta": ev.text})
-                    elif isinstance(ev, ToolStarted):
-                        yield self._event(
-                            "tool",
-                            {"phase": "start", "call_id": ev.call_id, "name": ev.name},
-                        )
-                    elif isinstance(ev, ToolFinished):
-                        yield self._event(
-                            "tool",
-                            {
-                                "phase": "end",
-                                "call_id": ev.call_id,
-                                "name": ev.name,
-                                "is_error": ev.is_error,
-                            },
-                        )
+                    shown = self._live_event(ev)
+                    if shown is not None:
+                        yield shown
                 if any(isinstance(ev, RowsMirrored) for ev in fresh):
                     continue
-                with anyio.move_on_after(st.config.service.poll_s):
-                    await channel.changed.wait()
-            else:
-                await anyio.sleep(st.config.service.poll_s)
+                if live.ended and not live.overflowed:
+                    # The run ended here or was handed over; it may be resumed here again.
+                    live.close()
+                    live = st.hub.subscribe(self.run.id)
+                    continue
+                await live.wait(st.config.service.poll_s)
+        finally:
+            live.close()
+
+    def _live_event(self, ev: RunEvent) -> ServerSentEvent | None:
+        if isinstance(ev, AnswerDelta):
+            return self._event("text", {"delta": ev.text})
+        if isinstance(ev, ToolStarted):
+            return self._event("tool", {"phase": "start", "call_id": ev.call_id, "name": ev.name})
+        if isinstance(ev, ToolFinished):
+            return self._event(
+                "tool",
+                {"phase": "end", "call_id": ev.call_id, "name": ev.name, "is_error": ev.is_error},
+            )
+        return None
+
+    async def _end(self, current: Run) -> AsyncIterator[ServerSentEvent]:
+        if current.status is not self.status:
+            self.status = current.status
+            yield self._event("status", {"run": current.id, "status": current.status.value})
+        yield self._event(
+            "checkpoint", {"run": current.id, "checkpoint": current.extra.get("checkpoint")}
+        )
+        try:
+            end = await blocking(run_json, self.st.ledger, current, self.who)
+        except HTTPException:  # not admitted to the answer: the end without it
+            end = {"run": current.id, "status": current.status.value, "withheld": True}
+        yield self._event("end", end)
 
 
 @router.get(
@@ -154,7 +168,7 @@ class _Stream:
     response_class=EventSourceResponse,
 )
 async def run_events(
-    run: str,
+    run: RunId,
     who: CallerDep,
     st: StateDep,
     last_event_id: Annotated[str | None, Header()] = None,

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -29,7 +28,6 @@ from tether.config import Config
 from tether.errors import FencedOut, LedgerError, RunNotActive, TetherError
 from tether.events import Subscriber
 from tether.harness import (
-    EXTENSION_PATH,
     StopControl,
     StopReason,
     continuation_checkpoint,
@@ -40,8 +38,8 @@ from tether.harness.custody.reconcile import reconcile
 from tether.harness.relay import Deliver, LivePi
 from tether.ledger import Fence, Ledger, RunStatus
 from tether.pi.install import PiInstall
+from tether.service.hub import LiveHub
 from tether.service.metrics import Metrics
-from tether.service.state import LiveHub
 from tether.threads import in_thread
 
 __all__ = ["Worker"]
@@ -61,7 +59,6 @@ class Worker:
         hub: LiveHub | None = None,
         metrics: Metrics | None = None,
         pi: PiInstall | None = None,
-        extensions: Sequence[Path] = (EXTENSION_PATH,),
         on_handover: Callable[[list[Fence]], None] | None = None,
     ) -> None:
         if concurrency < 1:
@@ -73,7 +70,6 @@ class Worker:
         self.hub = hub
         self.metrics = metrics
         self.pi = pi
-        self.extensions = tuple(extensions)
         self.on_handover = on_handover
         """Called with the runs still live at the drain deadline, after their leases were
         expired; it should end the process at once (``os._exit``) so nothing ends them. Without

@@ -1,0 +1,75 @@
+"""Templates, rendering and static files: ``/static/NAME?h=…`` carries the file's content hash,
+so a browser caches it for a day and still sees a change at once (Datasette's way)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, HTTPException, status
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+__all__ = ["CSP", "STATIC", "env", "json_page", "render", "router", "static_url"]
+
+SERVICE = Path(__file__).parent.parent
+STATIC = SERVICE / "static"
+TEMPLATES = SERVICE / "templates"
+
+router = APIRouter(include_in_schema=False)
+
+CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+    "script-src 'self'; frame-ancestors 'none'; form-action 'self'"
+)
+"""Scripts only from /static; inline styles only for the budget bar's widths."""
+
+
+@cache
+def env() -> Environment:
+    environment = Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.globals["static"] = static_url
+    environment.filters["tojson_compact"] = lambda v: json.dumps(v, ensure_ascii=False, indent=1)
+    environment.filters["q"] = lambda v: quote(str(v), safe="")
+    return environment
+
+
+@cache
+def static_url(name: str) -> str:
+    """``/static/NAME?h=…``: the hash busts caches when the file changes."""
+    digest = hashlib.sha256((STATIC / name).read_bytes()).hexdigest()[:12]
+    return f"/static/{name}?h={digest}"
+
+
+def render(name: str, ctx: Any, *, json_url: str | None = None, code: int = 200) -> HTMLResponse:
+    """Template ``name`` over the context object ``ctx``, with the pages' security headers and
+    a ``Link`` to the page's JSON twin."""
+    data = asdict(ctx)
+    html = env().get_template(name).render(ctx=data, json_url=json_url)
+    headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
+    if json_url:
+        headers["Link"] = f'<{json_url}>; rel="alternate"; type="application/json"'
+    return HTMLResponse(html, status_code=code, headers=headers)
+
+
+def json_page(ctx: Any, code: int = 200) -> JSONResponse:
+    """A JSON twin: the page's context object as is."""
+    return JSONResponse(asdict(ctx), status_code=code)
+
+
+@router.get("/static/{name}")
+async def static_file(name: str) -> FileResponse:
+    path = STATIC / name
+    if "/" in name or name.startswith(".") or not path.is_file():
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no static file {name!r}")
+    return FileResponse(path, headers={"Cache-Control": "public, max-age=86400"})

@@ -1,0 +1,107 @@
+"""The pages and their JSON twins (each returns its page's context object as is), and the two
+fragments the live script fetches (rows after a seq, one run's header)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import APIRouter, HTTPException, Query, status
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from tether.service.api import AgentName, RunId, SessionId, blocking, session_or_404
+from tether.service.page_context import RunHeader
+from tether.service.pages.assets import env, json_page, render
+from tether.service.pages.contexts import (
+    PAGE_ROWS,
+    index_context,
+    next_context,
+    run_header,
+    timeline_context,
+)
+from tether.service.pages.login import PageCaller, StateDep
+
+__all__ = ["router"]
+
+router = APIRouter(include_in_schema=False)
+
+After = Annotated[int | None, Query(ge=0)]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+def _query(after: int | None, limit: int) -> str:
+    parts = ([f"after={after}"] if after is not None else []) + (
+        [f"limit={limit}"] if limit != PAGE_ROWS else []
+    )
+    return ("?" + "&".join(parts)) if parts else ""
+
+
+@router.get("/", response_class=HTMLResponse)
+async def index(who: PageCaller, st: StateDep) -> HTMLResponse:
+    return render("index.html", await blocking(index_context, st, who), json_url="/index.json")
+
+
+@router.get("/index.json")
+async def index_json(who: PageCaller, st: StateDep) -> JSONResponse:
+    return json_page(await blocking(index_context, st, who))
+
+
+@router.get("/sessions/{session}.json")
+async def timeline_json(
+    session: SessionId, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
+) -> JSONResponse:
+    return json_page(await blocking(timeline_context, st, session, who, after, limit))
+
+
+@router.get("/sessions/{session}/rows.html", response_class=HTMLResponse)
+async def timeline_fragment(
+    session: SessionId, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
+) -> HTMLResponse:
+    """The rows after a seq as the timeline renders them (the live script appends them)."""
+    ctx = await blocking(timeline_context, st, session, who, after, limit)
+    html = env().get_template("rows.html").render(ctx=asdict(ctx))
+    return HTMLResponse(html)
+
+
+@router.get("/sessions/{session}/runs/{run}/head.html", response_class=HTMLResponse)
+async def run_head_fragment(
+    session: SessionId, run: RunId, who: PageCaller, st: StateDep
+) -> HTMLResponse:
+    """One run's header as the timeline renders it (the live script refreshes it at the end)."""
+
+    def header() -> RunHeader:
+        session_or_404(st.ledger, session, who)
+        found = st.ledger.run(run)
+        if found is None or found.session != session:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run!r} in session {session!r}")
+        return run_header(st.ledger, found, who)
+
+    head = await blocking(header)
+    template = env().from_string('{% import "macros.html" as m %}{{ m.run_head(h) }}')
+    return HTMLResponse(template.render(h=asdict(head)))
+
+
+@router.get("/sessions/{session}/next.json")
+async def next_json(
+    session: SessionId, agent: AgentName, who: PageCaller, st: StateDep
+) -> JSONResponse:
+    return json_page(await blocking(next_context, st, session, agent, who))
+
+
+@router.get("/sessions/{session}/next", response_class=HTMLResponse)
+async def next_page(
+    session: SessionId, agent: AgentName, who: PageCaller, st: StateDep
+) -> HTMLResponse:
+    ctx = await blocking(next_context, st, session, agent, who)
+    json_url = f"/sessions/{quote(session, safe='')}/next.json?agent={quote(agent, safe='')}"
+    return render("next.html", ctx, json_url=json_url)
+
+
+@router.get("/sessions/{session}", response_class=HTMLResponse)
+async def timeline(
+    session: SessionId, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
+) -> HTMLResponse:
+    ctx = await blocking(timeline_context, st, session, who, after, limit)
+    json_url = f"/sessions/{quote(session, safe='')}.json{_query(after, limit)}"
+    return render("session.html", ctx, json_url=json_url)
