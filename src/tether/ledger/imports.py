@@ -53,6 +53,29 @@ class ImportSql(SqlBase):
         with self._tx() as c:
             self._write_records(c, sessions, runs, rows, notes)
 
+    def copy_in(
+        self,
+        sessions: Sequence[Session],
+        runs: Sequence[Run],
+        rows: Iterable[Row],
+        notes: Sequence[Note],
+        *,
+        adopt: Sequence[str] = (),
+    ) -> None:
+        """:meth:`import_records` for ``ledger copy``: rows are consumed as they come, and the
+        sessions named in ``adopt`` (empty sessions of this ledger, say ones made by
+        ``ensure_session``) are taken over by the copy, in the same transaction."""
+        with self._tx() as c:
+            for sid in adopt:
+                # Taken over only if it is still empty; otherwise the insert below is refused.
+                c.execute(
+                    "DELETE FROM sessions WHERE id = ? AND last_seq = 0 "
+                    "AND NOT EXISTS (SELECT 1 FROM runs WHERE session = ?) "
+                    "AND NOT EXISTS (SELECT 1 FROM notes WHERE session = ?)",
+                    (sid, sid, sid),
+                )
+            self._write_records(c, sessions, runs, rows, notes)
+
     def _write_records(
         self,
         c: Cursor,
