@@ -54,6 +54,7 @@ from tether.ledger.ddl.postgres import (
     FTS_SESSION_DOCUMENT,
     FTS_SESSION_QUERY,
     MIGRATIONS,
+    SCHEMA,
     SCHEMA_VERSION,
 )
 from tether.ledger.sql import SqlLedger
@@ -206,8 +207,10 @@ class PostgresLedger(SqlLedger):
                     f"the ledger at {self._where} (schema {schema[0]}) has schema version "
                     f"{version}, newer than this tether ({SCHEMA_VERSION}); upgrade tether"
                 )
-            for i in range(version, SCHEMA_VERSION):
-                conn.execute(MIGRATIONS[i])
+            # A new ledger is created from the schema, an older one migrated to it (the two are
+            # the same: tests/test_ledger_ddl.py).
+            for script in [SCHEMA] if version == 0 else MIGRATIONS[version:]:
+                conn.execute(script)
             if row is None:
                 conn.execute(
                     f"INSERT INTO {_VERSION_TABLE} (version) VALUES (%s)", (SCHEMA_VERSION,)

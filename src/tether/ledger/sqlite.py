@@ -15,7 +15,7 @@ from tether.errors import BadLedgerUrl, LedgerError, StorageError
 from tether.files import private_dir, private_file
 from tether.ledger.base import Engine
 from tether.ledger.codec import Cursor
-from tether.ledger.ddl.sqlite import FTS_KEY_SPAN, MIGRATIONS, SCHEMA_VERSION
+from tether.ledger.ddl.sqlite import FTS_KEY_SPAN, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from tether.ledger.sql import SqlLedger
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SQLiteLedger"]
@@ -237,8 +237,10 @@ class SQLiteLedger(SqlLedger):
                         f"the ledger at {self.url} has schema version {version}, newer than "
                         f"this tether ({SCHEMA_VERSION}); upgrade tether"
                     )
-                for i in range(version, SCHEMA_VERSION):
-                    for statement in _statements(MIGRATIONS[i]):
+                # A new ledger is created from the schema, an older one migrated to it (the two
+                # are the same: tests/test_ledger_ddl.py).
+                for script in [SCHEMA] if version == 0 else MIGRATIONS[version:]:
+                    for statement in _statements(script):
                         c.execute(statement)
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 

@@ -1,5 +1,7 @@
-"""The PostgreSQL ledger's DDL, in one place: its migrations, in order (a new ledger replays them
-all), the version they reach, and the full-text document the search index holds.
+"""The PostgreSQL ledger's DDL, in one place: the current schema (:data:`SCHEMA`, what a new
+ledger is created with), the migrations that bring an older ledger to it, in order, the version
+they reach, and the full-text document the search index holds. ``tests/test_ledger_ddl.py``
+checks that the migrations replayed from an empty schema give exactly :data:`SCHEMA`.
 
 Full-text search (recall) reads ``rows.text`` through a GIN index on
 :data:`FTS_SESSION_DOCUMENT` (the words of :data:`FTS_DOCUMENT` and a lexeme naming the row's
@@ -16,6 +18,7 @@ __all__ = [
     "FTS_SESSION_DOCUMENT",
     "FTS_SESSION_QUERY",
     "MIGRATIONS",
+    "SCHEMA",
     "SCHEMA_VERSION",
 ]
 
@@ -136,3 +139,73 @@ MIGRATIONS: list[str] = [
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+# The schema the migrations reach, as one script: a new ledger is created with it. Change it only
+# with a new migration (tests/test_ledger_ddl.py compares the two).
+SCHEMA = f"""
+    CREATE TABLE sessions (
+        id        TEXT COLLATE "C" PRIMARY KEY,
+        created   TEXT COLLATE "C" NOT NULL,
+        last_seq  BIGINT NOT NULL DEFAULT 0,
+        refusing  TEXT COLLATE "C",
+        extra     TEXT COLLATE "C" NOT NULL DEFAULT '{{}}'
+    );
+    CREATE TABLE runs (
+        ord            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        id             TEXT COLLATE "C" NOT NULL UNIQUE,
+        session        TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
+        agent          TEXT COLLATE "C" NOT NULL,
+        status         TEXT COLLATE "C" NOT NULL CHECK (status IN
+                           ('queued', 'running', 'finished', 'failed', 'interrupted')),
+        request_seq    BIGINT,
+        started        TEXT COLLATE "C",
+        ended          TEXT COLLATE "C",
+        epoch          BIGINT NOT NULL DEFAULT 0,
+        extra          TEXT COLLATE "C" NOT NULL DEFAULT '{{}}',
+        lease_expires  DOUBLE PRECISION,
+        owner          TEXT COLLATE "C",
+        placement      TEXT COLLATE "C",
+        request_id     TEXT COLLATE "C"
+    );
+    CREATE INDEX runs_by_session ON runs (session, ord);
+    CREATE INDEX runs_ended ON runs (session, agent, ord)
+        WHERE status IN ('finished', 'failed', 'interrupted');
+    CREATE UNIQUE INDEX runs_by_request ON runs (session, request_id)
+        WHERE request_id IS NOT NULL;
+    CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
+    CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
+    CREATE TABLE rows (
+        id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        session      TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
+        seq          BIGINT NOT NULL,
+        run          TEXT COLLATE "C" REFERENCES runs(id),
+        actor        TEXT COLLATE "C" NOT NULL,
+        kind         TEXT COLLATE "C" NOT NULL CHECK (kind IN ('message', 'compaction', 'receipt')),
+        body         TEXT COLLATE "C" NOT NULL,
+        sources      TEXT COLLATE "C" NOT NULL DEFAULT '[]',
+        bytes        BIGINT NOT NULL,
+        media_bytes  BIGINT NOT NULL DEFAULT 0,
+        entry_id     TEXT COLLATE "C",
+        extra        TEXT COLLATE "C" NOT NULL DEFAULT '{{}}',
+        text         TEXT COLLATE "C" NOT NULL DEFAULT '',
+        UNIQUE (session, seq)
+    );
+    CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL;
+    CREATE INDEX rows_compactions ON rows (session, seq) WHERE kind = 'compaction';
+    CREATE INDEX rows_by_run ON rows (run, seq);
+    CREATE INDEX rows_sizes ON rows (session, seq, bytes);
+    CREATE INDEX rows_fts ON rows USING gin ({FTS_SESSION_DOCUMENT});
+    CREATE TABLE notes (
+        id       BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        session  TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
+        agent    TEXT COLLATE "C" NOT NULL,
+        text     TEXT COLLATE "C" NOT NULL,
+        at       TEXT COLLATE "C" NOT NULL,
+        bytes    BIGINT NOT NULL,
+        extra    TEXT COLLATE "C" NOT NULL DEFAULT '{{}}',
+        actor    TEXT COLLATE "C",
+        run      TEXT COLLATE "C",
+        sources  TEXT COLLATE "C" NOT NULL DEFAULT '[]'
+    );
+    CREATE INDEX notes_by_agent ON notes (session, agent, id);
+"""

@@ -1,9 +1,11 @@
-"""The SQLite ledger's DDL, in one place: its migrations, in order (a new ledger replays them
-all), the version they reach, and the key of a row in the full-text index."""
+"""The SQLite ledger's DDL, in one place: the current schema (:data:`SCHEMA`, what a new ledger
+is created with), the migrations that bring an older ledger to it, in order, the version they
+reach, and the key of a row in the full-text index. ``tests/test_ledger_ddl.py`` checks that
+the migrations replayed from an empty database give exactly :data:`SCHEMA`."""
 
 from __future__ import annotations
 
-__all__ = ["FTS_KEY_SPAN", "MIGRATIONS", "SCHEMA_VERSION"]
+__all__ = ["FTS_KEY_SPAN", "MIGRATIONS", "SCHEMA", "SCHEMA_VERSION"]
 
 # Seqs per session in rows_fts's rowids (migration 7): a row's key there is FTS_KEY_SPAN times
 # its session's number plus its seq.
@@ -140,3 +142,90 @@ MIGRATIONS: list[str] = [
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+# The schema the migrations reach, as one script: a new ledger is created with it. Change it only
+# with a new migration (tests/test_ledger_ddl.py compares the two).
+SCHEMA = """
+    CREATE TABLE sessions (
+        id        TEXT PRIMARY KEY,
+        created   TEXT NOT NULL,
+        last_seq  INTEGER NOT NULL DEFAULT 0,
+        refusing  TEXT,
+        extra     TEXT NOT NULL DEFAULT '{}',
+        num       INTEGER
+    );
+    CREATE UNIQUE INDEX sessions_num ON sessions (num);
+    CREATE TRIGGER sessions_num AFTER INSERT ON sessions WHEN new.num IS NULL BEGIN
+        UPDATE sessions SET num = (SELECT coalesce(max(num), 0) + 1 FROM sessions)
+            WHERE id = new.id;
+    END;
+    CREATE TABLE runs (
+        ord            INTEGER PRIMARY KEY AUTOINCREMENT,
+        id             TEXT NOT NULL UNIQUE,
+        session        TEXT NOT NULL REFERENCES sessions(id),
+        agent          TEXT NOT NULL,
+        status         TEXT NOT NULL CHECK (status IN
+                           ('queued', 'running', 'finished', 'failed', 'interrupted')),
+        request_seq    INTEGER,
+        started        TEXT,
+        ended          TEXT,
+        epoch          INTEGER NOT NULL DEFAULT 0,
+        extra          TEXT NOT NULL DEFAULT '{}',
+        lease_expires  REAL,
+        owner          TEXT,
+        placement      TEXT,
+        request_id     TEXT
+    );
+    CREATE INDEX runs_by_session ON runs (session, ord);
+    CREATE INDEX runs_ended ON runs (session, agent, ord)
+        WHERE status IN ('finished', 'failed', 'interrupted');
+    CREATE UNIQUE INDEX runs_by_request ON runs (session, request_id)
+        WHERE request_id IS NOT NULL;
+    CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
+    CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
+    CREATE TABLE rows (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        session      TEXT NOT NULL REFERENCES sessions(id),
+        seq          INTEGER NOT NULL,
+        run          TEXT REFERENCES runs(id),
+        actor        TEXT NOT NULL,
+        kind         TEXT NOT NULL CHECK (kind IN ('message', 'compaction', 'receipt')),
+        body         TEXT NOT NULL,
+        sources      TEXT NOT NULL DEFAULT '[]',
+        bytes        INTEGER NOT NULL,
+        media_bytes  INTEGER NOT NULL DEFAULT 0,
+        entry_id     TEXT,
+        extra        TEXT NOT NULL DEFAULT '{}',
+        text         TEXT NOT NULL DEFAULT '',
+        fts_key      INTEGER,
+        UNIQUE (session, seq)
+    );
+    CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL;
+    CREATE INDEX rows_compactions ON rows (session, seq) WHERE kind = 'compaction';
+    CREATE INDEX rows_by_run ON rows (run, seq);
+    CREATE INDEX rows_heads ON rows (session, seq, bytes, sources);
+    CREATE UNIQUE INDEX rows_fts_key ON rows (fts_key);
+    CREATE VIRTUAL TABLE rows_fts USING fts5(
+        text, content = 'rows', content_rowid = 'fts_key',
+        tokenize = 'unicode61 remove_diacritics 2'
+    );
+    CREATE TRIGGER rows_fts_insert AFTER INSERT ON rows BEGIN
+        INSERT INTO rows_fts (rowid, text) VALUES (new.fts_key, new.text);
+    END;
+    CREATE TRIGGER rows_fts_delete AFTER DELETE ON rows BEGIN
+        INSERT INTO rows_fts (rows_fts, rowid, text) VALUES ('delete', old.fts_key, old.text);
+    END;
+    CREATE TABLE notes (
+        id       INTEGER PRIMARY KEY AUTOINCREMENT,
+        session  TEXT NOT NULL REFERENCES sessions(id),
+        agent    TEXT NOT NULL,
+        text     TEXT NOT NULL,
+        at       TEXT NOT NULL,
+        bytes    INTEGER NOT NULL,
+        extra    TEXT NOT NULL DEFAULT '{}',
+        actor    TEXT,
+        run      TEXT,
+        sources  TEXT NOT NULL DEFAULT '[]'
+    );
+    CREATE INDEX notes_by_agent ON notes (session, agent, id);
+"""
