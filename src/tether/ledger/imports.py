@@ -27,6 +27,32 @@ _IMPORT_CHUNK = 1000
 _IMPORT_CHUNK_BYTES = 8 * 1024 * 1024
 
 
+# Sessions and runs arrive whole: every field as the record gives it.
+_INSERT_SESSION = "INSERT INTO sessions (id, created, refusing, extra) VALUES (?, ?, ?, ?)"
+_INSERT_RUN = (
+    "INSERT INTO runs (id, session, agent, status, request_seq, started, ended, epoch, extra) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _session_params(s: Session) -> tuple[Any, ...]:
+    return (s.id, s.created, s.refusing, canonical_json(s.extra))
+
+
+def _run_params(run: Run) -> tuple[Any, ...]:
+    return (
+        run.id,
+        run.session,
+        run.agent,
+        run.status.value,
+        run.request_seq,
+        run.started,
+        run.ended,
+        run.epoch,
+        canonical_json(run.extra),
+    )
+
+
 class ImportSql(SqlBase):
     """Interchange import."""
 
@@ -88,31 +114,14 @@ class ImportSql(SqlBase):
         come, a chunk at a time, so ``ledger copy`` can stream a long session through it."""
         for s in sessions:
             try:
-                c.execute(
-                    "INSERT INTO sessions (id, created, refusing, extra) VALUES (?, ?, ?, ?)",
-                    (s.id, s.created, s.refusing, canonical_json(s.extra)),
-                )
+                c.execute(_INSERT_SESSION, _session_params(s))
             except Exception as exc:
                 if self._is_unique_violation(exc):
                     raise AlreadyExists(f"session {s.id!r} already exists in the ledger") from exc
                 raise
         for run in runs:
             try:
-                c.execute(
-                    "INSERT INTO runs (id, session, agent, status, request_seq, started, "
-                    "ended, epoch, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        run.id,
-                        run.session,
-                        run.agent,
-                        run.status.value,
-                        run.request_seq,
-                        run.started,
-                        run.ended,
-                        run.epoch,
-                        canonical_json(run.extra),
-                    ),
-                )
+                c.execute(_INSERT_RUN, _run_params(run))
             except Exception as exc:
                 if self._is_unique_violation(exc):
                     raise AlreadyExists(f"run {run.id!r} already exists in the ledger") from exc
@@ -176,28 +185,11 @@ class Importer:
         return None if r is None else str(r[0])
 
     def session(self, s: Session) -> None:
-        self._c.execute(
-            "INSERT INTO sessions (id, created, refusing, extra) VALUES (?, ?, ?, ?)",
-            (s.id, s.created, s.refusing, canonical_json(s.extra)),
-        )
+        self._c.execute(_INSERT_SESSION, _session_params(s))
         self._last[s.id] = 0
 
     def run(self, run: Run) -> None:
-        self._c.execute(
-            "INSERT INTO runs (id, session, agent, status, request_seq, started, "
-            "ended, epoch, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                run.id,
-                run.session,
-                run.agent,
-                run.status.value,
-                run.request_seq,
-                run.started,
-                run.ended,
-                run.epoch,
-                canonical_json(run.extra),
-            ),
-        )
+        self._c.execute(_INSERT_RUN, _run_params(run))
 
     def row(self, row: Row, line: int = 0) -> None:
         """Queue a row (written a batch at a time); ``line`` names it in a DuplicateEntry."""
