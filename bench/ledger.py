@@ -32,8 +32,8 @@ from urllib.parse import quote
 import psycopg
 
 from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
+from tether.ledger.codec import INSERT_ROW, encode_row
 from tether.ledger.postgres import _dialect
-from tether.ledger.sql import _INSERT_ROW, encode_row
 from tether.ledger.sqlite import MIGRATIONS
 
 # The "raw" baseline: the fields of the interchange row record (DESIGN §3.1), serialized with
@@ -150,7 +150,7 @@ def bench_append(tmp: Path, rows: int, batch: int) -> None:
     t0 = time.perf_counter()
     for k in range(0, rows, batch):
         raw.execute("BEGIN IMMEDIATE")
-        raw.executemany(_INSERT_ROW, encoded[k : k + batch])
+        raw.executemany(INSERT_ROW, encoded[k : k + batch])
         raw.execute("COMMIT")
     pre = time.perf_counter() - t0
     raw.close()
@@ -268,7 +268,7 @@ def _writer(
             t0 = time.monotonic()
             for k in range(0, rows, batch):
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.executemany(_dialect(_INSERT_ROW), encoded[k : k + batch])
+                    cur.executemany(_dialect(INSERT_ROW), encoded[k : k + batch])
             out.put((t0, time.monotonic()))
         return
     with open_ledger(url) as ledger:

@@ -251,14 +251,14 @@ def test_racing_owners_never_interleave_a_batch(ledger_url: str) -> None:
 def test_sqlite_reads_the_newest_compaction_through_its_partial_index(tmp_path: Any) -> None:
     """Without statistics SQLite once chose the (session, seq, bytes) index for this read and
     walked the whole session: 397 ms at 10^6 rows in bench/ledger.py instead of 12 µs."""
-    from tether.ledger.sql import _ROW_COLS
+    from tether.ledger.codec import ROW_COLS
     from tether.ledger.sqlite import SQLiteLedger
 
     ledger = open_ledger(f"sqlite:{tmp_path}/l.db")
     assert isinstance(ledger, SQLiteLedger)
     with ledger, ledger._read() as c:
         c.execute(
-            f"EXPLAIN QUERY PLAN SELECT {_ROW_COLS} FROM rows {ledger._compactions_hint} "
+            f"EXPLAIN QUERY PLAN SELECT {ROW_COLS} FROM rows {ledger._compactions_hint} "
             "WHERE session = ? AND kind = 'compaction' ORDER BY seq DESC LIMIT 1",
             ("s",),
         )

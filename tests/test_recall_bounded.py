@@ -13,11 +13,11 @@ from typing import Any
 import psycopg
 import pytest
 
-import tether.ledger.sql as ledger_sql
+import tether.ledger.codec as ledger_codec
 from followup_sessions import RunWriter
 from pg import fresh_schema_url
 from tether.ledger import Ledger, NewRow, Row, RowKind, Run, RunStatus, Session, open_ledger
-from tether.ledger.sql import encode_row
+from tether.ledger.codec import encode_row
 from tether.recall import read_range, search
 
 WORD = "crowdword"
@@ -106,13 +106,13 @@ def test_a_search_reads_the_sqlite_index_by_session_range(tmp_path: Path) -> Non
 def _count_bodies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The seqs of the rows the ledger reads whole (decodes), as they are read."""
     seen: list[int] = []
-    real = ledger_sql._row
+    real = ledger_codec.row_of
 
     def counting(r: Any) -> Row:
         seen.append(r[1])
         return real(r)
 
-    monkeypatch.setattr(ledger_sql, "_row", counting)
+    monkeypatch.setattr(ledger_codec, "row_of", counting)
     return seen
 
 
@@ -207,7 +207,7 @@ def test_a_schema_6_sqlite_ledger_is_migrated(tmp_path: Path) -> None:
             "INSERT INTO runs (id, session, agent, status) VALUES (?, ?, 'x', 'finished')",
             (f"r-{s}", s),
         )
-    conn.executemany(ledger_sql._INSERT_ROW, _old_rows())
+    conn.executemany(ledger_codec.INSERT_ROW, _old_rows())
     conn.execute(_LAST_SEQS)
     conn.execute("PRAGMA user_version = 6")
     conn.close()
@@ -238,7 +238,7 @@ def test_a_schema_6_postgres_ledger_is_migrated() -> None:
                     (f"r-{s}", s),
                 )
             with conn.cursor() as cur:
-                cur.executemany(_dialect(ledger_sql._INSERT_ROW), _old_rows())
+                cur.executemany(_dialect(ledger_codec.INSERT_ROW), _old_rows())
             conn.execute(_LAST_SEQS)
         with open_ledger(url) as ledger, fresh_schema_url() as other, open_ledger(other) as fresh:
             with psycopg.connect(url, autocommit=True) as conn:

@@ -1,6 +1,9 @@
 """The run ledger: sessions, runs, rows, notes and receipts, with fenced step writes.
 
 ledger = open_ledger("sqlite:///var/lib/tether/ledger.db")   # or "postgresql://…", "memory:"
+
+``Ledger`` is a protocol, the union of the roles in :mod:`tether.ledger.roles`; a caller that
+needs less names the role it needs.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from tether.ledger.models import (
     Session,
     TailRead,
 )
-from tether.ledger.sql import SqlLedger
+from tether.ledger.roles import Ledger
 
 __all__ = [
     "ENDED_STATUSES",
@@ -42,8 +45,6 @@ __all__ = [
     "TailRead",
     "open_ledger",
 ]
-
-Ledger = SqlLedger
 
 
 def open_ledger(url: str) -> Ledger:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tether.errors import AlreadyExists, LedgerError
 from tether.ledger.models import Note, Row, Run, Session
-from tether.ledger.sql import SqlLedger
+from tether.ledger.roles import Ledger
 
 __all__ = ["CopyReport", "copy_sessions"]
 
@@ -41,7 +41,7 @@ class _Plan:
     notes: list[Note]
 
 
-def _rows(src: SqlLedger, plans: Sequence[_Plan], counted: list[int]) -> Iterator[Row]:
+def _rows(src: Ledger, plans: Sequence[_Plan], counted: list[int]) -> Iterator[Row]:
     for plan in plans:
         after = 0
         while after < plan.last_seq:
@@ -57,7 +57,7 @@ def _rows(src: SqlLedger, plans: Sequence[_Plan], counted: list[int]) -> Iterato
             after = page[-1].seq
 
 
-def _is_empty(dst: SqlLedger, session_id: str) -> bool:
+def _is_empty(dst: Ledger, session_id: str) -> bool:
     return (
         dst.last_seq(session_id) == 0
         and not dst.runs(session_id, limit=1)
@@ -65,9 +65,7 @@ def _is_empty(dst: SqlLedger, session_id: str) -> bool:
     )
 
 
-def copy_sessions(
-    src: SqlLedger, dst: SqlLedger, sessions: Sequence[str] | None = None
-) -> CopyReport:
+def copy_sessions(src: Ledger, dst: Ledger, sessions: Sequence[str] | None = None) -> CopyReport:
     """Copy ``sessions`` (default: every session of ``src``) into ``dst``, exactly.
 
     Raises ``NotFound`` for a session ``src`` lacks, and ``AlreadyExists`` (writing nothing)
@@ -99,25 +97,16 @@ def copy_sessions(
                 )
         plans.append(_Plan(session, last, runs, src.all_notes(sid)))
     counted = [0]
-    with dst._tx() as c:
-        for sid in adopt:
-            # Taken over only if it is still empty; otherwise the insert below is refused.
-            c.execute(
-                "DELETE FROM sessions WHERE id = ? AND last_seq = 0 "
-                "AND NOT EXISTS (SELECT 1 FROM runs WHERE session = ?) "
-                "AND NOT EXISTS (SELECT 1 FROM notes WHERE session = ?)",
-                (sid, sid, sid),
-            )
-        try:
-            dst._write_records(
-                c,
-                [p.session for p in plans],
-                [r for p in plans for r in p.runs],
-                _rows(src, plans, counted),
-                [n for p in plans for n in p.notes],
-            )
-        except AlreadyExists as exc:
-            raise AlreadyExists(f"{exc} (written meanwhile); nothing was copied") from exc
+    try:
+        dst.copy_in(
+            [p.session for p in plans],
+            [r for p in plans for r in p.runs],
+            _rows(src, plans, counted),
+            [n for p in plans for n in p.notes],
+            adopt=adopt,
+        )
+    except AlreadyExists as exc:
+        raise AlreadyExists(f"{exc} (written meanwhile); nothing was copied") from exc
     return CopyReport(
         sessions=len(plans),
         runs=sum(len(p.runs) for p in plans),

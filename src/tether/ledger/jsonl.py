@@ -1,11 +1,11 @@
 """The ledger interchange format (DESIGN §3.1): one JSON object per line.
 
-``load`` streams a file through the schema (:mod:`tether.ledger.schema`) into one transaction:
-each record is checked against its line and against what came before (in the file or the
-ledger), then written, so memory stays bounded whatever the file's size; the first bad line rolls
-everything back, and the error names the file, the line and the problem. ``dump`` writes a
-session back; fields this version does not know ride along in ``extra``, so a round trip keeps
-them.
+``load`` streams a file through the record schema (:mod:`tether.ledger.records`) into one
+transaction: each record is checked against its line and against what came before (in the file
+or the ledger), then written, so memory stays bounded whatever the file's size; the first bad
+line rolls everything back, and the error names the file, the line and the problem. ``dump``
+writes a session back; fields this version does not know ride along in ``extra``, so a round
+trip keeps them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import IO, Any, NoReturn
 from pydantic import ValidationError
 
 from tether.errors import InterchangeError, LedgerError
+from tether.ledger.imports import DuplicateEntry, Importer
 from tether.ledger.models import Note, Row, RowKind, Run, RunStatus, Session
-from tether.ledger.schema import (
+from tether.ledger.records import (
     NoteRecord,
     RowRecord,
     RunRecord,
@@ -31,7 +32,7 @@ from tether.ledger.schema import (
     fill_pi_defaults,
     validate_record,
 )
-from tether.ledger.sql import DuplicateEntry, Importer, SqlLedger
+from tether.ledger.roles import Interchange, Ledger
 
 __all__ = [
     "MAX_DEPTH",
@@ -303,7 +304,7 @@ class _Checker:
         return LoadReport(*self.counts)
 
 
-def load_stream(ledger: SqlLedger, lines: Iterable[bytes], source: str = "<input>") -> LoadReport:
+def load_stream(ledger: Interchange, lines: Iterable[bytes], source: str = "<input>") -> LoadReport:
     """Check and write interchange lines in one transaction: all of them, or (on the first bad
     line, which the error names) none."""
     try:
@@ -346,11 +347,11 @@ def _read_lines(f: IO[bytes], source: str) -> Iterator[bytes]:
         yield line[:-1] if line.endswith(b"\r") else line
 
 
-def load_lines(ledger: SqlLedger, data: bytes, source: str = "<input>") -> LoadReport:
+def load_lines(ledger: Interchange, data: bytes, source: str = "<input>") -> LoadReport:
     return load_stream(ledger, _split(data), source)
 
 
-def load_file(ledger: SqlLedger, path: str | Path) -> LoadReport:
+def load_file(ledger: Interchange, path: str | Path) -> LoadReport:
     """Load a JSONL file into the ledger in one transaction; a bad file writes nothing. The
     file is read a line at a time: memory does not grow with its size."""
     p = Path(path)
@@ -418,7 +419,7 @@ def note_record(n: Note) -> dict[str, Any]:
     }
 
 
-def dump_session(ledger: SqlLedger, session_id: str, out: IO[str]) -> int:
+def dump_session(ledger: Ledger, session_id: str, out: IO[str]) -> int:
     """Write one session as JSONL; returns the number of records written."""
     session = ledger.get_session(session_id)
     count = 0

@@ -1,8 +1,9 @@
 """The shared ledger: PostgreSQL (``postgresql://USER@HOST/DB``), for several tether hosts.
 
 The operations are :class:`~tether.ledger.sql.SqlLedger`'s, written once; this module supplies
-connections (a psycopg 3 ``ConnectionPool``), the DDL and its migrations, and rewrites the
-portable ``?`` placeholders to psycopg's ``%s``.
+connections (a psycopg 3 ``ConnectionPool``), runs the migrations of
+:mod:`tether.ledger.ddl.postgres`, and rewrites the portable ``?`` placeholders to psycopg's
+``%s``.
 
 Isolation: READ COMMITTED (PostgreSQL's default), on purpose. Every step write begins with
 
@@ -27,11 +28,7 @@ Tables live in the first schema of the connection's ``search_path``; to keep tet
 apart from others, name a schema in the URL:
 ``postgresql://tether@db/ops?options=-csearch_path%3Dtether`` (the schema must exist).
 
-Full-text search (recall) reads ``rows.text`` through a GIN index on
-:data:`FTS_SESSION_DOCUMENT` (the words of :data:`FTS_DOCUMENT` and a lexeme naming the row's
-session); use that exact expression in a query so PostgreSQL uses the index, and AND the words
-with the session's lexeme so that it reads that session's matches alone, e.g.
-``WHERE FTS_SESSION_DOCUMENT @@ (websearch_to_tsquery('simple', %s) && FTS_SESSION_QUERY)``.
+Full-text search (recall) reads the index described in :mod:`tether.ledger.ddl.postgres`.
 """
 
 from __future__ import annotations
@@ -49,7 +46,18 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from tether.errors import BadLedgerUrl, LedgerError, StorageError
-from tether.ledger.sql import ROW_COLUMNS, Cursor, SqlLedger
+from tether.ledger.base import Engine
+from tether.ledger.codec import Cursor
+from tether.ledger.ddl.postgres import (
+    FTS_DOCUMENT,
+    FTS_MAX_CHARS,
+    FTS_SESSION_DOCUMENT,
+    FTS_SESSION_QUERY,
+    MIGRATIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+)
+from tether.ledger.sql import SqlLedger
 
 __all__ = [
     "FTS_DOCUMENT",
@@ -61,126 +69,6 @@ __all__ = [
     "PostgresLedger",
 ]
 
-# A tsvector may not exceed 1 MB, and to_tsvector raises (failing the append) when it would.
-# The worst text measured (two-character CJK words, all distinct) takes 4.7 bytes of tsvector
-# per character, so the first 100,000 characters of a row are indexed: at most ~470 KB.
-FTS_MAX_CHARS = 100_000
-# PostgreSQL's parser keeps paths, host names and file names whole ("kv/quokka", "app.yaml"),
-# where SQLite's unicode61 splits them: the characters that join them become spaces first, so a
-# word inside them is found on both backends.
-_FTS_JOINERS = "/.:@=\\"
-FTS_DOCUMENT = (
-    f"to_tsvector('simple', translate(left(text, {FTS_MAX_CHARS}), "
-    f"'{_FTS_JOINERS}', '{' ' * (len(_FTS_JOINERS))}'))"
-)
-# The index recall searches (migration 7) holds, beside a row's words, one lexeme naming its
-# session: "session " and the md5 of the session id (a space never occurs in a parsed word, and
-# the hash keeps the lexeme short whatever the id). A search asks for that lexeme AND its words,
-# so the GIN index yields the session's matches alone: its work follows the rarer of the two
-# (the session's rows or the words' matches), never other sessions' matches. Ranking still reads
-# FTS_DOCUMENT, so it is unchanged.
-FTS_SESSION_DOCUMENT = f"({FTS_DOCUMENT} || array_to_tsvector(ARRAY['session ' || md5(session)]))"
-FTS_SESSION_QUERY = "('''session ' || md5(?) || '''')::tsquery"
-"""The tsquery of a session's lexeme in :data:`FTS_SESSION_DOCUMENT` (its id is the parameter)."""
-# A search ranks at most this many matches of a session (ranking re-parses each row's text).
-RANK_CANDIDATES = 1000
-_FTS_DOCUMENT_V1 = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
-
-# Each entry migrates from version i to i + 1. Append, never edit: a ledger on disk replays them.
-# Bodies, extras and timestamps are TEXT exactly as SQLite stores them (canonical JSON, the
-# interchange timestamps), so both backends return byte-identical records; every TEXT column
-# collates as "C" (code point order, like SQLite's BINARY), so listings sort the same on both
-# whatever the database's locale.
-MIGRATIONS: list[str] = [
-    f"""
-    CREATE TABLE sessions (
-        id        TEXT COLLATE "C" PRIMARY KEY,
-        created   TEXT COLLATE "C" NOT NULL,
-        last_seq  BIGINT NOT NULL DEFAULT 0,
-        refusing  TEXT COLLATE "C",
-        extra     TEXT COLLATE "C" NOT NULL DEFAULT '{{}}'
-    );
-    CREATE TABLE runs (
-        ord          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        id           TEXT COLLATE "C" NOT NULL UNIQUE,
-        session      TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
-        agent        TEXT COLLATE "C" NOT NULL,
-        status       TEXT COLLATE "C" NOT NULL CHECK (status IN
-                         ('queued', 'running', 'finished', 'failed', 'interrupted')),
-        request_seq  BIGINT,
-        started      TEXT COLLATE "C",
-        ended        TEXT COLLATE "C",
-        epoch        BIGINT NOT NULL DEFAULT 0,
-        extra        TEXT COLLATE "C" NOT NULL DEFAULT '{{}}'
-    );
-    CREATE INDEX runs_by_session ON runs (session, ord);
-    CREATE INDEX runs_ended ON runs (session, agent, ord)
-        WHERE status IN ('finished', 'failed', 'interrupted');
-    CREATE TABLE rows (
-        id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        session      TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
-        seq          BIGINT NOT NULL,
-        run          TEXT COLLATE "C" REFERENCES runs(id),
-        actor        TEXT COLLATE "C" NOT NULL,
-        kind         TEXT COLLATE "C" NOT NULL CHECK (kind IN ('message', 'compaction', 'receipt')),
-        body         TEXT COLLATE "C" NOT NULL,
-        sources      TEXT COLLATE "C" NOT NULL DEFAULT '[]',
-        bytes        BIGINT NOT NULL,
-        media_bytes  BIGINT NOT NULL DEFAULT 0,
-        entry_id     TEXT COLLATE "C",
-        extra        TEXT COLLATE "C" NOT NULL DEFAULT '{{}}',
-        text         TEXT COLLATE "C" NOT NULL DEFAULT '',
-        UNIQUE (session, seq)
-    );
-    CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL;
-    CREATE INDEX rows_compactions ON rows (session, seq) WHERE kind = 'compaction';
-    CREATE INDEX rows_fts ON rows USING gin ({_FTS_DOCUMENT_V1});
-    CREATE TABLE notes (
-        id       BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        session  TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),
-        agent    TEXT COLLATE "C" NOT NULL,
-        text     TEXT COLLATE "C" NOT NULL,
-        at       TEXT COLLATE "C" NOT NULL,
-        bytes    BIGINT NOT NULL,
-        extra    TEXT COLLATE "C" NOT NULL DEFAULT '{{}}'
-    );
-    CREATE INDEX notes_by_agent ON notes (session, agent, id);
-    """,
-    # 2: the follow-up view asks whether a run wrote any row (SqlLedger.run_first_seq).
-    "CREATE INDEX rows_by_run ON rows (run, seq);",
-    # 3: the tail reads row sizes before bodies (SqlLedger.tail); this index covers that scan.
-    "CREATE INDEX rows_sizes ON rows (session, seq, bytes);",
-    # 4: session custody (DESIGN §3.7): leases, placements, idempotent requests, the queue.
-    """
-    ALTER TABLE runs ADD COLUMN lease_expires DOUBLE PRECISION;
-    ALTER TABLE runs ADD COLUMN owner TEXT COLLATE "C";
-    ALTER TABLE runs ADD COLUMN placement TEXT COLLATE "C";
-    ALTER TABLE runs ADD COLUMN request_id TEXT COLLATE "C";
-    CREATE UNIQUE INDEX runs_by_request ON runs (session, request_id)
-        WHERE request_id IS NOT NULL;
-    CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
-    CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
-    """,
-    # 5: a note names the actor of the run that wrote it, the run, and the sources it carries.
-    """
-    ALTER TABLE notes ADD COLUMN actor TEXT COLLATE "C";
-    ALTER TABLE notes ADD COLUMN run TEXT COLLATE "C";
-    ALTER TABLE notes ADD COLUMN sources TEXT COLLATE "C" NOT NULL DEFAULT '[]';
-    """,
-    # 6: recall's index splits paths and host names into their words (FTS_DOCUMENT).
-    f"""
-    DROP INDEX rows_fts;
-    CREATE INDEX rows_fts ON rows USING gin ({FTS_DOCUMENT});
-    """,
-    # 7: recall's index names each row's session too (FTS_SESSION_DOCUMENT), so a search reads
-    # only its session's matches.
-    f"""
-    DROP INDEX rows_fts;
-    CREATE INDEX rows_fts ON rows USING gin ({FTS_SESSION_DOCUMENT});
-    """,
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-_R_COLS = ", ".join(f"r.{col}" for col in ROW_COLUMNS)
 
 _VERSION_TABLE = "tether_schema"
 # The advisory lock that serializes migrations: one per schema, so ledgers in different
@@ -255,6 +143,8 @@ class PostgresLedger(SqlLedger):
     """The ledger on PostgreSQL, through a pool of autocommit connections; write transactions
     are opened explicitly (READ COMMITTED; see the module docstring for why that suffices)."""
 
+    engine = Engine.POSTGRES
+
     def __init__(
         self, url: str, *, pool_max: int = _POOL_MAX, retry_window_s: float = RETRY_WINDOW_S
     ) -> None:
@@ -317,8 +207,10 @@ class PostgresLedger(SqlLedger):
                     f"the ledger at {self._where} (schema {schema[0]}) has schema version "
                     f"{version}, newer than this tether ({SCHEMA_VERSION}); upgrade tether"
                 )
-            for i in range(version, SCHEMA_VERSION):
-                conn.execute(MIGRATIONS[i])
+            # A new ledger is created from the schema, an older one migrated to it (the two are
+            # the same: tests/test_ledger_ddl.py).
+            for script in [SCHEMA] if version == 0 else MIGRATIONS[version:]:
+                conn.execute(script)
             if row is None:
                 conn.execute(
                     f"INSERT INTO {_VERSION_TABLE} (version) VALUES (%s)", (SCHEMA_VERSION,)
@@ -380,56 +272,6 @@ class PostgresLedger(SqlLedger):
     def _read(self) -> Iterator[Cursor]:
         with self._connection() as conn, conn.cursor() as cur:
             yield _PgCursor(cur)
-
-    def _search_query(
-        self,
-        words: Sequence[str],
-        session_id: str,
-        seqs: tuple[int, int],
-        limit: int,
-        offset: int,
-        snippet_chars: int,
-    ) -> tuple[str, list[Any]]:
-        # Any of the words (each a plainto_tsquery, so no query syntax reaches the parser), AND
-        # the session's lexeme: the match is answered by the GIN index on FTS_SESSION_DOCUMENT
-        # alone, and yields only this session's matches. No condition there names the session
-        # or the seq (the (session, seq) index serves a seq range too, scanned whole), so the
-        # planner cannot walk rows and parse every one instead, as it would without statistics.
-        # Words that parse to no lexeme make an empty query, which matches nothing (ANDed with
-        # an empty query the session's lexeme would match every row: numnode keeps it empty).
-        # The matches are materialized, then checked against the session itself (md5 may
-        # collide) and the seq range. Ranking re-parses a row's text, so at most
-        # RANK_CANDIDATES matches of the session (the newest) are ranked; ts_headline runs for
-        # the hits alone.
-        query = " || ".join("plainto_tsquery('simple', ?)" for _ in words)
-        words_per = max(8, min(60, snippet_chars // 7))
-        sql = (
-            "WITH matched AS MATERIALIZED (SELECT id, seq, session FROM rows "
-            f"WHERE {FTS_SESSION_DOCUMENT} @@ (({query}) && {FTS_SESSION_QUERY}) "
-            f"AND numnode({query}) > 0), "
-            "candidates AS (SELECT id, seq FROM matched WHERE session = ? AND seq >= ? "
-            "AND seq <= ? ORDER BY seq DESC LIMIT ?), "
-            f"hits AS (SELECT c.id, c.seq, ts_rank({FTS_DOCUMENT}, {query}) AS rank "
-            "FROM candidates c JOIN rows r ON r.id = c.id "
-            "ORDER BY rank DESC, c.seq LIMIT ? OFFSET ?) "
-            f"SELECT {_R_COLS}, ts_headline('simple', left(r.text, {FTS_MAX_CHARS}), "
-            f"{query}, ?) FROM hits JOIN rows r ON r.id = hits.id ORDER BY hits.rank DESC, r.seq"
-        )
-        options = f'MaxWords={words_per}, MinWords={words_per // 2}, StartSel="", StopSel=""'
-        params = [
-            *words,
-            session_id,
-            *words,
-            session_id,
-            *seqs,
-            RANK_CANDIDATES,
-            *words,
-            limit,
-            offset,
-            *words,
-            options,
-        ]
-        return sql, params
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)

@@ -7,153 +7,19 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from tether.config import ledger_file
 from tether.errors import BadLedgerUrl, LedgerError, StorageError
 from tether.files import private_dir, private_file
-from tether.ledger.sql import ROW_COLUMNS, Cursor, SqlLedger
+from tether.ledger.base import Engine
+from tether.ledger.codec import Cursor
+from tether.ledger.ddl.sqlite import FTS_KEY_SPAN, MIGRATIONS, SCHEMA, SCHEMA_VERSION
+from tether.ledger.sql import SqlLedger
 
-__all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SQLiteLedger"]
 
-# Seqs per session in rows_fts's rowids (migration 7): a row's key there is FTS_KEY_SPAN times
-# its session's number plus its seq.
-FTS_KEY_SPAN = 2**32
-
-# Each entry migrates from version i to i + 1. Append, never edit: a ledger on disk replays them.
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE sessions (
-        id        TEXT PRIMARY KEY,
-        created   TEXT NOT NULL,
-        last_seq  INTEGER NOT NULL DEFAULT 0,
-        refusing  TEXT,
-        extra     TEXT NOT NULL DEFAULT '{}'
-    );
-    CREATE TABLE runs (
-        ord          INTEGER PRIMARY KEY AUTOINCREMENT,
-        id           TEXT NOT NULL UNIQUE,
-        session      TEXT NOT NULL REFERENCES sessions(id),
-        agent        TEXT NOT NULL,
-        status       TEXT NOT NULL CHECK (status IN
-                         ('queued', 'running', 'finished', 'failed', 'interrupted')),
-        request_seq  INTEGER,
-        started      TEXT,
-        ended        TEXT,
-        epoch        INTEGER NOT NULL DEFAULT 0,
-        extra        TEXT NOT NULL DEFAULT '{}'
-    );
-    CREATE INDEX runs_by_session ON runs (session, ord);
-    CREATE INDEX runs_ended ON runs (session, agent, ord)
-        WHERE status IN ('finished', 'failed', 'interrupted');
-    CREATE TABLE rows (
-        id           INTEGER PRIMARY KEY AUTOINCREMENT,
-        session      TEXT NOT NULL REFERENCES sessions(id),
-        seq          INTEGER NOT NULL,
-        run          TEXT REFERENCES runs(id),
-        actor        TEXT NOT NULL,
-        kind         TEXT NOT NULL CHECK (kind IN ('message', 'compaction', 'receipt')),
-        body         TEXT NOT NULL,
-        sources      TEXT NOT NULL DEFAULT '[]',
-        bytes        INTEGER NOT NULL,
-        media_bytes  INTEGER NOT NULL DEFAULT 0,
-        entry_id     TEXT,
-        extra        TEXT NOT NULL DEFAULT '{}',
-        text         TEXT NOT NULL DEFAULT '',
-        UNIQUE (session, seq)
-    );
-    CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL;
-    CREATE INDEX rows_compactions ON rows (session, seq) WHERE kind = 'compaction';
-    CREATE TABLE notes (
-        id       INTEGER PRIMARY KEY AUTOINCREMENT,
-        session  TEXT NOT NULL REFERENCES sessions(id),
-        agent    TEXT NOT NULL,
-        text     TEXT NOT NULL,
-        at       TEXT NOT NULL,
-        bytes    INTEGER NOT NULL,
-        extra    TEXT NOT NULL DEFAULT '{}'
-    );
-    CREATE INDEX notes_by_agent ON notes (session, agent, id);
-    """,
-    # 2: the follow-up view asks whether a run wrote any row (SqlLedger.run_first_seq).
-    "CREATE INDEX rows_by_run ON rows (run, seq);",
-    # 3: the tail reads row sizes before bodies (SqlLedger.tail); this index covers that scan.
-    "CREATE INDEX rows_sizes ON rows (session, seq, bytes);",
-    # 4: session custody (DESIGN §3.7): leases, placements, idempotent requests, the queue.
-    """
-    ALTER TABLE runs ADD COLUMN lease_expires REAL;
-    ALTER TABLE runs ADD COLUMN owner TEXT;
-    ALTER TABLE runs ADD COLUMN placement TEXT;
-    ALTER TABLE runs ADD COLUMN request_id TEXT;
-    CREATE UNIQUE INDEX runs_by_request ON runs (session, request_id)
-        WHERE request_id IS NOT NULL;
-    CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
-    CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
-    """,
-    # 5: recall's full-text index: FTS5 over rows.text as external content (the text is stored
-    # once, in rows), kept in sync by triggers, so appends, imports and copies all index it.
-    """
-    CREATE VIRTUAL TABLE rows_fts USING fts5(
-        text, content = 'rows', content_rowid = 'id', tokenize = 'unicode61 remove_diacritics 2'
-    );
-    CREATE TRIGGER rows_fts_insert AFTER INSERT ON rows BEGIN
-        INSERT INTO rows_fts (rowid, text) VALUES (new.id, new.text);
-    END;
-    CREATE TRIGGER rows_fts_delete AFTER DELETE ON rows BEGIN
-        INSERT INTO rows_fts (rows_fts, rowid, text) VALUES ('delete', old.id, old.text);
-    END;
-    INSERT INTO rows_fts (rows_fts) VALUES ('rebuild');
-    """,
-    # 6: a note names the actor of the run that wrote it, the run, and the sources it carries.
-    """
-    ALTER TABLE notes ADD COLUMN actor TEXT;
-    ALTER TABLE notes ADD COLUMN run TEXT;
-    ALTER TABLE notes ADD COLUMN sources TEXT NOT NULL DEFAULT '[]';
-    """,
-    # 7: a search reads its session's part of the full-text index, not every session's matches.
-    # Each session gets a number (sessions.num, stable: rowids are not, across VACUUM) and each
-    # row a key, FTS_KEY_SPAN * num + seq (rows.fts_key), which is the row's rowid in rows_fts:
-    # a session's rows are one rowid range there, which FTS5 seeks to in every doclist. The
-    # indexed text and the set of rows are unchanged, so bm25 ranks exactly as before.
-    f"""
-    ALTER TABLE sessions ADD COLUMN num INTEGER;
-    UPDATE sessions SET num = rowid;
-    CREATE UNIQUE INDEX sessions_num ON sessions (num);
-    CREATE TRIGGER sessions_num AFTER INSERT ON sessions WHEN new.num IS NULL BEGIN
-        UPDATE sessions SET num = (SELECT coalesce(max(num), 0) + 1 FROM sessions)
-            WHERE id = new.id;
-    END;
-    ALTER TABLE rows ADD COLUMN fts_key INTEGER;
-    UPDATE rows
-        SET fts_key = (SELECT num FROM sessions s WHERE s.id = rows.session) * {FTS_KEY_SPAN} + seq;
-    CREATE UNIQUE INDEX rows_fts_key ON rows (fts_key);
-    DROP TRIGGER rows_fts_insert;
-    DROP TRIGGER rows_fts_delete;
-    DROP TABLE rows_fts;
-    CREATE VIRTUAL TABLE rows_fts USING fts5(
-        text, content = 'rows', content_rowid = 'fts_key',
-        tokenize = 'unicode61 remove_diacritics 2'
-    );
-    CREATE TRIGGER rows_fts_insert AFTER INSERT ON rows BEGIN
-        INSERT INTO rows_fts (rowid, text) VALUES (new.fts_key, new.text);
-    END;
-    CREATE TRIGGER rows_fts_delete AFTER DELETE ON rows BEGIN
-        INSERT INTO rows_fts (rows_fts, rowid, text) VALUES ('delete', old.fts_key, old.text);
-    END;
-    INSERT INTO rows_fts (rows_fts) VALUES ('rebuild');
-    """,
-    # 8: a range read takes each row's size and sources before its body (SqlLedger.row_sizes).
-    # The sources are stored after the body, so reading them from the table walks a big body's
-    # overflow pages: this index covers that scan, and the tail's (it replaces rows_sizes).
-    """
-    CREATE INDEX rows_heads ON rows (session, seq, bytes, sources);
-    DROP INDEX rows_sizes;
-    """,
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-_R_COLS = ", ".join(f"r.{col}" for col in ROW_COLUMNS)
 BUSY_TIMEOUT_S = 30.0
 
 
@@ -260,6 +126,7 @@ class SQLiteLedger(SqlLedger):
         f"?12, (SELECT num FROM sessions WHERE id = ?1) * {FTS_KEY_SPAN} + ?2)"
     )
 
+    engine = Engine.SQLITE
     read_only = False
 
     def __init__(self, url: str) -> None:
@@ -370,8 +237,10 @@ class SQLiteLedger(SqlLedger):
                         f"the ledger at {self.url} has schema version {version}, newer than "
                         f"this tether ({SCHEMA_VERSION}); upgrade tether"
                     )
-                for i in range(version, SCHEMA_VERSION):
-                    for statement in _statements(MIGRATIONS[i]):
+                # A new ledger is created from the schema, an older one migrated to it (the two
+                # are the same: tests/test_ledger_ddl.py).
+                for script in [SCHEMA] if version == 0 else MIGRATIONS[version:]:
+                    for statement in _statements(script):
                         c.execute(statement)
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -407,34 +276,6 @@ class SQLiteLedger(SqlLedger):
                 raise self._error(exc) from exc
             finally:
                 cur.close()
-
-    def _search_query(
-        self,
-        words: Sequence[str],
-        session_id: str,
-        seqs: tuple[int, int],
-        limit: int,
-        offset: int,
-        snippet_chars: int,
-    ) -> tuple[str, list[Any]]:
-        # Each word a quoted FTS5 string (words hold only \w characters, so no quote to
-        # escape), any of them matching; rank is FTS5's bm25.
-        match = " OR ".join(f'"{w}"' for w in words)
-        tokens = max(8, min(64, snippet_chars // 6))
-        # The session's rows are the rowids FTS_KEY_SPAN * num + seq of rows_fts: FTS5 reads
-        # that range of each word's doclist, never other sessions' matches (bm25's document
-        # frequencies still count the whole index, as they did, so the ranking is unchanged).
-        first, last = max(seqs[0], 0), min(seqs[1], FTS_KEY_SPAN - 1)
-        num = "(SELECT num FROM sessions WHERE id = ?)"
-        sql = (
-            f"SELECT {_R_COLS}, snippet(rows_fts, 0, '', '', '…', ?) "
-            "FROM rows_fts JOIN rows r ON r.fts_key = rows_fts.rowid "
-            f"WHERE rows_fts MATCH ? AND rows_fts.rowid >= {num} * {FTS_KEY_SPAN} + ? "
-            f"AND rows_fts.rowid <= {num} * {FTS_KEY_SPAN} + ? AND r.session = ? "
-            "ORDER BY rank, r.seq LIMIT ? OFFSET ?"
-        )
-        params = [tokens, match, session_id, first, session_id, last, session_id, limit, offset]
-        return sql, params
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)

@@ -34,7 +34,8 @@ import anyio.to_thread
 from tether.access import Obligations
 from tether.errors import LedgerError
 from tether.events import EventBus, RowsMirrored
-from tether.ledger import Fence, Ledger, NewRow, Row, RowKind
+from tether.ledger import Fence, NewRow, Row, RowKind
+from tether.ledger.roles import RowWriter
 from tether.mirror.entries import ROW_KINDS, Actors, entry_row
 from tether.pi.sessionformat import EntryKind, entry_kind, entry_message, entry_time, message_text
 
@@ -89,7 +90,7 @@ class _Pending:
 class Mirror:
     def __init__(
         self,
-        ledger: Ledger,
+        ledger: RowWriter,
         fence: Fence,
         *,
         session_file: Path,

@@ -20,11 +20,12 @@ import enum
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tether.access import Admission
 from tether.errors import RecallError
-from tether.ledger import Ledger, Note, Row, RowKind
+from tether.ledger import Note, Row, RowKind
+from tether.ledger.roles import Notes, RowReads, Search, SessionReads
 from tether.ledger.text import row_text
 
 __all__ = [
@@ -33,13 +34,29 @@ __all__ = [
     "MAX_NOTE_BYTES",
     "MAX_SNIPPET_BYTES",
     "Hit",
+    "NoteWrites",
+    "RangeReads",
     "RecallAnswer",
     "RecallMode",
     "RecalledRow",
+    "SearchReads",
     "add_note",
     "read_range",
     "search",
 ]
+
+
+class SearchReads(SessionReads, Search, Protocol):
+    """What :func:`search` reads: the session's last seq and the search."""
+
+
+class RangeReads(SessionReads, RowReads, Protocol):
+    """What :func:`read_range` reads: the session's last seq, row sizes, then rows."""
+
+
+class NoteWrites(SessionReads, Notes, Protocol):
+    """What :func:`add_note` needs: the session, and adding the note."""
+
 
 MAX_ANSWER_BYTES = 16_000
 MAX_HITS = 8
@@ -244,7 +261,7 @@ def _words(query: str) -> list[str]:
 
 
 def search(
-    ledger: Ledger,
+    ledger: SearchReads,
     session: str,
     query: str,
     *,
@@ -318,7 +335,7 @@ def _with_sources(answer: RecallAnswer, shown: Sequence[Row]) -> RecallAnswer:
 
 
 def read_range(
-    ledger: Ledger,
+    ledger: RangeReads,
     session: str,
     first: int | None,
     last: int | None,
@@ -445,7 +462,7 @@ def read_range(
 
 
 def add_note(
-    ledger: Ledger,
+    ledger: NoteWrites,
     session: str,
     agent: str,
     text: str,
