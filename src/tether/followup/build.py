@@ -22,7 +22,13 @@ text (a non-message row, another role, or no non-blank text). It **cannot be rea
 (``source_unavailable``) when the row is missing, belongs to another run, a ledger read fails, or
 the newest :data:`ENDED_RUNS_READ` ended runs of the agent all ended without writing anything (an
 older request would lie beyond the bounded read). An ended run that wrote nothing at all (pi
-never started) has no session record and is passed over.
+never started) has no session record and is passed over. A request the requester is not
+admitted to is no refusal: the view carries a stand-in in its place (DESIGN §3.2), and a
+checkpoint it is not admitted to becomes a ``withheld`` gap over its range.
+
+When the tail read stops at its row cap (:data:`TAIL_MAX_ROWS`) rather than its byte cap, the
+rows it left unread are named as ``read_cap`` gaps, not ``budget`` ones: a huge budget does not
+make them fit.
 """
 
 from __future__ import annotations
@@ -43,8 +49,8 @@ from tether.followup.core import (
     media_limits,
     protected,
     protected_refusal,
+    request_message,
     request_problem,
-    row_message,
 )
 from tether.followup.reads import FollowupReads
 from tether.followup.view import FollowupView, Refusal, RefusalReason
@@ -134,7 +140,7 @@ def read_inputs(
             f"session {session} refuses new prompts: {sess.refusing}; after checking it, clear "
             f"it with `tether session clear {session}`",
         )
-    found = previous_request(reads, session, agent, admission)
+    found = previous_request(reads, session, agent)
     if isinstance(found, Refusal):
         return found
     run, req = found if found is not None else (None, None)
@@ -150,7 +156,11 @@ def read_inputs(
     covers = coverage(comp)
     admitted_comp = comp if comp is not None and admission.admits(comp.sources) else None
     top = protected(agent, admitted_comp, covers, notes, timestamp=0)
-    request_bytes = row_message(req, media_limits(config)).bytes if req is not None else 0
+    request_bytes = 0
+    if run is not None and req is not None:
+        request_bytes = request_message(
+            run, req, admission, media_limits(config), timestamp=0
+        ).bytes
     reserved = sum(m.bytes for m in top) + request_bytes
     if reserved > budget:
         return protected_refusal(reserved, budget)
@@ -177,7 +187,13 @@ def read_inputs(
         tail_stop=tail.stop_seq,
         tail_cap=cap,
         probe=tuple(probe),
+        tail_capped=_row_capped(tail),
     )
+
+
+def _row_capped(tail: TailRead) -> bool:
+    """Whether the tail read stopped at its row cap, with rows before it left unread."""
+    return tail.stop_seq is not None and len(tail.rows) >= TAIL_MAX_ROWS
 
 
 def read_tail(
@@ -220,11 +236,12 @@ def read_more(reads: FollowupReads, inp: Inputs) -> Inputs | None:
         tail_whole=tail.stop_seq is None,
         tail_stop=tail.stop_seq,
         tail_cap=bound,
+        tail_capped=_row_capped(tail),
     )
 
 
 def previous_request(
-    reads: FollowupReads, session: str, agent: str, admission: Admission
+    reads: FollowupReads, session: str, agent: str
 ) -> Refusal | tuple[Run, Row] | None:
     """The newest ended run of the agent that recorded a request, and that request's row."""
     run = reads.last_ended_run(session, agent)
@@ -256,12 +273,10 @@ def previous_request(
     seq = run.request_seq
     assert seq is not None  # chosen above for having one
     row = reads.row(session, seq)
-    return _check_request(run, seq, row, admission)
+    return _check_request(run, seq, row)
 
 
-def _check_request(
-    run: Run, seq: int, row: Row | None, admission: Admission
-) -> Refusal | tuple[Run, Row]:
+def _check_request(run: Run, seq: int, row: Row | None) -> Refusal | tuple[Run, Row]:
     if row is None:
         return Refusal(
             RefusalReason.SOURCE_UNAVAILABLE,
@@ -278,10 +293,6 @@ def _check_request(
             RefusalReason.INCOMPLETE_REQUEST,
             f"the request of run {run.id} is incomplete: {problem}",
         )
-    if not admission.admits(row.sources):
-        who = admission.actor or "a requester without an actor"
-        return Refusal(
-            RefusalReason.ACCESS_DENIED,
-            f"{who} is not admitted to the previous request (row {seq} of run {run.id})",
-        )
+    # A request the requester may not read is not refused here: the view carries a stand-in in
+    # its place (DESIGN §3.2; core.request_message).
     return run, row

@@ -26,6 +26,7 @@ __all__ = [
     "quote",
     "recall_call",
     "receipt_notice",
+    "request_stand_in",
     "unknown_result",
 ]
 
@@ -94,6 +95,10 @@ _GAP_WHY = {
         "the requester is not admitted to its sources, so it is withheld",
         "the requester is not admitted to their sources, so they are withheld",
     ),
+    GapWhy.READ_CAP: (
+        "it lies beyond the row limit of the bounded read this context was built from",
+        "they lie beyond the row limit of the bounded read this context was built from",
+    ),
 }
 
 
@@ -126,6 +131,18 @@ def gap_notice_bound(last: int, why: GapWhy, *, timestamp: int) -> int:
     wide as ``last``, in the longer (range) form."""
     text = _gap_text(last, last, why, single=False)
     return measure(_custom(GAP_TYPE, text, timestamp)).text_bytes
+
+
+def request_stand_in(seq: int, run: str, actor: str, *, timestamp: int) -> dict[str, Any]:
+    """The user message in the place of a previous request the requester may not read: it names
+    the row, its run and actor, and says that it is withheld; its text never appears."""
+    text = (
+        f"[tether notice] The previous request (ledger row {seq}, run {run}, by {actor}) is "
+        "withheld: the requester is not admitted to its sources, so its text is not shown here. "
+        "The messages that follow answered it. Do not guess what it asked; if it matters, ask "
+        "the requester."
+    )
+    return {"role": "user", "content": [{"type": "text", "text": text}], "timestamp": timestamp}
 
 
 def receipt_notice(body: dict[str, Any], *, timestamp: int) -> dict[str, Any]:
