@@ -8,6 +8,7 @@ with ``> ``, which no quoted content can close or escape.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +37,16 @@ GAP_TYPE = "tether.gap"
 RECEIPT_TYPE = "tether.receipt"
 
 
+# Every character a reader may take for the end of a line (Python's str.splitlines set): each
+# starts a new quoted line, so none lets quoted text begin a line of its own.
+_LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
 def quote(text: str) -> str:
-    """``text`` as a quotation: every line prefixed with ``> ``."""
-    return "\n".join("> " + line for line in text.split("\n"))
+    """``text`` as a quotation: every line prefixed with ``> `` (a line ends at any line break,
+    written ``\\n`` in the quotation). The summary input of a continuation checkpoint quotes
+    evidence the same way (``quoteLines`` in ``extension/continuation.ts``)."""
+    return "\n".join("> " + line for line in _LINE_BREAK.split(text))
 
 
 def _custom(custom_type: str, text: str, timestamp: int) -> dict[str, Any]:
