@@ -306,6 +306,11 @@ def check(
     refusal, request_seq = expected_request(sc)
     # A refused view carries nothing: every other invariant is about the messages of a view
     # that is not refused (3: "whenever such a run exists and the view is not refused").
+    # Denied first: a requester not admitted to the session's opening row may not see it at all.
+    if sc.rows and not admitted(sc.rows[0]["sources"], sc.grants):
+        assert isinstance(view, Refusal)
+        assert view.reason is RefusalReason.ACCESS_DENIED, view
+        return
     if sc.refusing:
         assert isinstance(view, Refusal)
         assert view.reason is RefusalReason.SESSION_REFUSING

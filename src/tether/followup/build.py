@@ -5,7 +5,7 @@ bounded reads (:func:`read_inputs`, through :class:`~tether.followup.reads.Follo
 feed the functional core (:mod:`tether.followup.core`, pure steps: window, request placed first,
 exact assembly). Nothing is written and no whole transcript is read:
 
-* the session record (a refusing session refuses the view);
+* the session record (a refusing session refuses the view) and its opening row (admission);
 * the newest ended run of the agent and its exact request row (``Run.request_seq``), by seq;
 * the newest compaction row of either kind, by index, wherever it lies;
 * the agent's notes, capped by count and bytes;
@@ -24,7 +24,9 @@ the newest :data:`ENDED_RUNS_READ` ended runs of the agent all ended without wri
 older request would lie beyond the bounded read). An ended run that wrote nothing at all (pi
 never started) has no session record and is passed over. A request the requester is not
 admitted to is no refusal: the view carries a stand-in in its place (DESIGN §3.2), and a
-checkpoint it is not admitted to becomes a ``withheld`` gap over its range.
+checkpoint it is not admitted to becomes a ``withheld`` gap over its range. ``access_denied`` is
+left for a requester who may not see the session at all: one not admitted to its opening row
+(row 1), the rule the service applies to every route of a session.
 
 When the tail read stops at its row cap (:data:`TAIL_MAX_ROWS`) rather than its byte cap, the
 rows it left unread are named as ``read_cap`` gaps, not ``budget`` ones: a huge budget does not
@@ -134,6 +136,17 @@ def read_inputs(
     sess = reads.session(session)
     if sess is None:
         raise NotFound(f"no session {session!r}; `tether sessions` lists them")
+    # An actor sees a session when it is admitted to its opening row (as the service decides):
+    # checked first, so that nothing about a session it may not see is told, not even why the
+    # session refuses prompts.
+    opening = reads.row(session, 1)
+    if opening is not None and not admission.admits(opening.sources):
+        who = admission.actor or "a requester without an actor"
+        return Refusal(
+            RefusalReason.ACCESS_DENIED,
+            f"{who} is not admitted to session {session}: its opening row carries sources "
+            "outside the grants of that actor ([access.grants])",
+        )
     if sess.refusing:
         return Refusal(
             RefusalReason.SESSION_REFUSING,
