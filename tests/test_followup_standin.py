@@ -1,5 +1,5 @@
-"""The follow-up view through ``tether context --json`` (the same builder runs and the service
-use): a withheld previous request has a stand-in in its place, a withheld checkpoint is a
+"""The follow-up view through ``tether context --json`` and a run (the same builder the service
+uses): a withheld previous request has a stand-in in its place, a withheld checkpoint is a
 withheld gap (DESIGN §3.2), and a gap's ``why`` is its true cause: rows the tail read's row cap
 left unread are ``read_cap`` whatever the budget."""
 
@@ -11,11 +11,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
+from checkpoint_support import AGENT, config
 from followup_sessions import Sketch, assistant, user
+from provider import Reply
+from tether.config import AccessConfig
 from tether.followup import FollowupView, GapWhy, build_view
 from tether.followup.build import TAIL_MAX_ROWS
+from tether.harness.run import RunRequest, execute_run
 from tether.ledger import RowKind, Run, RunStatus, open_ledger
 
 GRANTS = '[access.grants]\n"user:ana" = ["repo:*", "doc:*"]\n"user:bob" = ["repo:*"]\n'
@@ -152,3 +157,49 @@ def test_rows_the_row_cap_left_unread_are_a_read_cap_gap_not_a_budget_one(
         whole = build_view(ledger, session="big", agent="rev", actor="user:ana", budget=10**20)
         assert isinstance(whole, FollowupView), whole
         assert whole.gaps == ()
+
+
+@pytest.mark.slow
+def test_a_run_of_an_actor_not_admitted_to_the_request_starts_from_the_stand_in(
+    scripted_provider: Any, tmp_path: Path
+) -> None:
+    """The same builder feeds a run: bob's run on a session whose previous request only ana may
+    read starts (real pi, scripted provider); pi sends the stand-in in the request's place and
+    nothing of the request; bob's rows carry none of its sources."""
+    provider = scripted_provider([Reply("bob's answer")])
+    cfg = config(tmp_path, provider, budget=240_000)
+    cfg = cfg.model_copy(
+        update={"access": AccessConfig(grants={"user:ana": ["doc:*"], "user:bob": ["repo:*"]})}
+    )
+    sk = Sketch("s1")
+    sk.add("r1", "user:ana", RowKind.MESSAGE, user("an open start", ts=1))
+    sk.add("r1", "agent:rev", RowKind.MESSAGE, assistant("started", ts=2))
+    sk.runs.append(Run("r1", "s1", AGENT, RunStatus.FINISHED, request_seq=1))
+    req = sk.add(
+        "r2", "user:ana", RowKind.MESSAGE, user("SECRET-ASK the vault", ts=3), ("doc:secret",)
+    )
+    sk.add("r2", "agent:rev", RowKind.MESSAGE, assistant("a public reply", ts=4))
+    sk.runs.append(Run("r2", "s1", AGENT, RunStatus.FINISHED, request_seq=req))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with open_ledger(cfg.ledger.url) as ledger:
+        ledger.import_records(*sk.records())
+
+        async def go() -> Any:
+            request = RunRequest(
+                session="s1", agent=AGENT, text="And now?", actor="user:bob", workdir=workdir
+            )
+            return await execute_run(ledger, cfg, request, checkpoint=None)
+
+        outcome = anyio.run(go)
+        assert (outcome.status, outcome.answer) == (RunStatus.FINISHED, "bob's answer")
+        [sent] = provider.task_requests
+        assert not sent.contains("SECRET-ASK")
+        assert sent.contains(f"(ledger row {req}, run r2, by user:ana) is withheld")
+        assert sent.contains("a public reply")
+        assert sent.last_user_text == "And now?"
+        view = ledger.get_run(outcome.run).extra["view"]
+        assert view["previous_request"]["withheld"] is True
+        mine = [r for r in ledger.iter_rows("s1") if r.run == outcome.run]
+        assert mine
+        assert all("doc:secret" not in r.sources for r in mine)
