@@ -4,8 +4,9 @@ Sessions are made of runs of two agents with every ending status; requests that 
 partial, missing or never recorded; tool calls with and without results, parallel calls, rows
 larger than the budget, media in requests and tool results, receipts, compactions anywhere (pi's
 own mid-run and continuation checkpoints), notes, and sources that the requester may or may not
-be granted. Each view is checked with the tests' own byte count, an oracle for the previous
-request written from the design's words, and a scenario-side oracle of invariant 5
+be granted (a withheld request has a stand-in in its place; a withheld checkpoint's range is a
+withheld gap, DESIGN §3.2). Each view is checked with the tests' own byte count, an oracle for
+the previous request written from the design's words, and a scenario-side oracle of invariant 5
 (:class:`Oracle`): from the generated rows alone it assembles and measures the ordinary window
 (the newest exchanges after the coverage that fit what the reservations leave, opening at a user
 message with text), decides from it whether the request is reused in place or read and placed
@@ -97,6 +98,8 @@ def odd_scenarios(draw: st.DrawFn) -> Scenario:
     sizes = st.sampled_from([0, 20, 200, 1500, 8000, 70_000])
     sources = st.lists(st.sampled_from(SOURCES), max_size=2, unique=True).map(tuple)
     maybe_sources = st.one_of(st.just(()), st.just(()), sources)
+    # A request is as often one no grant admits (its view carries a stand-in, DESIGN §3.2).
+    request_sources = st.one_of(maybe_sources, st.just(("vault:k",)))
     image = st.one_of(st.none(), st.none(), st.sampled_from([100, 300, 600]).map(lambda n: "Q" * n))
     ts = 1_764_410_400_000
     calls = 0
@@ -114,7 +117,7 @@ def odd_scenarios(draw: st.DrawFn) -> Scenario:
                 rid, "system", RowKind.MESSAGE, {"role": "system", "content": "", "timestamp": ts}
             )
         ts += 1000
-        text = "request " + "r" * draw(sizes)
+        text = "REQTEXT " + "r" * draw(sizes)  # never in what tether writes
         if how == "partial":
             body = draw(
                 st.sampled_from(
@@ -134,7 +137,7 @@ def odd_scenarios(draw: st.DrawFn) -> Scenario:
             draw(st.sampled_from(["user:ana", "user:bob"])),
             RowKind.MESSAGE,
             body,
-            draw(maybe_sources),
+            draw(request_sources),
         )
         if how in ("ok", "partial"):
             request_seq = seq
@@ -250,7 +253,8 @@ def scenarios() -> st.SearchStrategy[Scenario]:
 
 def expected_request(sc: Scenario) -> tuple[RefusalReason | None, int | None]:
     """The previous request by the design's words: the exact request row of the newest ended run
-    of the agent that has a session record; or why the view is refused."""
+    of the agent that has a session record; or why the view is refused. One the requester may
+    not read is no refusal: the view carries a stand-in in its place (see :func:`withheld`)."""
     by_seq = {r["seq"]: r for r in sc.rows}
     has_rows = {r["run"] for r in sc.rows}
     for run in reversed([r for r in sc.runs if r.agent == AGENT and r.status in ENDED]):
@@ -270,10 +274,21 @@ def expected_request(sc: Scenario) -> tuple[RefusalReason | None, int | None]:
         )
         if body.get("role") != "user" or not any(t.strip() for t in texts):
             return RefusalReason.INCOMPLETE_REQUEST, None
-        if not admitted(row["sources"], sc.grants):
-            return RefusalReason.ACCESS_DENIED, None
         return None, run.request_seq
     return None, None
+
+
+def withheld(sc: Scenario, request_seq: int | None) -> bool:
+    """Whether the previous request is one the requester may not read."""
+    return request_seq is not None and not admitted(sc.rows[request_seq - 1]["sources"], sc.grants)
+
+
+def stand_in_size(sc: Scenario, request_seq: int, timestamp: int) -> int:
+    """The size of the stand-in tether writes in a withheld request's place."""
+    row = sc.rows[request_seq - 1]
+    return size_of(
+        msgs.request_stand_in(request_seq, row["run"], row["actor"], timestamp=timestamp)
+    )
 
 
 def text_of(message: dict[str, Any]) -> str:
@@ -291,6 +306,11 @@ def check(
     refusal, request_seq = expected_request(sc)
     # A refused view carries nothing: every other invariant is about the messages of a view
     # that is not refused (3: "whenever such a run exists and the view is not refused").
+    # Denied first: a requester not admitted to the session's opening row may not see it at all.
+    if sc.rows and not admitted(sc.rows[0]["sources"], sc.grants):
+        assert isinstance(view, Refusal)
+        assert view.reason is RefusalReason.ACCESS_DENIED, view
+        return
     if sc.refusing:
         assert isinstance(view, Refusal)
         assert view.reason is RefusalReason.SESSION_REFUSING
@@ -311,8 +331,11 @@ def check(
             break
         total += size
         notes.insert(0, note)
+    hidden = withheld(sc, request_seq)
+    if hidden:
+        event("previous request withheld")
     raw = (
-        (size_of(by_seq[request_seq]["body"]) if request_seq else 0)
+        (size_of(by_seq[request_seq]["body"]) if request_seq and not hidden else 0)
         + (len(comp["body"]["summary"].encode()) if comp_ok and comp else 0)
         + sum(len(n.text.encode()) for n in notes)
     )
@@ -349,11 +372,33 @@ def check(
     # 3. The exact previous request, byte-identical, with its original actor.
     origins = {m.origin: m for m in view.messages if m.origin is not None}
     assert len(origins) == len([m for m in view.messages if m.origin is not None])
+    # Withheld, a stand-in stands in its place: a synthetic user message naming the row, its run
+    # and actor, never its text (DESIGN §3.2). The oracle counts it as the request's seq.
+    carried = set(origins)
     if request_seq is None:
         assert view.previous_request is None
+    elif hidden:
+        assert view.previous_request is not None
+        assert view.previous_request.seq == request_seq
+        assert view.previous_request.withheld
+        assert view.previous_request.to_json()["withheld"] is True
+        row = by_seq[request_seq]
+        assert view.previous_request.actor == row["actor"]
+        assert request_seq not in origins
+        named_row = f"ledger row {request_seq}, run {row['run']}, by {row['actor']})"
+        [stand_in] = [m for m in view.messages if named_row in text_of(m.message)]
+        assert stand_in.synthetic
+        assert stand_in.role == "user"
+        assert stand_in.origin is None
+        assert stand_in.sources == ()
+        assert "withheld" in text_of(stand_in.message)
+        assert text_of(row["body"]) not in text_of(stand_in.message)
+        carried.add(request_seq)
     else:
         assert view.previous_request is not None
         assert view.previous_request.seq == request_seq
+        assert not view.previous_request.withheld
+        assert "withheld" not in view.previous_request.to_json()
         row = by_seq[request_seq]
         m = origins[request_seq]
         assert m.actor == row["actor"] == view.previous_request.actor
@@ -374,14 +419,14 @@ def check(
     # 5 and 18. Carried rows: the oracle's view, computed from the scenario (see Oracle).
     allowed = oracle.expect()
     gaps = [(g.first, g.last, g.why) for g in view.gaps]
-    matching = [(how, e) for how, e in allowed if (e.carried, e.gaps) == (set(origins), gaps)]
+    matching = [(how, e) for how, e in allowed if (e.carried, e.gaps) == (carried, gaps)]
     if not matching and allowed[0][0] != "window":
         # Invariant 5 leaves the units a window passes over to the core's estimates: a view
         # that is such a window is accepted when each unit it passed over does not fit it.
-        passing = oracle.passing_as_viewed(set(origins), gaps)
+        passing = oracle.passing_as_viewed(carried, gaps)
         if passing is not None:
             allowed.append(("window passing over units (as viewed)", passing))
-            if (passing.carried, passing.gaps) == (set(origins), gaps):
+            if (passing.carried, passing.gaps) == (carried, gaps):
                 matching = [allowed[-1]]
     assert matching, (allowed, sorted(origins), view.gaps)
     how, expected = matching[0]
@@ -408,6 +453,7 @@ def check(
         # 7. Reused only as contiguous stored rows: nothing omitted from the request on.
         reused = (
             how.startswith("window")
+            and not hidden  # a stand-in is not the stored row
             and not expected.modified
             and all(last < request_seq for _, last, _ in expected.gaps)
         )
@@ -488,7 +534,7 @@ def check(
     for seq in range(1, last + 1):
         row = by_seq[seq]
         shown = (
-            seq in origins
+            seq in carried
             or (comp_ok and comp is not None and (seq <= covers or seq == comp["seq"]))
             or (
                 admitted(row["sources"], sc.grants)
@@ -496,7 +542,7 @@ def check(
             )
         )
         if seq in in_gap:
-            assert seq not in origins
+            assert seq not in carried
             assert not (comp_ok and comp is not None and (seq <= covers or seq == comp["seq"]))
         else:
             assert shown, f"row {seq} is neither in the view nor named in a gap"
@@ -622,6 +668,7 @@ class Oracle:
         self.sc = sc
         self.probed = probed
         self.r = request_seq
+        self.hidden = withheld(sc, request_seq)
         self.comp = comp
         self.comp_ok = comp_ok
         self.covers = covers
@@ -661,8 +708,12 @@ class Oracle:
         self.top = top
 
     def opens(self, unit: list[dict[str, Any]]) -> bool:
+        # A withheld request opens an exchange too: its stand-in is a user message with text.
+        seq = unit[0]["seq"]
         return (
-            len(unit) == 1 and unit[0]["seq"] > self.covers and is_opening(self.sc, unit[0]["seq"])
+            len(unit) == 1
+            and seq > self.covers
+            and (is_opening(self.sc, seq) or (seq == self.r and self.hidden))
         )
 
     def assemble(self, units: list[list[dict[str, Any]]], placed: bool) -> Expected:
@@ -683,7 +734,9 @@ class Oracle:
             modified = modified or changed
             carried.add(row["seq"])
 
-        if r is not None:
+        if r is not None and self.hidden:
+            sizes[r] = stand_in_size(sc, r, self.ts)  # no media: it shows nothing of the row
+        elif r is not None:
             carry(sc.rows[r - 1])  # the request's media are counted first
             carried.discard(r)
         for unit in sorted(units, key=lambda u: -u[0]["seq"]):  # newest first, as media count
@@ -694,6 +747,10 @@ class Oracle:
             for i, row in enumerate(unit):
                 seq, ok = row["seq"], admitted(row["sources"], sc.grants)
                 body = row["body"]
+                if seq == r and self.hidden:
+                    carried.add(seq)  # its stand-in
+                    marks[seq] = SHOWN
+                    continue
                 if not is_content(row):
                     marks[seq] = SHOWN if ok else GapWhy.WITHHELD
                     if ok and row["kind"] is RowKind.RECEIPT:

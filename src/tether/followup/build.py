@@ -5,7 +5,7 @@ bounded reads (:func:`read_inputs`, through :class:`~tether.followup.reads.Follo
 feed the functional core (:mod:`tether.followup.core`, pure steps: window, request placed first,
 exact assembly). Nothing is written and no whole transcript is read:
 
-* the session record (a refusing session refuses the view);
+* the session record (a refusing session refuses the view) and its opening row (admission);
 * the newest ended run of the agent and its exact request row (``Run.request_seq``), by seq;
 * the newest compaction row of either kind, by index, wherever it lies;
 * the agent's notes, capped by count and bytes;
@@ -22,7 +22,15 @@ text (a non-message row, another role, or no non-blank text). It **cannot be rea
 (``source_unavailable``) when the row is missing, belongs to another run, a ledger read fails, or
 the newest :data:`ENDED_RUNS_READ` ended runs of the agent all ended without writing anything (an
 older request would lie beyond the bounded read). An ended run that wrote nothing at all (pi
-never started) has no session record and is passed over.
+never started) has no session record and is passed over. A request the requester is not
+admitted to is no refusal: the view carries a stand-in in its place (DESIGN §3.2), and a
+checkpoint it is not admitted to becomes a ``withheld`` gap over its range. ``access_denied`` is
+left for a requester who may not see the session at all: one not admitted to its opening row
+(row 1), the rule the service applies to every route of a session.
+
+When the tail read stops at its row cap (:data:`TAIL_MAX_ROWS`) rather than its byte cap, the
+rows it left unread are named as ``read_cap`` gaps, not ``budget`` ones: a huge budget does not
+make them fit.
 """
 
 from __future__ import annotations
@@ -43,8 +51,8 @@ from tether.followup.core import (
     media_limits,
     protected,
     protected_refusal,
+    request_message,
     request_problem,
-    row_message,
 )
 from tether.followup.reads import FollowupReads
 from tether.followup.view import FollowupView, Refusal, RefusalReason
@@ -128,13 +136,24 @@ def read_inputs(
     sess = reads.session(session)
     if sess is None:
         raise NotFound(f"no session {session!r}; `tether sessions` lists them")
+    # An actor sees a session when it is admitted to its opening row (as the service decides):
+    # checked first, so that nothing about a session it may not see is told, not even why the
+    # session refuses prompts.
+    opening = reads.row(session, 1)
+    if opening is not None and not admission.admits(opening.sources):
+        who = admission.actor or "a requester without an actor"
+        return Refusal(
+            RefusalReason.ACCESS_DENIED,
+            f"{who} is not admitted to session {session}: its opening row carries sources "
+            "outside the grants of that actor ([access.grants])",
+        )
     if sess.refusing:
         return Refusal(
             RefusalReason.SESSION_REFUSING,
             f"session {session} refuses new prompts: {sess.refusing}; after checking it, clear "
             f"it with `tether session clear {session}`",
         )
-    found = previous_request(reads, session, agent, admission)
+    found = previous_request(reads, session, agent)
     if isinstance(found, Refusal):
         return found
     run, req = found if found is not None else (None, None)
@@ -150,7 +169,11 @@ def read_inputs(
     covers = coverage(comp)
     admitted_comp = comp if comp is not None and admission.admits(comp.sources) else None
     top = protected(agent, admitted_comp, covers, notes, timestamp=0)
-    request_bytes = row_message(req, media_limits(config)).bytes if req is not None else 0
+    request_bytes = 0
+    if run is not None and req is not None:
+        request_bytes = request_message(
+            run, req, admission, media_limits(config), timestamp=0
+        ).bytes
     reserved = sum(m.bytes for m in top) + request_bytes
     if reserved > budget:
         return protected_refusal(reserved, budget)
@@ -177,7 +200,13 @@ def read_inputs(
         tail_stop=tail.stop_seq,
         tail_cap=cap,
         probe=tuple(probe),
+        tail_capped=_row_capped(tail),
     )
+
+
+def _row_capped(tail: TailRead) -> bool:
+    """Whether the tail read stopped at its row cap, with rows before it left unread."""
+    return tail.stop_seq is not None and len(tail.rows) >= TAIL_MAX_ROWS
 
 
 def read_tail(
@@ -220,11 +249,12 @@ def read_more(reads: FollowupReads, inp: Inputs) -> Inputs | None:
         tail_whole=tail.stop_seq is None,
         tail_stop=tail.stop_seq,
         tail_cap=bound,
+        tail_capped=_row_capped(tail),
     )
 
 
 def previous_request(
-    reads: FollowupReads, session: str, agent: str, admission: Admission
+    reads: FollowupReads, session: str, agent: str
 ) -> Refusal | tuple[Run, Row] | None:
     """The newest ended run of the agent that recorded a request, and that request's row."""
     run = reads.last_ended_run(session, agent)
@@ -256,12 +286,10 @@ def previous_request(
     seq = run.request_seq
     assert seq is not None  # chosen above for having one
     row = reads.row(session, seq)
-    return _check_request(run, seq, row, admission)
+    return _check_request(run, seq, row)
 
 
-def _check_request(
-    run: Run, seq: int, row: Row | None, admission: Admission
-) -> Refusal | tuple[Run, Row]:
+def _check_request(run: Run, seq: int, row: Row | None) -> Refusal | tuple[Run, Row]:
     if row is None:
         return Refusal(
             RefusalReason.SOURCE_UNAVAILABLE,
@@ -278,10 +306,6 @@ def _check_request(
             RefusalReason.INCOMPLETE_REQUEST,
             f"the request of run {run.id} is incomplete: {problem}",
         )
-    if not admission.admits(row.sources):
-        who = admission.actor or "a requester without an actor"
-        return Refusal(
-            RefusalReason.ACCESS_DENIED,
-            f"{who} is not admitted to the previous request (row {seq} of run {run.id})",
-        )
+    # A request the requester may not read is not refused here: the view carries a stand-in in
+    # its place (DESIGN §3.2; core.request_message).
     return run, row

@@ -63,9 +63,14 @@ class _Mark(enum.Enum):
     """Represented: carried, summarized, quoted, or not history."""
     BUDGET = "budget"
     WITHHELD = "withheld"
+    READ_CAP = "read_cap"
 
 
-_WHY = {_Mark.BUDGET: GapWhy.BUDGET, _Mark.WITHHELD: GapWhy.WITHHELD}
+_WHY = {
+    _Mark.BUDGET: GapWhy.BUDGET,
+    _Mark.WITHHELD: GapWhy.WITHHELD,
+    _Mark.READ_CAP: GapWhy.READ_CAP,
+}
 
 
 # -- rows ----------------------------------------------------------------------------------------
@@ -143,9 +148,17 @@ def coverage(comp: Row | None) -> int:
     return max(0, min(raw if raw is not None else 0, comp.seq - 1))
 
 
-def gaps_of(last: int, covers: int, covered: _Mark, marks: Mapping[int, _Mark]) -> list[Gap]:
-    """The omitted ranges of seqs ``1..last``: seqs up to ``covers`` default to ``covered``, the
-    rest to BUDGET, and ``marks`` override single seqs. Neighbours with the same reason merge."""
+def gaps_of(
+    last: int,
+    covers: int,
+    covered: _Mark,
+    marks: Mapping[int, _Mark],
+    unread: tuple[int, _Mark] = (0, _Mark.BUDGET),
+) -> list[Gap]:
+    """The omitted ranges of seqs ``1..last``: seqs up to ``covers`` default to ``covered``, those
+    after it and before ``unread[0]`` (the tail's first row) to ``unread[1]``, the rest to
+    BUDGET, and ``marks`` override single seqs. Neighbours with the same reason merge."""
+    read_from, unread_mark = unread
     gaps: list[Gap] = []
 
     def add(lo: int, hi: int, mark: _Mark) -> None:
@@ -159,7 +172,8 @@ def gaps_of(last: int, covers: int, covered: _Mark, marks: Mapping[int, _Mark]) 
 
     def fill(lo: int, hi: int) -> None:
         add(lo, min(hi, covers), covered)
-        add(max(lo, covers + 1), hi, _Mark.BUDGET)
+        add(max(lo, covers + 1), min(hi, read_from - 1), unread_mark)
+        add(max(lo, covers + 1, read_from), hi, _Mark.BUDGET)
 
     cursor = 1
     for seq in sorted(s for s in marks if s <= last):
@@ -194,6 +208,9 @@ class Inputs(msgspec.Struct, frozen=True):
     """The stored-byte cap the tail was read with."""
     probe: tuple[Row, ...]
     """Rows between the coverage and a request that lies before the tail (at most PROBE_ROWS)."""
+    tail_capped: bool = False
+    """The tail read stopped at its row cap (not its byte cap): the rows before it were left
+    unread whatever the budget (gaps there are ``read_cap``)."""
 
 
 # -- the core: messages --------------------------------------------------------------------------
@@ -241,6 +258,17 @@ def _synthetic(message: dict[str, Any]) -> ViewMessage:
         message=message,
         bytes=measure(message).text_bytes,
     )
+
+
+def request_message(
+    run: Run, req: Row, admission: Admission, media: msgs.MediaLimits, *, timestamp: int
+) -> ViewMessage:
+    """The previous request as the view carries it: the row itself, or, when the requester is
+    not admitted to its sources, the stand-in in its place (DESIGN §3.2): synthetic, carrying no
+    sources, since it shows nothing of the row but its seq, run and actor."""
+    if admission.admits(req.sources):
+        return row_message(req, media)
+    return _synthetic(msgs.request_stand_in(req.seq, run.id, req.actor, timestamp=timestamp))
 
 
 def protected(
@@ -294,12 +322,16 @@ class _Frame(msgspec.Struct, frozen=True):
     top_bytes: int
     request_vm: ViewMessage | None
     request_seq: int | None
+    request_withheld: bool
+    """The requester may not read the request: ``request_vm`` is its stand-in."""
     media: msgs.MediaLimits
     """Media state after the request's own (the request's media are counted first)."""
     notice_max: int
     timestamp: int
     withheld_calls: frozenset[str]
     whole: bool
+    unread: tuple[int, _Mark]
+    """The tail's first seq, and why the rows after the coverage and before it are omitted."""
 
     @property
     def floor(self) -> int:
@@ -366,6 +398,10 @@ def plan_unit(f: _Frame, unit: Sequence[Row], media: msgs.MediaLimits) -> _Plan:
         sources.update(row.sources)
 
     for row in unit:
+        if row.seq == f.request_seq and f.request_withheld and f.request_vm is not None:
+            items.append(f.request_vm)  # the stand-in: it carries none of the row's sources
+            marks[row.seq] = _Mark.SHOWN
+            continue
         admitted = f.admission.admits(row.sources)
         if not _is_content(row):
             marks[row.seq] = _Mark.SHOWN if admitted else _Mark.WITHHELD
@@ -466,7 +502,7 @@ def assemble(
         marks[f.request_seq] = _Mark.SHOWN
     for plan in plans:
         marks.update(plan.marks)
-    gaps = gaps_of(f.last, f.covers, f.covered, marks)
+    gaps = gaps_of(f.last, f.covers, f.covered, marks, f.unread)
     entries: list[tuple[int, int, list[ViewMessage]]] = []
     for gap in gaps:
         notice = msgs.gap_notice(gap.first, gap.last, gap.why, timestamp=f.timestamp)
@@ -501,7 +537,9 @@ def frame(inp: Inputs) -> _Frame | Refusal:
     timestamp = max(stamps, default=0)
     top = protected(inp.agent, comp if comp_ok else None, covers, inp.notes, timestamp=timestamp)
     media = media_limits(inp.config)
-    request_vm = row_message(req, media) if req is not None else None
+    request_vm = None
+    if req is not None and inp.run is not None:
+        request_vm = request_message(inp.run, req, admission, media, timestamp=timestamp)
     top_bytes = _size(top)
     reserved = top_bytes + (request_vm.bytes if request_vm else 0)
     if reserved > inp.budget:
@@ -533,6 +571,7 @@ def frame(inp: Inputs) -> _Frame | Refusal:
         top_bytes=top_bytes,
         request_vm=request_vm,
         request_seq=r,
+        request_withheld=req is not None and not admission.admits(req.sources),
         media=media,
         notice_max=notice_max,
         timestamp=timestamp,
@@ -543,6 +582,10 @@ def frame(inp: Inputs) -> _Frame | Refusal:
             for c in _calls(row)
         ),
         whole=inp.tail_whole,
+        unread=(
+            inp.tail[0].seq if inp.tail else last + 1,
+            _Mark.READ_CAP if inp.tail_capped else _Mark.BUDGET,
+        ),
     )
 
 
@@ -551,7 +594,11 @@ def _lead_notices(f: _Frame, floor: int, fixed_marks: Mapping[int, _Mark]) -> in
     chosen rows: split in two by the compaction row when it lies there, in three when that row
     is withheld."""
     fixed = gaps_of(
-        floor, f.covers, f.covered, {s: m for s, m in fixed_marks.items() if s <= floor}
+        floor,
+        f.covers,
+        f.covered,
+        {s: m for s, m in fixed_marks.items() if s <= floor},
+        f.unread,
     )
     lead = 1
     comp_marks = [s for s in f.marks if s > floor]
@@ -761,12 +808,14 @@ def finish(
         r = req_row.seq
         contiguous = f.covers < r and all(g.last < r for g in gaps)
         changed = any(m.modified for m in messages)
-        reused = contiguous and not changed
+        # A stand-in is not the stored row: the view is not the stored rows as they stand.
+        reused = contiguous and not changed and not f.request_withheld
         previous = PreviousRequest(
             seq=r,
             run=run.id,
             actor=req_row.actor,
             mode=RequestMode.REUSED if reused else RequestMode.COPIED,
+            withheld=f.request_withheld,
         )
     if not reused:
         messages = [m if m.synthetic else msgspec.structs.replace(m, copied=True) for m in messages]
@@ -774,7 +823,7 @@ def finish(
     sources: set[str] = set()
     if comp is not None:
         sources.update(comp.sources)
-    if req_row is not None:
+    if req_row is not None and not f.request_withheld:
         sources.update(req_row.sources)
     for note in inp.notes:
         sources.update(note.sources)

@@ -8,6 +8,7 @@ with ``> ``, which no quoted content can close or escape.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "quote",
     "recall_call",
     "receipt_notice",
+    "request_stand_in",
     "unknown_result",
 ]
 
@@ -35,9 +37,16 @@ GAP_TYPE = "tether.gap"
 RECEIPT_TYPE = "tether.receipt"
 
 
+# Every character a reader may take for the end of a line (Python's str.splitlines set): each
+# starts a new quoted line, so none lets quoted text begin a line of its own.
+_LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
 def quote(text: str) -> str:
-    """``text`` as a quotation: every line prefixed with ``> ``."""
-    return "\n".join("> " + line for line in text.split("\n"))
+    """``text`` as a quotation: every line prefixed with ``> `` (a line ends at any line break,
+    written ``\\n`` in the quotation). The summary input of a continuation checkpoint quotes
+    evidence the same way (``quoteLines`` in ``extension/continuation.ts``)."""
+    return "\n".join("> " + line for line in _LINE_BREAK.split(text))
 
 
 def _custom(custom_type: str, text: str, timestamp: int) -> dict[str, Any]:
@@ -98,6 +107,10 @@ _GAP_WHY = {
         "the requester is not admitted to its sources, so it is withheld",
         "the requester is not admitted to their sources, so they are withheld",
     ),
+    GapWhy.READ_CAP: (
+        "it lies beyond the row limit of the bounded read this context was built from",
+        "they lie beyond the row limit of the bounded read this context was built from",
+    ),
 }
 
 
@@ -130,6 +143,18 @@ def gap_notice_bound(last: int, why: GapWhy, *, timestamp: int) -> int:
     wide as ``last``, in the longer (range) form."""
     text = _gap_text(last, last, why, single=False)
     return measure(_custom(GAP_TYPE, text, timestamp)).text_bytes
+
+
+def request_stand_in(seq: int, run: str, actor: str, *, timestamp: int) -> dict[str, Any]:
+    """The user message in the place of a previous request the requester may not read: it names
+    the row, its run and actor, and says that it is withheld; its text never appears."""
+    text = (
+        f"[tether notice] The previous request (ledger row {seq}, run {run}, by {actor}) is "
+        "withheld: the requester is not admitted to its sources, so its text is not shown here. "
+        "The messages that follow answered it. Do not guess what it asked; if it matters, ask "
+        "the requester."
+    )
+    return {"role": "user", "content": [{"type": "text", "text": text}], "timestamp": timestamp}
 
 
 def receipt_notice(body: dict[str, Any], *, timestamp: int) -> dict[str, Any]:

@@ -36,6 +36,8 @@ class GapWhy(enum.StrEnum):
     """Left out because it did not fit (or lies outside the bounded reads)."""
     WITHHELD = "withheld"
     """Left out because the requesting actor is not admitted to its sources."""
+    READ_CAP = "read_cap"
+    """Left out because the tail read's row cap stopped before it, whatever the budget."""
 
 
 class RequestMode(enum.StrEnum):
@@ -141,9 +143,20 @@ class PreviousRequest(msgspec.Struct, frozen=True):
     run: str
     actor: str
     mode: RequestMode
+    withheld: bool = False
+    """The requesting actor is not admitted to the request's sources: a stand-in (a synthetic
+    user message naming the row and its actor, never its text) is in its place."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "run": self.run, "actor": self.actor, "mode": self.mode.value}
+        out: dict[str, Any] = {
+            "seq": self.seq,
+            "run": self.run,
+            "actor": self.actor,
+            "mode": self.mode.value,
+        }
+        if self.withheld:
+            out["withheld"] = True
+        return out
 
 
 class FollowupView(msgspec.Struct, frozen=True):
