@@ -307,6 +307,20 @@ def test_log_limit_must_be_positive(tmp_path: Path) -> None:
     assert result.exit_code == 2
 
 
+def test_a_log_limit_past_the_ledgers_integers_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/l.db"
+    assert tether("ledger", "load", str(EXAMPLE), "--ledger", url).returncode == 0
+    for limit in ("99999999999999999999", str(2**63)):
+        result = tether("log", "--session", "review-42", "--limit", limit, "--ledger", url)
+        err = one_line_error(result)
+        assert result.returncode == 2
+        assert err.startswith(f"usage error: --limit {limit} is over {2**63 - 1}"), err
+    # the largest the ledger takes is fine: every row
+    most = tether("log", "-s", "review-42", "--limit", str(2**63 - 1), "--json", "--ledger", url)
+    assert most.returncode == 0, most.stderr
+    assert len(most.stdout.splitlines()) == 11
+
+
 @pytest.mark.parametrize("url", ["mysql://x", "sqlite:", "postgresql://h/db?nonsense_option=1"])
 def test_a_bad_ledger_url_exits_2(url: str) -> None:
     result = tether("sessions", "--ledger", url)
@@ -323,6 +337,16 @@ def test_a_bad_ledger_url_exits_2(url: str) -> None:
         ("[followup]\nrequest_max_bytes = false\n", "followup.request_max_bytes"),
         ("a = " + "[" * 3000 + "]" * 3000 + "\n", "nest"),
         ("a = " + "9" * 5000 + "\n", "invalid TOML"),
+        # a name is an id (given as --agent, stored in the ledger): not empty, one printable line
+        (
+            '[providers.p]\nbase_url = "http://h/v1"\n[agents.""]\nprovider = "p"\nmodel = "m"\n',
+            '[agents.""]: the name must not be empty',
+        ),
+        ('[agents."a\\tb"]\nprovider = "p"\nmodel = "m"\n', '[agents."a\\tb"]: the name must'),
+        (
+            '[providers.""]\nbase_url = "http://h/v1"\n',
+            '[providers.""]: the name must not be empty',
+        ),
     ],
 )
 def test_bad_config_values_exit_2(tmp_path: Path, toml: str, problem: str) -> None:
