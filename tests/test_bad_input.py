@@ -262,6 +262,7 @@ def test_a_read_only_ledger_can_be_read(ro_mount: Path) -> None:
     assert str(ro_mount / "l.db") in err
 
 
+@pytest.mark.pi  # pi is started before the ledger is written
 def test_tether_run_on_a_read_only_ledger_exits_1_like_every_command(
     ro_mount: Path, tmp_path: Path
 ) -> None:

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from provider import Fail, Reply, ScriptedProvider, Stall, ToolCall
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 
@@ -216,6 +218,7 @@ def test_a_quoted_withheld_row_makes_the_answer_withheld(
     assert "launch on Friday" in json.dumps(carl["messages"])
 
 
+@pytest.mark.pi  # the workdir is checked once pi is found
 def test_a_workdir_holding_the_ledger_or_config_is_refused_before_anything_is_written(
     tmp_path: Path,
 ) -> None:

@@ -17,7 +17,7 @@ TETHER = [sys.executable, "-m", "tether"]
 def tether(
     *args: str | bytes,
     cwd: Path | None = ...,
-    env: dict[str, str] | None = ...,
+    env: dict[str, str | None] | None = ...,
     stdin: str | None = ...,
     timeout: float = ...,
     umask: int | None = ...,
@@ -29,7 +29,7 @@ def tether(
 def tether(
     *args: str | bytes,
     cwd: Path | None = ...,
-    env: dict[str, str] | None = ...,
+    env: dict[str, str | None] | None = ...,
     stdin: bytes | None = ...,
     timeout: float = ...,
     umask: int | None = ...,
@@ -40,15 +40,15 @@ def tether(
 def tether(
     *args: str | bytes,
     cwd: Path | None = None,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     stdin: str | bytes | None = None,
     timeout: float = 120,
     umask: int | None = None,
     binary: bool = False,
 ) -> subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]:
     """``tether ARGS`` in ``cwd``, its output captured (text unless ``binary``); ``env`` is added
-    to this process's environment (80 columns, so that rich wraps the same everywhere), ``umask``
-    set for it alone."""
+    to this process's environment (80 columns, so that rich wraps the same everywhere; a None
+    value removes a variable), ``umask`` set for it alone."""
     argv: list[str | bytes] = [*TETHER, *args]
     if umask is not None:
         argv = ["sh", "-c", f'umask {umask:03o}; exec "$@"', "sh", *argv]
@@ -59,7 +59,9 @@ def tether(
         input=stdin,
         cwd=cwd,
         timeout=timeout,
-        env={**os.environ, "COLUMNS": "80", **(env or {})},
+        env={
+            k: v for k, v in {**os.environ, "COLUMNS": "80", **(env or {})}.items() if v is not None
+        },
     )
 
 

@@ -88,7 +88,7 @@ def write_config(
 ) -> Path:
     """Write :func:`config_text` to ``tmp/NAME`` and make ``tmp/work`` (the agent's workdir);
     the path."""
-    (tmp / "work").mkdir(exist_ok=True)
+    (tmp / "work").mkdir(parents=True, exist_ok=True)
     path = tmp / name
     path.write_text(config_text(tmp, provider_url, **changes))
     return path
