@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from support import one_line_error, run_args, tether, write_config
+from support import one_line_error, read_only, run_args, tether, tmpfs, write_config
 from tether.cli.app import app
 from tether.errors import InterchangeError, InvalidId, LedgerError, StorageError
 from tether.ledger import NewRow, open_ledger
@@ -224,22 +224,16 @@ def test_a_locked_ledger_is_a_storage_error_naming_it(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def ro_mount(tmp_path: Path) -> Any:
-    """A small tmpfs that the test makes read-only (root writes through file modes, so a
-    read-only filesystem is the only way to deny it writes)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
-    try:
+def ro_mount(tmp_path: Path) -> Iterator[Path]:
+    """A small tmpfs that the test makes read-only (:func:`support.read_only`)."""
+    with tmpfs(tmp_path / "ro", "8m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_read_only_ledger_can_be_read(ro_mount: Path) -> None:
     url = f"sqlite:{ro_mount}/l.db"
     assert tether("ledger", "load", str(EXAMPLE), "--ledger", url).returncode == 0
-    subprocess.run(["mount", "-o", "remount,ro", str(ro_mount)], check=True)
+    read_only(ro_mount)
     listed = tether("sessions", "--json", "--ledger", url)
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["rows"] == 11
@@ -271,7 +265,7 @@ def test_tether_run_on_a_read_only_ledger_exits_1_like_every_command(
     ``run`` command (the request on stdin)."""
     url = f"sqlite:{ro_mount}/l.db"
     assert tether("ledger", "load", str(EXAMPLE), "--ledger", url).returncode == 0
-    subprocess.run(["mount", "-o", "remount,ro", str(ro_mount)], check=True)
+    read_only(ro_mount)
     cfg = write_config(tmp_path, ledger={"url": url})
     for argv, stdin in ((run_args(cfg, "go"), None), (run_args(cfg, "-"), "go")):
         done = tether(*argv, cwd=tmp_path, stdin=stdin)

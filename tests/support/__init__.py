@@ -16,6 +16,7 @@ from provider import (
 )
 from support.cli import TETHER, one_line_error, run_args, tether
 from support.config import config_text, load_test_config, write_config
+from support.fs import read_only, tmpfs
 from support.wait import wait_for, wait_for_async
 
 __all__ = [
@@ -30,9 +31,11 @@ __all__ = [
     "config_text",
     "load_test_config",
     "one_line_error",
+    "read_only",
     "run_args",
     "scripted_provider",
     "tether",
+    "tmpfs",
     "wait_for",
     "wait_for_async",
     "write_config",
