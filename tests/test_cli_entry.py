@@ -5,7 +5,6 @@ same way; and the exit without the interpreter's teardown, which must lose nothi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from provider import Reply, ScriptedProvider, ToolCall
-from test_launch import alive, make_config, placement, wait_for
+from support import TETHER, Reply, ScriptedProvider, ToolCall, run_args, tether, wait_for
+from test_launch import alive, make_config, placement
 from tether.cli import entry, run_start
 from tether.cli.app import app, load_command
 from tether.cli.run_start import RunArgs, parse
@@ -295,15 +294,9 @@ def test_tether_run_takes_its_head_start(
 ) -> None:
     provider = scripted_provider([Reply("the answer")])
     cfg = make_config(tmp_path, provider.url)
-    argv = ["run", "-c", str(cfg.path), "-s", "s1", "-a", "rev", "--json", "what is it?"]
-    done = subprocess.run(
-        [sys.executable, "-m", "tether", *argv],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "error::ResourceWarning"},
-    )
+    assert cfg.path is not None
+    argv = run_args(cfg.path, "what is it?", as_json=True)
+    done = tether(*argv, cwd=tmp_path, env={"PYTHONWARNINGS": "error::ResourceWarning"})
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert (out["status"], out["answer"]) == ("finished", "the answer")
@@ -343,14 +336,8 @@ def test_plain_arguments_run_without_loading_the_cli(
 
 
 def _tether_run(tmp_path: Path, cfg: Config, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = ["run", "-c", str(cfg.path), "-s", "s1", "-a", "rev", "--json", *args]
-    return subprocess.run(
-        [sys.executable, "-m", "tether", *argv],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    assert cfg.path is not None
+    return tether(*run_args(cfg.path, *args, as_json=True), cwd=tmp_path)
 
 
 def test_without_custody_the_run_starts_its_own_pi(
@@ -364,9 +351,8 @@ def test_without_custody_the_run_starts_its_own_pi(
     cfg = make_config(tmp_path, provider.url)
     assert cfg.path is not None
     cfg.path.write_text(cfg.path.read_text() + "\n[custody]\ndetached = false\n")
-    argv = ["run", "-c", str(cfg.path), "-s", "s1", "-a", "rev", "--json", "go"]
     cli = subprocess.Popen(
-        [sys.executable, "-m", "tether", *argv],
+        [*TETHER, *run_args(cfg.path, "go", as_json=True)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
