@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from support import TETHER, Reply, ScriptedProvider, ToolCall, run_args, tether, wait_for
+from support import Reply, ScriptedProvider, ToolCall, run_args, start_tether, tether, wait_for
 from test_launch import alive, make_config, placement
 from tether.cli import entry, run_start
 from tether.cli.app import app, load_command
@@ -351,13 +351,7 @@ def test_without_custody_the_run_starts_its_own_pi(
     cfg = make_config(tmp_path, provider.url)
     assert cfg.path is not None
     cfg.path.write_text(cfg.path.read_text() + "\n[custody]\ndetached = false\n")
-    cli = subprocess.Popen(
-        [*TETHER, *run_args(cfg.path, "go", as_json=True)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
+    cli = start_tether(*run_args(cfg.path, "go", as_json=True), cwd=tmp_path)
     out, err = cli.communicate(timeout=120)
     assert cli.returncode == 0, err
     assert json.loads(out)["status"] == "finished"

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from support import (
-    TETHER,
     Reply,
     ScriptedProvider,
     Stall,
     ToolCall,
     run_args,
+    start_tether,
     tether,
     wait_for,
     write_config,
@@ -96,13 +95,7 @@ def test_ctrl_c_stops_the_run_softly(
         [Reply("partial progress", tool_calls=[ToolCall("bash", {"command": "true"})]), Stall()]
     )
     cfg = write_config(tmp_path, p.url)
-    proc = subprocess.Popen(
-        [*TETHER, *run_args(cfg, "go", as_json=True)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_tether(*run_args(cfg, "go", as_json=True), cwd=tmp_path)
     try:
         p.wait_for_requests(2, timeout=60)
         # the first turn (request, tool call, its result) is in the ledger: the run is past its

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from support import Reply, ScriptedProvider, one_line_error, run_args, write_config
+from support import Reply, ScriptedProvider, context_args, one_line_error, run_args, write_config
 from support import tether as run_tether
 from tether.ledger import RunStatus, open_ledger
 
@@ -64,14 +64,7 @@ def test_a_request_over_the_limit_is_refused_and_writes_nothing(tmp_path: Path) 
 def test_context_refuses_a_request_over_the_limit(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     done = tether(
-        "context",
-        "--config",
-        str(cfg),
-        "-s",
-        "s1",
-        "-a",
-        "rev",
-        "--json",
+        *context_args(cfg, as_json=True),
         "--request",
         "z" * 70_000,
         cwd=tmp_path,

@@ -10,7 +10,6 @@ import os
 import secrets
 import signal
 import stat
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,7 +19,17 @@ from typing import Any
 import pytest
 
 import support
-from support import TETHER, Fail, Reply, ScriptedProvider, Stall, ToolCall, run_args, tether
+from support import (
+    Fail,
+    Reply,
+    ScriptedProvider,
+    Stall,
+    ToolCall,
+    context_args,
+    run_args,
+    start_tether,
+    tether,
+)
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 
 
@@ -143,13 +152,7 @@ def test_a_quoted_withheld_row_makes_the_answer_withheld(
 
     def view(actor: str, status: int) -> dict[str, object]:
         shown = tether(
-            "context",
-            "--config",
-            str(cfg),
-            "-s",
-            "s1",
-            "-a",
-            "rev",
+            *context_args(cfg),
             "--actor",
             actor,
             "--json",
@@ -260,24 +263,13 @@ def test_prune_keeps_the_directories_of_live_runs_and_removes_old_ended_ones(
 ) -> None:
     p = scripted_provider([Stall(), Fail(500, "down")])
     cfg = write_config(tmp_path, p.url)
-    env = {**os.environ, "TETHER_TEST_PROVIDER_KEY": "k"}
+    key: dict[str, str | None] = {"TETHER_TEST_PROVIDER_KEY": "k"}
     # s1: a run that is running (its provider request stalls).
-    running = subprocess.Popen(
-        [*TETHER, *run_args(cfg, "go", as_json=True)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    running = start_tether(*run_args(cfg, "go", as_json=True), cwd=tmp_path, env=key)
     try:
         p.wait_for_requests(1, timeout=60)
         # s2: a run that failed; its directory is kept, as for every run that did not end well.
-        failed = tether(
-            *run_args(cfg, "go", session="s2", as_json=True),
-            cwd=tmp_path,
-            env={"TETHER_TEST_PROVIDER_KEY": "k"},
-        )
+        failed = tether(*run_args(cfg, "go", session="s2", as_json=True), cwd=tmp_path, env=key)
         assert failed.returncode == 4, failed.stderr
         runs = tmp_path / "state" / "runs"
         with open_ledger(f"sqlite://{tmp_path}/state/ledger.db") as store:

@@ -6,35 +6,18 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Literal, overload
+from typing import Any
 
-__all__ = ["TETHER", "one_line_error", "run_args", "tether"]
+__all__ = ["TETHER", "context_args", "one_line_error", "run_args", "start_tether", "tether"]
 
 TETHER = [sys.executable, "-m", "tether"]
 
 
-@overload
-def tether(
-    *args: str | bytes,
-    cwd: Path | None = ...,
-    env: dict[str, str | None] | None = ...,
-    stdin: str | None = ...,
-    timeout: float = ...,
-    umask: int | None = ...,
-    binary: Literal[False] = ...,
-) -> subprocess.CompletedProcess[str]: ...
-
-
-@overload
-def tether(
-    *args: str | bytes,
-    cwd: Path | None = ...,
-    env: dict[str, str | None] | None = ...,
-    stdin: bytes | None = ...,
-    timeout: float = ...,
-    umask: int | None = ...,
-    binary: Literal[True],
-) -> subprocess.CompletedProcess[bytes]: ...
+def _env(env: dict[str, str | None] | None) -> dict[str, str]:
+    """This process's environment with ``env`` applied (a None value removes a variable), at 80
+    columns so that rich wraps the same everywhere."""
+    merged = {**os.environ, "COLUMNS": "80", **(env or {})}
+    return {k: v for k, v in merged.items() if v is not None}
 
 
 def tether(
@@ -45,10 +28,9 @@ def tether(
     timeout: float = 120,
     umask: int | None = None,
     binary: bool = False,
-) -> subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes]:
-    """``tether ARGS`` in ``cwd``, its output captured (text unless ``binary``); ``env`` is added
-    to this process's environment (80 columns, so that rich wraps the same everywhere; a None
-    value removes a variable), ``umask`` set for it alone."""
+) -> subprocess.CompletedProcess[Any]:
+    """``tether ARGS`` in ``cwd`` with ``env`` (:func:`_env`) and, when given, ``umask``; its
+    output captured, as text unless ``binary``."""
     argv: list[str | bytes] = [*TETHER, *args]
     if umask is not None:
         argv = ["sh", "-c", f'umask {umask:03o}; exec "$@"', "sh", *argv]
@@ -59,32 +41,46 @@ def tether(
         input=stdin,
         cwd=cwd,
         timeout=timeout,
-        env={
-            k: v for k, v in {**os.environ, "COLUMNS": "80", **(env or {})}.items() if v is not None
-        },
+        env=_env(env),
     )
+
+
+def start_tether(
+    *args: str, cwd: Path | None = None, env: dict[str, str | None] | None = None
+) -> subprocess.Popen[str]:
+    """``tether ARGS`` started and left running, its stdout and stderr piped (text)."""
+    return subprocess.Popen(
+        [*TETHER, *args],
+        cwd=cwd,
+        env=_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _command_args(
+    command: str, config: Path, rest: tuple[str, ...], session: str, agent: str, as_json: bool
+) -> list[str]:
+    options = ["--config", str(config), "-s", session, "-a", agent]
+    return [command, *options, *(["--json"] if as_json else []), *rest]
 
 
 def run_args(
     config: Path, *rest: str, session: str = "s1", agent: str = "rev", as_json: bool = False
 ) -> list[str]:
     """``run --config CONFIG -s SESSION -a AGENT [--json] REST…``: a ``tether run`` command line."""
-    return [
-        "run",
-        "--config",
-        str(config),
-        "-s",
-        session,
-        "-a",
-        agent,
-        *(["--json"] if as_json else []),
-        *rest,
-    ]
+    return _command_args("run", config, rest, session, agent, as_json)
 
 
-def one_line_error(
-    result: subprocess.CompletedProcess[str] | subprocess.CompletedProcess[bytes],
-) -> str:
+def context_args(
+    config: Path, *rest: str, session: str = "s1", agent: str = "rev", as_json: bool = False
+) -> list[str]:
+    """``context --config CONFIG -s SESSION -a AGENT [--json] REST…``."""
+    return _command_args("context", config, rest, session, agent, as_json)
+
+
+def one_line_error(result: subprocess.CompletedProcess[Any]) -> str:
     """The one line a failed command says on stderr (no traceback, no second line)."""
     err = result.stderr if isinstance(result.stderr, str) else result.stderr.decode()
     assert "Traceback" not in err, err
