@@ -17,6 +17,7 @@ invariant 9 bounds what the view can weigh.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from fnmatch import fnmatchcase
 from typing import Any
@@ -580,25 +581,18 @@ def timestamp_of(body: dict[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+@dataclasses.dataclass(repr=False, eq=False)  # candidates are told apart by identity
 class Expected:
     """One candidate view: the seqs of the units it carries (and whether the request is placed
     first), assembled by the oracle: carried seqs, gaps, bytes, whether media were replaced."""
 
-    def __init__(
-        self,
-        units: list[list[dict[str, Any]]],
-        carried: set[int],
-        gaps: list[tuple[int, int, GapWhy]],
-        size: int,
-        modified: bool,
-    ) -> None:
-        self.units = units
-        self.carried = carried
-        self.gaps = gaps
-        self.bytes = size
-        self.modified = modified
-        self.left = 0
-        """Units read after the request placed first that were neither taken nor passed over."""
+    units: list[list[dict[str, Any]]]
+    carried: set[int]
+    gaps: list[tuple[int, int, GapWhy]]
+    bytes: int
+    modified: bool
+    left: int = 0
+    """Units read after the request placed first that were neither taken nor passed over."""
 
     def __repr__(self) -> str:
         return f"Expected(carried={sorted(self.carried)}, gaps={self.gaps}, bytes={self.bytes})"
