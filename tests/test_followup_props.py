@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -958,7 +959,12 @@ def load(sc: Scenario) -> Any:
     return ledger
 
 
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 800 generated sessions in `make test`; the unit tier (`make test-fast`, the inner loop) checks 100,
+# a fifth of its time budget on this machine.
+EXAMPLES = 100 if os.environ.get("TETHER_TEST_TIER") == "unit" else 800
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
     with load(sc) as ledger:
