@@ -5,12 +5,19 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 export TETHER_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: install local test test-fast lint typecheck pytest demo clean bench fmt
-.PHONY: dist extension
+.PHONY: install local test test-fast lint lint-python typecheck pytest demo clean bench fmt
+.PHONY: dist extension browser
 
-# The pages' browser tests drive Debian's chromium (never a browser Playwright downloads).
+# $(call apt_need,FILE,PACKAGE): install Debian's PACKAGE with apt (as root) unless FILE is there.
+# A target that needs a system program says so with one line of its own.
+apt_need = test -x $(1) || (apt-get update && apt-get install -y $(2))
+
 install: $(VENV)/.installed node_modules/.installed
-	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
+
+# The pages' browser tests drive Debian's chromium (never a browser Playwright downloads); only
+# the targets that run them install it.
+browser:
+	$(call apt_need,/usr/bin/chromium,chromium)
 
 $(VENV)/.installed: requirements/dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,9 +47,7 @@ extension: node_modules/.installed
 
 # The extension is checked against the pinned pi's own declarations (tsconfig.json): a pi upgrade
 # that changes an API the extension calls fails here, not in a run.
-lint: install
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+lint: install lint-python
 	node_modules/.bin/tsc -p tsconfig.json
 	rm -rf .stamp-extension && node_modules/.bin/tsc -p tsconfig.build.json --outDir .stamp-extension
 	cp src/tether/extension/js/package.json .stamp-extension/
@@ -50,20 +55,26 @@ lint: install
 	  (echo "src/tether/extension/js/ is not built from the .ts sources: run make extension"; exit 1)
 	rm -rf .stamp-extension
 
+lint-python: $(VENV)/.installed
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
 # After the `local` extra: the model server's modules are checked against starlette's own types.
 typecheck: install $(VENV)/.local-installed
 	$(BIN)/mypy
 
-pytest: install $(VENV)/.local-installed
+# Every test: the unit tier, the ones that start pi or use PostgreSQL, the slow ones.
+pytest: install $(VENV)/.local-installed browser
 	$(BIN)/python tests/check_postgres.py
 	$(BIN)/pytest -n 2 --dist loadgroup
 
 test: lint typecheck pytest
 
-# The inner loop: lint and the tests not marked slow (no wheel build, no local model runs).
-test-fast: lint
-	$(BIN)/python tests/check_postgres.py
-	$(BIN)/pytest -n 2 --dist loadgroup -m "not slow"
+# The inner loop: ruff and the unit tier, which needs neither Node nor PostgreSQL. tests/conftest.py
+# marks the tests that start pi (`pi`) or use PostgreSQL (`postgres`) from what they use, and in
+# this tier (TETHER_TEST_TIER=unit) makes both unreachable, so that a test left unmarked fails.
+test-fast: lint-python
+	TETHER_TEST_TIER=unit $(BIN)/pytest -n 2 --dist loadgroup -m "not slow and not pi and not postgres"
 
 fmt: install
 	$(BIN)/ruff format src tests bench

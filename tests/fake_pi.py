@@ -26,6 +26,17 @@ def out(record: dict[str, object] | str) -> None:
     sys.stdout.flush()
 
 
+def started(cid: object) -> dict[str, object]:
+    """pi's answer to a prompt it took."""
+    return {
+        "id": cid,
+        "type": "response",
+        "command": "prompt",
+        "success": True,
+        "data": {"disposition": "started"},
+    }
+
+
 def commands():  # type: ignore[no-untyped-def]
     for line in sys.stdin:
         if line.strip():
@@ -59,29 +70,13 @@ def main() -> int:
             continue
         if mode == "garbage":
             out("this is not json")
-            out(
-                {
-                    "id": cid,
-                    "type": "response",
-                    "command": "prompt",
-                    "success": True,
-                    "data": {"disposition": "started"},
-                }
-            )
+            out(started(cid))
             out("[1, 2, 3]")
             out('{"no_type": true}')
             sys.stdout.write('{"type": "agent_start"')  # cut mid-record
             sys.stdout.flush()
             return 0
-        out(
-            {
-                "id": cid,
-                "type": "response",
-                "command": "prompt",
-                "success": True,
-                "data": {"disposition": "started"},
-            }
-        )
+        out(started(cid))
         if mode == "stubborn":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             settle("all done")

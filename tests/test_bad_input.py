@@ -4,16 +4,15 @@ line or the argument and what to do, exit 2 (3 for a refusal), nothing written, 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from support import one_line_error, read_only, run_args, tether, tmpfs, write_config
 from tether.cli.app import app
 from tether.errors import InterchangeError, InvalidId, LedgerError, StorageError
 from tether.ledger import NewRow, open_ledger
@@ -30,23 +29,6 @@ def _row(message: str, **fields: Any) -> str:
     base = {"type": "row", "session": "s", "seq": 1, "actor": "user:ana", **fields}
     text = json.dumps(base)
     return text[:-1] + f',"message":{message}}}'
-
-
-def tether(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "tether", *args],
-        capture_output=True,
-        input=stdin,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "80"},
-    )
-
-
-def _one_line_error(result: subprocess.CompletedProcess[bytes]) -> str:
-    err = result.stderr.decode()
-    assert "Traceback" not in err, err
-    assert len(err.strip().splitlines()) == 1, err
-    return err
 
 
 HOSTILE = {
@@ -178,9 +160,9 @@ def test_dump_never_writes_nan(tmp_path: Path) -> None:
         body = {"role": "user", "content": "x", "score": float("nan")}
         ledger.append(fence, [NewRow.message("user:a", body)], request=True)
     result = tether("ledger", "dump", "--session", "s", "--ledger", url)
-    err = _one_line_error(result)
+    err = one_line_error(result)
     assert result.returncode == 1
-    assert b"NaN" not in result.stdout
+    assert "NaN" not in result.stdout
     assert "row 1 of session 's'" in err
 
 
@@ -191,7 +173,7 @@ def test_a_foreign_sqlite_file_is_refused_and_left_alone(tmp_path: Path) -> None
         conn.execute("CREATE TABLE invoices (y)")
     before = path.read_bytes()
     result = tether("sessions", "--ledger", f"sqlite:{path}")
-    err = _one_line_error(result)
+    err = one_line_error(result)
     assert result.returncode == 1
     assert "not a tether ledger" in err
     assert "invoices" in err
@@ -199,7 +181,7 @@ def test_a_foreign_sqlite_file_is_refused_and_left_alone(tmp_path: Path) -> None
     text = tmp_path / "notes.txt"
     text.write_text("these are not the droids\n" * 200)
     result = tether("sessions", "--ledger", f"sqlite:{text}")
-    assert "not a SQLite database" in _one_line_error(result)
+    assert "not a SQLite database" in one_line_error(result)
 
 
 def test_a_tampered_row_is_named(tmp_path: Path) -> None:
@@ -217,7 +199,7 @@ def test_a_tampered_row_is_named(tmp_path: Path) -> None:
             assert result.returncode == 3, result.stderr
             assert "row 10" in json.loads(result.stdout)["detail"]
             continue
-        err = _one_line_error(result)
+        err = one_line_error(result)
         assert result.returncode == 1
         assert "row 10 of session 'review-42' is corrupt" in err
 
@@ -242,22 +224,16 @@ def test_a_locked_ledger_is_a_storage_error_naming_it(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def ro_mount(tmp_path: Path) -> Any:
-    """A small tmpfs that the test makes read-only (root writes through file modes, so a
-    read-only filesystem is the only way to deny it writes)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
-    try:
+def ro_mount(tmp_path: Path) -> Iterator[Path]:
+    """A small tmpfs that the test makes read-only (:func:`support.read_only`)."""
+    with tmpfs(tmp_path / "ro", "8m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_read_only_ledger_can_be_read(ro_mount: Path) -> None:
     url = f"sqlite:{ro_mount}/l.db"
     assert tether("ledger", "load", str(EXAMPLE), "--ledger", url).returncode == 0
-    subprocess.run(["mount", "-o", "remount,ro", str(ro_mount)], check=True)
+    read_only(ro_mount)
     listed = tether("sessions", "--json", "--ledger", url)
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["rows"] == 11
@@ -274,10 +250,32 @@ def test_a_read_only_ledger_can_be_read(ro_mount: Path) -> None:
     assert json.loads(view.stdout)["status"] == "ok"
     # a write says what is wrong, in one line
     cleared = tether("session", "clear", "review-42", "--ledger", url)
-    err = _one_line_error(cleared)
+    err = one_line_error(cleared)
     assert cleared.returncode == 1
     assert "read-only" in err
     assert str(ro_mount / "l.db") in err
+
+
+@pytest.mark.pi  # pi is started before the ledger is written
+def test_tether_run_on_a_read_only_ledger_exits_1_like_every_command(
+    ro_mount: Path, tmp_path: Path
+) -> None:
+    """A ledger that cannot be written is a ledger error, status 1, in ``tether run`` as in every
+    other command (docs/cli.md): on the program's fast path (plain arguments) and through the
+    ``run`` command (the request on stdin)."""
+    url = f"sqlite:{ro_mount}/l.db"
+    assert tether("ledger", "load", str(EXAMPLE), "--ledger", url).returncode == 0
+    read_only(ro_mount)
+    cfg = write_config(tmp_path, ledger={"url": url})
+    for argv, stdin in ((run_args(cfg, "go"), None), (run_args(cfg, "-"), "go")):
+        done = tether(*argv, cwd=tmp_path, stdin=stdin)
+        err = one_line_error(done)
+        assert done.returncode == 1, (argv, err)
+        assert err.startswith("ledger error:"), err
+        assert "read-only" in err
+        assert str(ro_mount / "l.db") in err
+    cleared = tether("session", "clear", "review-42", "--ledger", url)
+    assert (cleared.returncode, one_line_error(cleared).split(":")[0]) == (1, "ledger error")
 
 
 def test_load_message_does_not_wrap_when_piped(tmp_path: Path) -> None:
@@ -287,14 +285,14 @@ def test_load_message_does_not_wrap_when_piped(tmp_path: Path) -> None:
     copy.write_bytes(EXAMPLE.read_bytes())
     result = tether("ledger", "load", str(copy), "--ledger", f"sqlite:{tmp_path}/l.db")
     assert result.returncode == 0
-    assert result.stdout.decode().count("\n") == 1
-    assert str(copy) in result.stdout.decode()
+    assert result.stdout.count("\n") == 1
+    assert str(copy) in result.stdout
 
 
 def test_help_shows_bracketed_defaults() -> None:
     result = tether("context", "--help")
     assert result.returncode == 0
-    assert "[followup]" in result.stdout.decode()
+    assert "[followup]" in result.stdout
 
 
 def test_log_limit_must_be_positive(tmp_path: Path) -> None:
@@ -304,10 +302,24 @@ def test_log_limit_must_be_positive(tmp_path: Path) -> None:
     assert result.exit_code == 2
 
 
+def test_a_log_limit_past_the_ledgers_integers_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/l.db"
+    assert tether("ledger", "load", str(EXAMPLE), "--ledger", url).returncode == 0
+    for limit in ("99999999999999999999", str(2**63)):
+        result = tether("log", "--session", "review-42", "--limit", limit, "--ledger", url)
+        err = one_line_error(result)
+        assert result.returncode == 2
+        assert err.startswith(f"usage error: --limit {limit} is over {2**63 - 1}"), err
+    # the largest the ledger takes is fine: every row
+    most = tether("log", "-s", "review-42", "--limit", str(2**63 - 1), "--json", "--ledger", url)
+    assert most.returncode == 0, most.stderr
+    assert len(most.stdout.splitlines()) == 11
+
+
 @pytest.mark.parametrize("url", ["mysql://x", "sqlite:", "postgresql://h/db?nonsense_option=1"])
 def test_a_bad_ledger_url_exits_2(url: str) -> None:
     result = tether("sessions", "--ledger", url)
-    _one_line_error(result)
+    one_line_error(result)
     assert result.returncode == 2
 
 
@@ -320,13 +332,23 @@ def test_a_bad_ledger_url_exits_2(url: str) -> None:
         ("[followup]\nrequest_max_bytes = false\n", "followup.request_max_bytes"),
         ("a = " + "[" * 3000 + "]" * 3000 + "\n", "nest"),
         ("a = " + "9" * 5000 + "\n", "invalid TOML"),
+        # a name is an id (given as --agent, stored in the ledger): not empty, one printable line
+        (
+            '[providers.p]\nbase_url = "http://h/v1"\n[agents.""]\nprovider = "p"\nmodel = "m"\n',
+            '[agents.""]: the name must not be empty',
+        ),
+        ('[agents."a\\tb"]\nprovider = "p"\nmodel = "m"\n', '[agents."a\\tb"]: the name must'),
+        (
+            '[providers.""]\nbase_url = "http://h/v1"\n',
+            '[providers.""]: the name must not be empty',
+        ),
     ],
 )
 def test_bad_config_values_exit_2(tmp_path: Path, toml: str, problem: str) -> None:
     cfg = tmp_path / "tether.toml"
     cfg.write_text(toml)
     result = tether("sessions", "--config", str(cfg))
-    err = _one_line_error(result)
+    err = one_line_error(result)
     assert result.returncode == 2
     assert problem in err
 
@@ -335,7 +357,7 @@ def test_a_config_that_is_not_utf8_exits_2(tmp_path: Path) -> None:
     cfg = tmp_path / "tether.toml"
     cfg.write_bytes(b"[ledger]\nurl = '\xff'\n")
     result = tether("sessions", "--config", str(cfg))
-    assert "not UTF-8" in _one_line_error(result)
+    assert "not UTF-8" in one_line_error(result)
     assert result.returncode == 2
 
 

@@ -5,22 +5,22 @@ same way; and the exit without the interpreter's teardown, which must lose nothi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
 import pytest
+import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from provider import Reply, ScriptedProvider, ToolCall
-from test_launch import alive, make_config, placement, wait_for
-from tether.cli import run_start
+from support import Reply, ScriptedProvider, ToolCall, run_args, start_tether, tether, wait_for
+from test_launch import alive, make_config, placement
+from tether.cli import entry, run_start
 from tether.cli.app import app, load_command
 from tether.cli.run_start import RunArgs, parse
 from tether.config import Config
@@ -37,9 +37,9 @@ class _Started(Exception):
         self.args_seen = args
 
 
-def command_args(argv: list[str]) -> RunArgs | None:
+def command_args(argv: list[str], before: Sequence[str] = ()) -> RunArgs | None:
     """The arguments the `run` command itself would start the run with (typer's own parsing of
-    ``argv``), or None when it rejects them."""
+    ``tether BEFORE run ARGV``), or None when it rejects them."""
 
     def seen(args: RunArgs, **_: object) -> None:
         raise _Started(args)
@@ -47,7 +47,7 @@ def command_args(argv: list[str]) -> RunArgs | None:
     original = run_start.start
     run_start.start = seen  # type: ignore[assignment]
     try:
-        result = CliRunner().invoke(app, ["run", *argv])
+        result = CliRunner().invoke(app, [*before, "run", *argv])
     finally:
         run_start.start = original
     return result.exception.args_seen if isinstance(result.exception, _Started) else None
@@ -122,6 +122,89 @@ def test_a_head_start_is_made_only_for_what_the_command_reads_the_same_way(
         assert guessed == command_args(argv)
     else:
         assert guessed is None
+
+
+def program_args(argv: list[str]) -> RunArgs | None:
+    """What the program (``tether.cli.entry``) reads from ``tether ARGV`` to run it without the
+    CLI: the options before the command, then ``run``'s own; None when it leaves them to the
+    CLI."""
+    split = entry.split_globals(argv)
+    if split is None or split[1][:1] != ["run"]:
+        return None
+    given, words = split
+    return parse(words[1:], config=given.get("--config"), ledger=given.get("--ledger"))
+
+
+def test_the_program_knows_every_option_of_the_root() -> None:
+    from tether.cli.app import app as root_app
+
+    group = typer.main.get_group(root_app)
+    spelled = {f"--{name.rstrip('=')}" for name in entry.GLOBAL_LONG_OPTIONS}
+    shorts = {f"-{c}" for c in entry.GLOBAL_SHORT_OPTIONS.replace(":", "")}
+    options = [p for p in group.params if p.param_type_name == "option"]
+    taken = [p for p in options if p.name in ("config", "ledger")]
+    assert len(taken) == 2
+    for param in taken:
+        assert set(param.opts) <= spelled | shorts, param.opts
+
+
+@st.composite
+def before_run(draw: st.DrawFn) -> list[str]:
+    """Options given before ``run`` in any spelling, sometimes with a mistake."""
+    words: list[str] = []
+    for long, short in (("--config", "-c"), ("--ledger", None)):
+        for _ in range(draw(st.integers(0, 2))):  # twice: the last one applies
+            value = draw(VALUES)
+            style = draw(st.sampled_from(["long", "equals", "short", "joined"]))
+            if style == "short" and short is not None:
+                words += [short, value]
+            elif style == "joined" and short is not None:
+                words.append(short + value)
+            elif style == "equals":
+                words.append(f"{long}={value}")
+            else:
+                words += [long, value]
+    if draw(st.integers(0, 9)) == 0:
+        mistake = draw(st.sampled_from(["--conf", "--help", "--", "--json", "-s"]))
+        words.insert(draw(st.integers(0, len(words))), mistake)
+    return words
+
+
+@settings(max_examples=200, deadline=None)
+@given(before_run(), run_argv())
+def test_options_before_run_are_read_as_the_cli_reads_them(
+    before: list[str], argv: list[str]
+) -> None:
+    guessed = program_args([*before, "run", *argv])
+    if guessed is not None:
+        assert command_args(argv, before) == guessed
+    plain = not {"--conf", "--help", "--", "--json", "-s"} & set(before)
+    if plain and "--help" not in argv and "--sess" not in argv:
+        assert guessed == command_args(argv, before)
+
+
+@pytest.mark.parametrize(
+    ("before", "argv", "config", "ledger"),
+    [
+        (["--config", "a.toml"], ["-s", "s1", "-a", "rev", "hi"], "a.toml", None),
+        (["-cA.toml", "--ledger=memory:"], ["-s", "s1", "-a", "rev", "hi"], "A.toml", "memory:"),
+        # the option after the command applies
+        (["--config", "a.toml"], ["-c", "b.toml", "-s", "s1", "-a", "r", "hi"], "b.toml", None),
+        (
+            ["--ledger", "memory:"],
+            ["--ledger", "sqlite:x", "-s", "s", "-a", "r", "hi"],
+            None,
+            "sqlite:x",
+        ),
+    ],
+)
+def test_config_and_ledger_before_run(
+    before: list[str], argv: list[str], config: str | None, ledger: str | None
+) -> None:
+    guessed = program_args([*before, "run", *argv])
+    assert guessed is not None
+    assert (guessed.config, guessed.ledger) == (Path(config) if config else None, ledger)
+    assert guessed == command_args(argv, before)
 
 
 @pytest.mark.parametrize(
@@ -211,15 +294,9 @@ def test_tether_run_takes_its_head_start(
 ) -> None:
     provider = scripted_provider([Reply("the answer")])
     cfg = make_config(tmp_path, provider.url)
-    argv = ["run", "-c", str(cfg.path), "-s", "s1", "-a", "rev", "--json", "what is it?"]
-    done = subprocess.run(
-        [sys.executable, "-m", "tether", *argv],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "error::ResourceWarning"},
-    )
+    assert cfg.path is not None
+    argv = run_args(cfg.path, "what is it?", as_json=True)
+    done = tether(*argv, cwd=tmp_path, env={"PYTHONWARNINGS": "error::ResourceWarning"})
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert (out["status"], out["answer"]) == ("finished", "the answer")
@@ -259,14 +336,8 @@ def test_plain_arguments_run_without_loading_the_cli(
 
 
 def _tether_run(tmp_path: Path, cfg: Config, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = ["run", "-c", str(cfg.path), "-s", "s1", "-a", "rev", "--json", *args]
-    return subprocess.run(
-        [sys.executable, "-m", "tether", *argv],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    assert cfg.path is not None
+    return tether(*run_args(cfg.path, *args, as_json=True), cwd=tmp_path)
 
 
 def test_without_custody_the_run_starts_its_own_pi(
@@ -280,14 +351,7 @@ def test_without_custody_the_run_starts_its_own_pi(
     cfg = make_config(tmp_path, provider.url)
     assert cfg.path is not None
     cfg.path.write_text(cfg.path.read_text() + "\n[custody]\ndetached = false\n")
-    argv = ["run", "-c", str(cfg.path), "-s", "s1", "-a", "rev", "--json", "go"]
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "tether", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
+    cli = start_tether(*run_args(cfg.path, "go", as_json=True), cwd=tmp_path)
     out, err = cli.communicate(timeout=120)
     assert cli.returncode == 0, err
     assert json.loads(out)["status"] == "finished"

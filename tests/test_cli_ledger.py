@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 from typer.testing import CliRunner
 
+from support import one_line_error, tether, write_config
 from tether.cli.app import app
 
 EXAMPLE = Path(__file__).parent.parent / "src" / "tether" / "examples" / "review.jsonl"
 runner = CliRunner()
-
-
-def tether(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tether", *args], capture_output=True, text=True, timeout=60
-    )
 
 
 def test_load_dump_log_sessions_through_the_entry_point(tmp_path: Path) -> None:
@@ -122,3 +115,45 @@ def test_error_text_is_never_read_as_markup(tmp_path: Path) -> None:
     result = runner.invoke(app, ["sessions", "--config", str(cfg)])
     assert result.exit_code == 2
     assert "names no [providers.…] section" in result.output
+
+
+def test_config_and_ledger_are_taken_before_the_command_too(tmp_path: Path) -> None:
+    loaded = tmp_path / "loaded.db"
+    assert tether("ledger", "load", str(EXAMPLE), "--ledger", f"sqlite:{loaded}").returncode == 0
+    cfg = write_config(tmp_path, ledger={"url": f"sqlite:{loaded}"})
+
+    def listed(*argv: str) -> list[str]:
+        done = tether(*argv, cwd=tmp_path)
+        assert done.returncode == 0, (argv, done.stderr)
+        return [json.loads(line)["id"] for line in done.stdout.splitlines()]
+
+    assert listed("--config", str(cfg), "sessions", "--json") == ["review-42"]
+    assert listed("-c", str(cfg), "sessions", "--json") == ["review-42"]
+    assert listed("--ledger", f"sqlite:{loaded}", "sessions", "--json") == ["review-42"]
+    # in a group's command too
+    shown = tether("--ledger", f"sqlite:{loaded}", "ledger", "dump", "-s", "review-42")
+    assert shown.returncode == 0, shown.stderr
+    assert len(shown.stdout.splitlines()) == 15
+    # given before and after, the one after the command applies
+    assert listed("--ledger", f"sqlite:{loaded}", "sessions", "--json", "--ledger", "memory:") == []
+    assert listed(
+        "--config", str(tmp_path / "nope.toml"), "sessions", "--json", "-c", str(cfg)
+    ) == ["review-42"]
+    missing = tether("--config", str(tmp_path / "nope.toml"), "sessions")
+    assert (missing.returncode, "does not exist" in one_line_error(missing)) == (2, True)
+
+
+def test_config_or_ledger_before_a_command_that_takes_none_is_a_usage_error(
+    tmp_path: Path,
+) -> None:
+    for argv in (
+        ["--ledger", "memory:", "setup", "--json"],
+        ["--config", "x.toml", "model", "status"],
+        ["--ledger", "memory:", "model", "config"],  # its own --ledger is what it writes
+        ["--ledger", "memory:", "ledger", "copy", "memory:", "memory:"],
+    ):
+        done = tether(*argv, cwd=tmp_path)
+        assert done.returncode == 2, (argv, done.stdout, done.stderr)
+        assert "does not use" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []

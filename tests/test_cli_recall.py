@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
 
 from followup_sessions import RunWriter
+from support import tether, write_config
 from tether.cli.app import app
 from tether.ledger import open_ledger
 
@@ -18,10 +17,7 @@ runner = CliRunner()
 
 def setup(tmp_path: Path) -> Path:
     db = tmp_path / "ledger.db"
-    config = tmp_path / "tether.toml"
-    config.write_text(
-        f'[ledger]\nurl = "sqlite://{db}"\n\n[access.grants]\n"user:ana" = ["repo:acme/*"]\n'
-    )
+    config = write_config(tmp_path, access={"grants": {"user:ana": ["repo:acme/*"]}})
     with open_ledger(f"sqlite://{db}") as ledger:
         w = RunWriter.start(ledger, "review-42", "reviewer")
         w.request("Review the deploy")
@@ -30,12 +26,6 @@ def setup(tmp_path: Path) -> Path:
         w.say("Done for now.")
         w.end()
     return config
-
-
-def tether(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tether", *args], capture_output=True, text=True, timeout=60
-    )
 
 
 def test_recall_json_searches_for_the_actor(tmp_path: Path) -> None:

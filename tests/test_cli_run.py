@@ -3,60 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from provider import Reply, ScriptedProvider, Stall, ToolCall
+from support import (
+    Reply,
+    ScriptedProvider,
+    Stall,
+    ToolCall,
+    run_args,
+    start_tether,
+    tether,
+    wait_for,
+    write_config,
+)
 from tether.ledger import NewRow, RunStatus, open_ledger
 
-TETHER = [sys.executable, "-m", "tether"]
-
-
-def write_config(tmp: Path, url: str) -> Path:
-    (tmp / "work").mkdir(exist_ok=True)
-    path = tmp / "tether.toml"
-    path.write_text(
-        f"""
-[ledger]
-url = "sqlite://{tmp}/ledger.db"
-
-[providers.local]
-base_url = "{url}"
-context_window = 8192
-max_tokens = 1024
-
-[agents.rev]
-provider = "local"
-model = "scripted"
-deadline_s = 60
-workdir = "work"
-
-[harness]
-runs_dir = "runs"
-pi_settings = {{ retry = {{ baseDelayMs = 20 }} }}
-"""
-    )
-    return path
-
-
-def tether(
-    tmp: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*TETHER, *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
+pytestmark = pytest.mark.pi  # every test runs `tether run`, which finds pi first
 
 
 def test_run_prints_json_and_exits_0(
@@ -66,7 +32,7 @@ def test_run_prints_json_and_exits_0(
         [Reply(tool_calls=[ToolCall("bash", {"command": "echo hi"})]), Reply("the answer")]
     )
     cfg = write_config(tmp_path, p.url)
-    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "go")
+    done = tether(*run_args(cfg, "go", as_json=True), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["status"] == "finished"
@@ -75,33 +41,21 @@ def test_run_prints_json_and_exits_0(
     assert out["session"] == "s1"
     assert set(out) >= {"run", "session", "status", "answer", "checkpoint"}
     assert not (tmp_path / "runs" / out["run"]).exists(), "a run that ended well leaves nothing"
-    plain = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "again")
+    plain = tether(*run_args(cfg, "again"), cwd=tmp_path)
     assert plain.returncode == 4, "the script is exhausted: the provider fails"
     assert "failed" in plain.stderr
 
 
 def test_usage_and_configuration_errors_exit_2_and_write_nothing(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
-    unknown = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "nobody", "go")
+    cfg = write_config(tmp_path)
+    unknown = tether(*run_args(cfg, "go", agent="nobody"), cwd=tmp_path)
     assert unknown.returncode == 2
     assert "unknown agent 'nobody'" in unknown.stderr
-    missing = tether(
-        tmp_path, "run", "--config", str(tmp_path / "nope.toml"), "-s", "s1", "-a", "rev", "go"
-    )
+    missing = tether(*run_args(tmp_path / "nope.toml", "go"), cwd=tmp_path)
     assert missing.returncode == 2
     assert "does not exist" in missing.stderr
-    no_pi = tether(
-        tmp_path,
-        "run",
-        "--config",
-        str(cfg),
-        "-s",
-        "s1",
-        "-a",
-        "rev",
-        "go",
-        env={"TETHER_PI": str(tmp_path / "no-such-cli.js")},
-    )
+    no_pi_env = {"TETHER_PI": str(tmp_path / "no-such-cli.js")}
+    no_pi = tether(*run_args(cfg, "go"), cwd=tmp_path, env=no_pi_env)
     assert no_pi.returncode == 2
     assert "tether setup" in no_pi.stderr  # issue 19: the advice a user without a checkout can take
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
@@ -109,11 +63,11 @@ def test_usage_and_configuration_errors_exit_2_and_write_nothing(tmp_path: Path)
 
 
 def test_refusing_session_exits_3(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg = write_config(tmp_path)
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
         store.ensure_session("s1")
         store.set_refusing("s1", "pi's idle was not confirmed")
-    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "go")
+    done = tether(*run_args(cfg, "go", as_json=True), cwd=tmp_path)
     assert done.returncode == 3
     assert "idle was not confirmed" in done.stderr
     assert json.loads(done.stdout)["reason"] == "session_refusing"
@@ -122,8 +76,8 @@ def test_refusing_session_exits_3(tmp_path: Path) -> None:
 
 
 def test_unreachable_provider_exits_4_with_the_reason(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
-    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "go")
+    cfg = write_config(tmp_path)
+    done = tether(*run_args(cfg, "go", as_json=True), cwd=tmp_path)
     assert done.returncode == 4
     out = json.loads(done.stdout)
     assert out["status"] == "failed"
@@ -141,16 +95,13 @@ def test_ctrl_c_stops_the_run_softly(
         [Reply("partial progress", tool_calls=[ToolCall("bash", {"command": "true"})]), Stall()]
     )
     cfg = write_config(tmp_path, p.url)
-    proc = subprocess.Popen(
-        [*TETHER, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "go"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_tether(*run_args(cfg, "go", as_json=True), cwd=tmp_path)
     try:
         p.wait_for_requests(2, timeout=60)
-        time.sleep(0.2)
+        # the first turn (request, tool call, its result) is in the ledger: the run is past its
+        # start and live in the second request
+        with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
+            wait_for(lambda: store.last_seq("s1") >= 3, 60, "the first turn's rows")
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -163,7 +114,7 @@ def test_ctrl_c_stops_the_run_softly(
 
 
 def test_refused_view_exits_3_and_writes_nothing(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg = write_config(tmp_path)
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as store:
         store.ensure_session("s1")
         broken = store.create_run("s1", "rev")
@@ -171,7 +122,7 @@ def test_refused_view_exits_3_and_writes_nothing(tmp_path: Path) -> None:
         # A run that wrote rows but no request row: its request is incomplete.
         store.append(fence, [NewRow.message("agent:rev", {"role": "assistant", "content": []})])
         store.end_run(fence, RunStatus.FAILED)
-    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "go")
+    done = tether(*run_args(cfg, "go", as_json=True), cwd=tmp_path)
     assert done.returncode == 3
     out = json.loads(done.stdout)
     assert out["status"] == "refused"
@@ -192,32 +143,17 @@ def test_a_workdir_the_tools_must_not_reach_exits_2_and_writes_nothing(
     """The ledger, the config and the run directories, each in a directory of its own: a
     workdir holding any one of them is refused, whether pi starts under custody's keeper
     (``tether run``'s start) or as the run's child (the harness's admission)."""
-    (tmp_path / "conf").mkdir()
     (tmp_path / "db").mkdir()
-    cfg = tmp_path / "conf" / "tether.toml"
-    cfg.write_text(
-        f"""
-[ledger]
-url = "sqlite://{tmp_path}/db/ledger.db"
-
-[providers.local]
-base_url = "http://127.0.0.1:9/v1"
-
-[agents.rev]
-provider = "local"
-model = "scripted"
-
-[harness]
-runs_dir = "{tmp_path}/state/runs"
-
-[custody]
-detached = {str(detached).lower()}
-"""
+    cfg = write_config(
+        tmp_path / "conf",
+        ledger={"url": f"sqlite://{tmp_path}/db/ledger.db"},
+        agents={"rev": {"workdir": None}},
+        harness={"runs_dir": f"{tmp_path}/state/runs"},
+        custody={"detached": detached},
     )
     open_ledger(f"sqlite://{tmp_path}/db/ledger.db").close()
     workdir = tmp_path / inside
-    args = ["run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "--workdir"]
-    done = tether(tmp_path, *args, str(workdir), "go")
+    done = tether(*run_args(cfg, "--workdir", str(workdir), "go", as_json=True), cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert f"would work in {workdir}, which contains {what}" in done.stderr
     assert "[agents.rev] workdir (or --workdir)" in done.stderr

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
 
+from support import context_args, tether, write_config
 from tether.cli.app import app
 from tether.config import load_config
 from tether.followup import build_view
@@ -18,15 +17,15 @@ from tether.ledger.jsonl import load_file
 
 EXAMPLE = Path(__file__).parent.parent / "src" / "tether" / "examples" / "review.jsonl"
 runner = CliRunner()
+REVIEW = {"session": "review-42", "agent": "reviewer"}
 
 
 def setup(tmp_path: Path) -> tuple[Path, Path]:
     db = tmp_path / "ledger.db"
-    config = tmp_path / "tether.toml"
-    config.write_text(
-        f'[ledger]\nurl = "sqlite://{db}"\n\n'
-        "[followup]\nbudget_bytes = 240000\n\n"
-        '[access.grants]\n"user:ana" = ["repo:acme/*"]\n'
+    config = write_config(
+        tmp_path,
+        followup={"budget_bytes": 240000},
+        access={"grants": {"user:ana": ["repo:acme/*"]}},
     )
     with open_ledger(f"sqlite://{db}") as ledger:
         load_file(ledger, EXAMPLE)
@@ -40,23 +39,8 @@ def digest(db: Path) -> str:
 def test_json_is_the_view_and_nothing_is_written(tmp_path: Path) -> None:
     db, config = setup(tmp_path)
     before = digest(db)
-    args = ["context", "-s", "review-42", "-a", "reviewer", "--actor", "user:ana"]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tether",
-            *args,
-            "--request",
-            "Now the diff?",
-            "--json",
-            "--config",
-            str(config),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    args = context_args(config, "--actor", "user:ana", **REVIEW, as_json=True)
+    result = tether(*args, "--request", "Now the diff?", timeout=60)
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
     cfg = load_config(config)
@@ -82,20 +66,7 @@ def test_a_refusal_exits_3_with_json(tmp_path: Path) -> None:
     before = digest(db)
     result = runner.invoke(
         app,
-        [
-            "context",
-            "-s",
-            "review-42",
-            "-a",
-            "reviewer",
-            "--actor",
-            "user:ana",
-            "--budget",
-            "500",
-            "--json",
-            "--config",
-            str(config),
-        ],
+        context_args(config, "--actor", "user:ana", "--budget", "500", "--json", **REVIEW),
     )
     assert result.exit_code == 3
     refusal = json.loads(result.stdout)
@@ -109,17 +80,7 @@ def test_the_readable_view_marks_reused_copied_synthetic_and_gaps(tmp_path: Path
     _, config = setup(tmp_path)
     reused = runner.invoke(
         app,
-        [
-            "context",
-            "-s",
-            "review-42",
-            "-a",
-            "reviewer",
-            "--actor",
-            "user:ana",
-            "--config",
-            str(config),
-        ],
+        context_args(config, "--actor", "user:ana", **REVIEW),
         env={"COLUMNS": "200"},
     )
     assert reused.exit_code == 0, reused.output
@@ -132,17 +93,7 @@ def test_the_readable_view_marks_reused_copied_synthetic_and_gaps(tmp_path: Path
 
     withheld = runner.invoke(
         app,
-        [
-            "context",
-            "-s",
-            "review-42",
-            "-a",
-            "reviewer",
-            "--actor",
-            "user:eve",
-            "--config",
-            str(config),
-        ],
+        context_args(config, "--actor", "user:eve", **REVIEW),
         env={"COLUMNS": "200"},
     )
     assert withheld.exit_code == 0, withheld.output
@@ -155,22 +106,10 @@ def test_readable_refusals_and_unknown_sessions(tmp_path: Path) -> None:
     _, config = setup(tmp_path)
     refused = runner.invoke(
         app,
-        [
-            "context",
-            "-s",
-            "review-42",
-            "-a",
-            "reviewer",
-            "--budget",
-            "100",
-            "--config",
-            str(config),
-        ],
+        context_args(config, "--budget", "100", **REVIEW),
     )
     assert refused.exit_code == 3
     assert "protected_context_over_budget" in refused.output
-    missing = runner.invoke(
-        app, ["context", "-s", "nope", "-a", "reviewer", "--config", str(config)]
-    )
+    missing = runner.invoke(app, context_args(config, session="nope", agent="reviewer"))
     assert missing.exit_code == 1
     assert "no session 'nope'" in missing.output

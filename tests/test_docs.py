@@ -168,3 +168,22 @@ def test_docs_link_only_inside_the_repository(doc: str) -> None:
         assert not re.match(r"[a-z]+:", path), f"docs/{doc} links outside: {target}"
         assert (DOCS / path).resolve().is_relative_to(ROOT), f"docs/{doc}: {target}"
         assert (DOCS / path).exists(), f"docs/{doc} links to a missing file: {target}"
+
+
+def documented_error_exits(text: str) -> list[tuple[str, str, int]]:
+    """docs/cli.md's table of errors: (class name, label, status), in its order."""
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| (\d) \|$", text, flags=re.MULTILINE)
+    return [(name, label.strip(), int(status)) for name, label, status in rows]
+
+
+def test_the_error_table_is_the_mapping_every_command_uses() -> None:
+    from tether.cli.exits import ERROR_EXITS
+
+    text = (DOCS / "cli.md").read_text()
+    mapping = [(e.error.__name__, e.label, int(e.status)) for e in ERROR_EXITS]
+    assert documented_error_exits(text) == mapping
+    # and the check sees a wrong status
+    wrong = text.replace(
+        "| `StorageError` | ledger error | 1 |", "| `StorageError` | ledger error | 4 |"
+    )
+    assert documented_error_exits(wrong) != mapping

@@ -5,7 +5,6 @@ without psycopg, and a postgresql:// ledger without it names the extra to instal
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -13,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from provider import Reply, ScriptedProvider
+import pytest
 
-TETHER = [sys.executable, "-m", "tether"]
+from support import Reply, ScriptedProvider, tether, write_config
 
 
 def closed_port() -> int:
@@ -24,35 +23,17 @@ def closed_port() -> int:
         return int(s.getsockname()[1])  # closed again when the block ends: nothing listens
 
 
-def config(tmp: Path, base_url: str, ledger: str | None = None) -> Path:
-    path = tmp / "tether.toml"
-    path.write_text(
-        f"""
-[ledger]
-url = "{ledger or f"sqlite://{tmp}/ledger.db"}"
-
-[providers.local]
-base_url = "{base_url}"
-
-[agents.rev]
-provider = "local"
-model = "scripted"
-"""
-    )
-    return path
+def config(tmp: Path, base_url: str, ledger: str | None = None, **changes: Any) -> Path:
+    """The usual test config, with the default state directory (``.tether/runs``)."""
+    if ledger is not None:
+        changes["ledger"] = {"url": ledger}
+    return write_config(tmp, base_url, harness=None, **changes)
 
 
 def doctor(
-    tmp: Path, *args: str, env: dict[str, str] | None = None
+    tmp: Path, *args: str, env: dict[str, str | None] | None = None
 ) -> tuple[int, dict[str, dict[str, Any]]]:
-    done = subprocess.run(
-        [*TETHER, "doctor", "--json", *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
+    done = tether("doctor", "--json", *args, cwd=tmp, env=env)
     report = json.loads(done.stdout)
     checks = {c["check"]: c for c in report["checks"]}
     assert report["ok"] is (done.returncode == 0)
@@ -90,6 +71,7 @@ def test_schema_version_of_an_existing_ledger(
     assert checks["ledger"]["found"].endswith(f"schema {SCHEMA_VERSION}")
 
 
+@pytest.mark.pi  # doctor looks for Node and pi too
 def test_unreachable_provider_is_one_failing_line(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     code, checks = doctor(tmp_path, "--config", str(config(tmp_path, url)))
@@ -127,14 +109,9 @@ def test_missing_pi_names_tether_setup(
 def test_unset_api_key_fails(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
-    path = config(tmp_path, scripted_provider([Reply("unused")]).url)
-    path.write_text(
-        path.read_text().replace("[agents.rev]", 'api_key_env = "TETHER_T_KEY"\n[agents.rev]')
-    )
-    env = {k: v for k, v in os.environ.items() if k != "TETHER_T_KEY"}
-    done = subprocess.run(
-        [*TETHER, "doctor", "--config", str(path)], capture_output=True, text=True, env=env
-    )
+    url = scripted_provider([Reply("unused")]).url
+    path = config(tmp_path, url, providers={"local": {"api_key_env": "TETHER_T_KEY"}})
+    done = tether("doctor", "--config", str(path), env={"TETHER_T_KEY": None})
     assert done.returncode == 1
     assert "TETHER_T_KEY" in done.stdout
 
@@ -143,13 +120,7 @@ def test_table_on_a_terminal_shows_each_check(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
     cfg = str(config(tmp_path, scripted_provider([Reply("unused")]).url))
-    done = subprocess.run(
-        [*TETHER, "doctor", "--config", cfg],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    done = tether("doctor", "--config", cfg, cwd=tmp_path, env={"COLUMNS": "200"})
     assert done.returncode == 0, done.stdout
     for name in ("python", "tether", "node", "pi", "extension", "ledger", "provider local"):
         assert f" {name} " in done.stdout
@@ -171,13 +142,7 @@ def test_a_state_directory_others_may_read_is_reported(
         "found": f"{state} mode 0755 (others may read transcripts)",
         "fix": f"chmod o-rwx {state}",
     }
-    table = subprocess.run(
-        [*TETHER, "doctor", "--config", cfg],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "COLUMNS": "300"},
-    )
+    table = tether("doctor", "--config", cfg, cwd=tmp_path, env={"COLUMNS": "300"})
     assert table.returncode == 0, table.stdout
     (line,) = [x for x in table.stdout.splitlines() if " state directory " in x]
     assert line.lstrip().startswith("!")

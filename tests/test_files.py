@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
+from support import wait_for
 from tether.files import DISCARDED_DIR, remove_later
 
 
@@ -24,15 +24,6 @@ def _tree(root: Path) -> Path:
     return run
 
 
-def _gone_within(path: Path, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while path.exists():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_a_directory_removed_later_is_gone_by_its_name_at_once_and_from_the_disk_soon(
     tmp_path: Path,
 ) -> None:
@@ -41,7 +32,7 @@ def test_a_directory_removed_later_is_gone_by_its_name_at_once_and_from_the_disk
     assert not run.exists(), "the directory must be gone by its name when the call returns"
     aside = tmp_path / DISCARDED_DIR
     assert stat.S_IMODE(aside.stat().st_mode) == 0o700, "what waits to be removed stays private"
-    assert _gone_within(aside / run.name, 10), "the directory set aside was never removed"
+    wait_for(lambda: not (aside / run.name).exists(), 10, "the directory set aside to be removed")
     assert list(tmp_path.iterdir()) == [aside]
 
 
@@ -78,11 +69,12 @@ def test_a_process_that_lives_on_keeps_no_zombie_of_its_removals(
     monkeypatch.setattr(os, "posix_spawnp", recording)
     remove_later(_tree(tmp_path))
     (pid,) = spawned
-    deadline = time.monotonic() + 10
-    while True:
+
+    def reaped() -> bool:
         try:
-            status = psutil.Process(pid).status()  # (psutil looks; it never reaps)
+            psutil.Process(pid).status()  # (psutil looks; it never reaps)
         except psutil.NoSuchProcess:
-            break  # reaped: no zombie left
-        assert time.monotonic() < deadline, f"the removal {pid} stays {status}"
-        time.sleep(0.01)
+            return True  # reaped: no zombie left
+        return False
+
+    wait_for(reaped, 10, f"the removal {pid} to be reaped")

@@ -30,22 +30,21 @@ EXAMPLE = Path(__file__).parent.parent / "src" / "tether" / "examples" / "review
 ANA = {"user:ana": ["repo:acme/*"], "user:bob": ["repo:acme/*"]}
 
 
+def _build(ledger: Ledger, **kw: Any) -> FollowupView | Refusal:
+    """The view of reviewer's next run on s1 for ana, unless ``kw`` says otherwise."""
+    return build_view(
+        ledger, **{"session": "s1", "agent": "reviewer", "actor": "user:ana", "grants": ANA, **kw}
+    )
+
+
 def view_of(ledger: Ledger, **kw: Any) -> FollowupView:
-    kw.setdefault("session", "s1")
-    kw.setdefault("agent", "reviewer")
-    kw.setdefault("actor", "user:ana")
-    kw.setdefault("grants", ANA)
-    view = build_view(ledger, **kw)
+    view = _build(ledger, **kw)
     assert isinstance(view, FollowupView), view
     return view
 
 
 def refusal_of(ledger: Ledger, **kw: Any) -> Refusal:
-    kw.setdefault("session", "s1")
-    kw.setdefault("agent", "reviewer")
-    kw.setdefault("actor", "user:ana")
-    kw.setdefault("grants", ANA)
-    view = build_view(ledger, **kw)
+    view = _build(ledger, **kw)
     assert isinstance(view, Refusal), view
     return view
 

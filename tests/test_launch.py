@@ -20,8 +20,8 @@ import anyio
 import psutil
 import pytest
 
-from provider import Reply, ScriptedProvider
-from tether.config import Config, load_config
+from support import Reply, ScriptedProvider, load_test_config, wait_for
+from tether.config import Config
 from tether.followup import Refused
 from tether.harness.run import run_claimed
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
@@ -32,36 +32,12 @@ from tether.pi.launch import PiLaunch, runs_dir
 
 
 def make_config(tmp_path: Path, url: str, *, budget: int = 240_000) -> Config:
-    path = tmp_path / "tether.toml"
-    path.write_text(
-        textwrap.dedent(
-            f"""
-            [ledger]
-            url = "sqlite://{tmp_path}/ledger.db"
-            [followup]
-            budget_bytes = {budget}
-            [providers.local]
-            base_url = "{url}"
-            context_window = 64000
-            max_tokens = 1024
-            [agents.rev]
-            provider = "local"
-            model = "scripted"
-            workdir = "work"
-            [harness]
-            runs_dir = "runs"
-            """
-        )
+    return load_test_config(
+        tmp_path,
+        url,
+        followup={"budget_bytes": budget},
+        providers={"local": {"context_window": 64000}},
     )
-    return load_config(path)
-
-
-def wait_for(predicate: Callable[[], object], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def placement(run_dir: Path) -> dict[str, int]:

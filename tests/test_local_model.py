@@ -6,16 +6,16 @@ Nothing here depends on what the tiny model says: only on the shapes tether prom
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support import tether as run_tether
 from tether.model import ModelServer, find_model, write_local_config
 from tether.processes import start_time
 
@@ -38,20 +38,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
         yield running
 
 
-def tether(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tether", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+# The model's start and the runs on it take minutes on 2 cores.
+tether = functools.partial(run_tether, timeout=300)
 
 
 def run_json(cwd: Path, session: str, request: str) -> dict[str, Any]:
     args = ["run", "--session", session, "--agent", AGENT, "--actor", ACTOR, "--json", request]
-    proc = tether(cwd, *args, timeout=DEADLINE_S + 60)
+    proc = tether(*args, cwd=cwd, timeout=DEADLINE_S + 60)
     assert proc.returncode in (0, 3), proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout)
     # Exit 3 is a finished run whose continuation checkpoint was refused (DESIGN §3.5).
@@ -71,22 +64,22 @@ def test_the_model_ships_in_site_packages() -> None:
 def test_cli_serves_reports_and_stops_the_model(tmp_path: Path) -> None:
     state = tmp_path / "state"
     started = tether(
-        tmp_path, "model", "serve", "--background", "--json", "--state-dir", str(state)
+        "model", "serve", "--background", "--json", "--state-dir", str(state), cwd=tmp_path
     )
     assert started.returncode == 0, started.stderr
     info = json.loads(started.stdout)
     try:
-        status = tether(tmp_path, "model", "status", "--json", "--state-dir", str(state))
+        status = tether("model", "status", "--json", "--state-dir", str(state), cwd=tmp_path)
         assert status.returncode == 0
         assert json.loads(status.stdout)["status"] == "running"
-        again = tether(tmp_path, "model", "serve", "--background", "--state-dir", str(state))
+        again = tether("model", "serve", "--background", "--state-dir", str(state), cwd=tmp_path)
         assert again.returncode != 0
         assert "already running" in again.stderr
     finally:
-        stopped = tether(tmp_path, "model", "stop", "--json", "--state-dir", str(state))
+        stopped = tether("model", "stop", "--json", "--state-dir", str(state), cwd=tmp_path)
     assert json.loads(stopped.stdout) == {"status": "stopped", "pid": info["pid"]}
     assert start_time(info["pid"]) is None  # gone (or a zombie until init reaps it)
-    after = tether(tmp_path, "model", "status", "--json", "--state-dir", str(state))
+    after = tether("model", "status", "--json", "--state-dir", str(state), cwd=tmp_path)
     assert after.returncode == 1
     assert json.loads(after.stdout) == {"status": "not_running"}
 
@@ -116,7 +109,7 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
     outcomes = [r["checkpoint"] for r in results]
     assert all(o in ("written", "not_needed") or o.startswith("refused:") for o in outcomes)
 
-    log = tether(tmp_path, "log", "--session", "s1", "--json")
+    log = tether("log", "--session", "s1", "--json", cwd=tmp_path)
     assert log.returncode == 0, log.stderr
     records = [json.loads(line) for line in log.stdout.split("\n") if line.strip()]
     rows = [r for r in records if r.get("type") == "row"]
@@ -167,7 +160,7 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
     def next_view(*budget: str) -> tuple[int, dict[str, Any]]:
         asked = ["--request", "Summarise what we discussed.", "--json"]
         args = ["--session", "s1", "--agent", AGENT, "--actor", ACTOR, *budget, *asked]
-        done = tether(tmp_path, "context", *args)
+        done = tether("context", *args, cwd=tmp_path)
         assert done.returncode in (0, 3), done.stdout + done.stderr
         found: dict[str, Any] = json.loads(done.stdout)
         return done.returncode, found

@@ -8,7 +8,6 @@ start. Here psutil's reading of it is moved by one second, as a stepped clock mo
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import psutil
 import psutil._pslinux
 import pytest
 
+from support import wait_for
 from tether.harness.custody import placement
 from tether.processes import alive, start_time
 
@@ -60,10 +60,8 @@ def test_a_start_time_is_the_kernels_own_and_names_only_that_process(
 def test_a_zombie_is_gone() -> None:
     proc = subprocess.Popen(["true"])
     started = start_time(proc.pid)
-    deadline = time.monotonic() + 10
-    while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the child did not exit"
-        time.sleep(0.01)
+    zombie = psutil.STATUS_ZOMBIE
+    wait_for(lambda: psutil.Process(proc.pid).status() == zombie, 10, "the child to exit")
     try:
         assert start_time(proc.pid) is None
         assert not alive(proc.pid, started)

@@ -100,12 +100,17 @@ def test_a_search_looks_for_its_first_words_however_they_are_joined(ledger: Ledg
     assert not ledger.search("s1", [".".join([*(f"w{i}" for i in range(16)), "rollback"])])
 
 
-def test_search_answers_stay_within_their_bounds(ledger: Ledger) -> None:
+def _one_run(ledger: Ledger, request: str, answers: list[str]) -> None:
+    """A finished run of rev on s1: the request, then each answer as a row of its own."""
     w = RunWriter.start(ledger, "s1", "rev")
-    w.request("Big rows")
-    for i in range(20):
-        w.say(f"needle {i} " + '\u00e9"\n' * 30_000)
+    w.request(request)
+    for text in answers:
+        w.say(text)
     w.end()
+
+
+def test_search_answers_stay_within_their_bounds(ledger: Ledger) -> None:
+    _one_run(ledger, "Big rows", [f"needle {i} " + '\u00e9"\n' * 30_000 for i in range(20)])
     answer = search(ledger, "s1", "needle", actor=None, grants={})
     assert len(answer.hits) == MAX_HITS
     assert all(len(h.snippet.encode()) <= MAX_SNIPPET_BYTES for h in answer.hits)
@@ -113,11 +118,7 @@ def test_search_answers_stay_within_their_bounds(ledger: Ledger) -> None:
 
 
 def test_a_range_is_cut_at_the_bound_with_the_next_seq(ledger: Ledger) -> None:
-    w = RunWriter.start(ledger, "s1", "rev")
-    w.request("Many rows")
-    for i in range(60):
-        w.say(f"row text {i} " + "x" * 700)
-    w.end()
+    _one_run(ledger, "Many rows", [f"row text {i} " + "x" * 700 for i in range(60)])
     answer = read_range(ledger, "s1", 2, 61, actor=None, grants={})
     assert max(sizes(answer)) <= MAX_ANSWER_BYTES
     assert answer.next is not None

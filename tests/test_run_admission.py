@@ -4,27 +4,20 @@ session loaded in the interchange shape can be followed up (DESIGN §3.1)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from provider import Reply, ScriptedProvider
-from test_cli_run import write_config
+from support import Reply, ScriptedProvider, context_args, one_line_error, run_args, write_config
+from support import tether as run_tether
 from tether.ledger import RunStatus, open_ledger
 
-TETHER = [sys.executable, "-m", "tether"]
 
-
-def tether(
-    tmp: Path, *args: str | bytes, stdin: bytes | None = None
-) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [*TETHER, *args], capture_output=True, input=stdin, cwd=tmp, timeout=120, env=os.environ
-    )
+def tether(*args: str | bytes, **options: Any) -> subprocess.CompletedProcess[bytes]:
+    return run_tether(*args, binary=True, **options)
 
 
 def _nothing_written(tmp: Path) -> None:
@@ -35,66 +28,46 @@ def _nothing_written(tmp: Path) -> None:
     assert not (tmp / "runs").exists()
 
 
-def _one_line(result: subprocess.CompletedProcess[bytes]) -> str:
-    err = result.stderr.decode()
-    assert "Traceback" not in err, err
-    assert len(err.strip().splitlines()) == 1, err
-    return err
-
-
 def test_a_request_that_is_not_utf8_exits_2_and_writes_nothing(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
-    base = ["run", "--config", str(cfg), "-s", "s1", "-a", "rev"]
-    argv = tether(tmp_path, *base, b"caf\xe9 \xff")
+    cfg = write_config(tmp_path)
+    base = run_args(cfg)
+    argv = tether(*base, b"caf\xe9 \xff", cwd=tmp_path)
     assert argv.returncode == 2
-    assert "not valid UTF-8" in _one_line(argv)
-    piped = tether(tmp_path, *base, "-", stdin=b"review \xc3\x28 this")
+    assert "not valid UTF-8" in one_line_error(argv)
+    piped = tether(*base, "-", stdin=b"review \xc3\x28 this", cwd=tmp_path)
     assert piped.returncode == 2
-    assert "not valid UTF-8" in _one_line(piped)
+    assert "not valid UTF-8" in one_line_error(piped)
     _nothing_written(tmp_path)
 
 
 def test_a_request_over_the_limit_is_refused_and_writes_nothing(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg = write_config(tmp_path)
     big = "x" * 60_001  # the default limit: a quarter of the 240,000-byte budget
-    done = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", big)
+    done = tether(*run_args(cfg, "--json", big), cwd=tmp_path)
     assert done.returncode == 3
     out = json.loads(done.stdout)
     assert out["status"] == "refused"
     assert out["reason"] == "request_too_large"
     assert "60001" in out["detail"]
-    piped = tether(
-        tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "-", stdin=b"y" * 5_000_000
-    )
+    piped = tether(*run_args(cfg, "-"), cwd=tmp_path, stdin=b"y" * 5_000_000)
     assert piped.returncode == 3
-    assert "request_too_large" in _one_line(piped)
+    assert "request_too_large" in one_line_error(piped)
     _nothing_written(tmp_path)
     # the limit is configurable
-    cfg.write_text(
-        cfg.read_text().replace("[harness]", "[followup]\nrequest_max_bytes = 10\n\n[harness]")
-    )
-    small = tether(
-        tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "eleven byte"
-    )
+    cfg = write_config(tmp_path, followup={"request_max_bytes": 10})
+    small = tether(*run_args(cfg, "eleven byte", as_json=True), cwd=tmp_path)
     assert small.returncode == 3
     assert json.loads(small.stdout)["reason"] == "request_too_large"
     _nothing_written(tmp_path)
 
 
 def test_context_refuses_a_request_over_the_limit(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg = write_config(tmp_path)
     done = tether(
-        tmp_path,
-        "context",
-        "--config",
-        str(cfg),
-        "-s",
-        "s1",
-        "-a",
-        "rev",
-        "--json",
+        *context_args(cfg, as_json=True),
         "--request",
         "z" * 70_000,
+        cwd=tmp_path,
     )
     assert done.returncode == 3
     assert json.loads(done.stdout)["reason"] == "request_too_large"
@@ -112,14 +85,14 @@ def test_context_refuses_a_request_over_the_limit(tmp_path: Path) -> None:
     ],
 )
 def test_bad_ids_exit_2_and_write_nothing(tmp_path: Path, flag: str, value: str) -> None:
-    cfg = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    cfg = write_config(tmp_path)
     args = {"-s": "s1", "-a": "rev", "--actor": "user:ana"}
     args[flag] = value
     flat = [x for pair in args.items() for x in pair]
-    done = tether(tmp_path, "run", "--config", str(cfg), *flat, "go")
+    done = tether("run", "--config", str(cfg), *flat, "go", cwd=tmp_path)
     assert done.returncode == 2
     kind = {"-s": "session", "-a": "agent", "--actor": "actor"}[flag]
-    assert f"{kind} id" in _one_line(done)
+    assert f"{kind} id" in one_line_error(done)
     _nothing_written(tmp_path)
 
 
@@ -173,22 +146,9 @@ def test_a_loaded_session_without_pi_defaults_can_be_followed_up(
     ]
     f = tmp_path / "s1.jsonl"
     f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    loaded = tether(tmp_path, "ledger", "load", "--config", str(cfg), str(f))
+    loaded = tether("ledger", "load", "--config", str(cfg), str(f), cwd=tmp_path)
     assert loaded.returncode == 0, loaded.stderr
-    done = tether(
-        tmp_path,
-        "run",
-        "--config",
-        str(cfg),
-        "-s",
-        "s1",
-        "-a",
-        "rev",
-        "--actor",
-        "user:ana",
-        "--json",
-        "and 3+3?",
-    )
+    done = tether(*run_args(cfg, "--actor", "user:ana", "--json", "and 3+3?"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr.decode()
     out = json.loads(done.stdout)
     assert out["status"] == "finished"

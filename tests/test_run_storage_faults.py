@@ -5,9 +5,7 @@ ledger is consistent (dense seqs, the run ended, the answer kept) and the next r
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,51 +15,25 @@ from typing import Any
 import psycopg
 import pytest
 
+import support
 from pg import TEST_URL, fresh_schema_url
-from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
+from provider import Step
+from support import RecordedRequest, Reply, ScriptedProvider, ToolCall, run_args, tether, tmpfs
 from tether.harness.stranded import keep_stranded_end, record_stranded_ends
 from tether.ledger import Ledger, RunStatus, open_ledger
 
-TETHER = [sys.executable, "-m", "tether"]
-
 
 def write_config(tmp: Path, provider_url: str, ledger_url: str, retry_s: float = 30) -> Path:
-    (tmp / "work").mkdir(exist_ok=True)
-    path = tmp / "tether.toml"
-    path.write_text(
-        f"""
-[ledger]
-url = "{ledger_url}"
-
-[providers.local]
-base_url = "{provider_url}"
-context_window = 8192
-max_tokens = 1024
-
-[agents.rev]
-provider = "local"
-model = "scripted"
-deadline_s = 60
-workdir = "work"
-
-[harness]
-runs_dir = "{tmp}/runs"
-storage_retry_s = {retry_s}
-pi_settings = {{ retry = {{ baseDelayMs = 20 }} }}
-"""
+    return support.write_config(
+        tmp,
+        provider_url,
+        ledger={"url": ledger_url},
+        harness={"runs_dir": f"{tmp}/runs", "storage_retry_s": retry_s},
     )
-    return path
 
 
 def run(tmp: Path, cfg: Path, request: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*TETHER, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", request],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        timeout=180,
-        env=os.environ,
-    )
+    return tether(*run_args(cfg, request, as_json=True), cwd=tmp, timeout=180)
 
 
 def _consistent(ledger: Ledger) -> None:
@@ -93,13 +65,8 @@ def _answering(fault: Callable[[], None], answer: str = "the answer") -> list[St
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "small", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _fill(where: Path) -> Path:

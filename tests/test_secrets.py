@@ -10,62 +10,40 @@ import os
 import secrets
 import signal
 import stat
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from provider import Fail, Reply, ScriptedProvider, Stall, ToolCall
+import pytest
+
+import support
+from support import (
+    Fail,
+    Reply,
+    ScriptedProvider,
+    Stall,
+    ToolCall,
+    context_args,
+    run_args,
+    start_tether,
+    tether,
+)
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 
-TETHER = [sys.executable, "-m", "tether"]
 
-
-def write_config(tmp: Path, url: str, *, workdir: str | None = "work", extra: str = "") -> Path:
-    (tmp / "work").mkdir(exist_ok=True)
-    path = tmp / "tether.toml"
-    workdir_line = f'workdir = "{workdir}"' if workdir is not None else ""
-    path.write_text(
-        f"""
-[ledger]
-url = "sqlite://{tmp}/state/ledger.db"
-
-[providers.hosted]
-base_url = "{url}"
-api_key_env = "TETHER_TEST_PROVIDER_KEY"
-context_window = 8192
-max_tokens = 1024
-
-[agents.rev]
-provider = "hosted"
-model = "scripted"
-deadline_s = 60
-{workdir_line}
-
-[harness]
-runs_dir = "state/runs"
-pi_settings = {{ retry = {{ enabled = false }} }}
-{extra}
-"""
-    )
-    return path
-
-
-def tether(
-    cwd: Path, *args: str, env: dict[str, str] | None = None, umask: int | None = None
-) -> subprocess.CompletedProcess[str]:
-    argv = [*TETHER, *args]
-    if umask is not None:
-        argv = ["sh", "-c", f'umask {umask:03o}; exec "$@"', "sh", *argv]
-    return subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=120,
-        env={**os.environ, **(env or {})},
+def write_config(tmp: Path, url: str, *, workdir: str | None = "work", **changes: Any) -> Path:
+    """The usual test config with a provider that needs a key (``TETHER_TEST_PROVIDER_KEY``), the
+    ledger and the run directories under ``state/``, and pi's retries off."""
+    return support.write_config(
+        tmp,
+        url,
+        ledger={"url": f"sqlite://{tmp}/state/ledger.db"},
+        providers={"local": {"api_key_env": "TETHER_TEST_PROVIDER_KEY"}},
+        agents={"rev": {"workdir": workdir}},
+        harness={"runs_dir": "state/runs", "pi_settings": {"retry": {"enabled": False}}},
+        **changes,
     )
 
 
@@ -92,16 +70,8 @@ def test_a_bash_env_in_a_run_leaves_no_key_on_disk_or_in_the_ledger(
     system_tmp = Path(tempfile.gettempdir())
     before = {q.name for q in system_tmp.glob("pi-bash-*")}
     done = tether(
-        tmp_path,
-        "run",
-        "--config",
-        str(cfg),
-        "-s",
-        "s1",
-        "-a",
-        "rev",
-        "--json",
-        "show me",
+        *run_args(cfg, "--json", "show me"),
+        cwd=tmp_path,
         env={"TETHER_TEST_PROVIDER_KEY": key, "TETHER_CONFIG": str(cfg)},
     )
     assert done.returncode == 4, done.stderr
@@ -138,8 +108,8 @@ def test_a_quoted_withheld_row_makes_the_answer_withheld(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
     p = scripted_provider([Reply("The secret plan says: launch on Friday.")])
-    grants = '[access.grants]\n"user:ana" = ["repo:acme/*"]\n"user:carl" = ["repo:acme/secret"]'
-    cfg = write_config(tmp_path, p.url, extra=grants)
+    grants = {"user:ana": ["repo:acme/*"], "user:carl": ["repo:acme/secret"]}
+    cfg = write_config(tmp_path, p.url, access={"grants": grants})
     with open_ledger(f"sqlite://{tmp_path}/state/ledger.db") as store:
         store.ensure_session("s1")
         run = store.create_run("s1", "other")
@@ -169,18 +139,8 @@ def test_a_quoted_withheld_row_makes_the_answer_withheld(
 
         store.end_run(fence, RunStatus.FINISHED)
     done = tether(
-        tmp_path,
-        "run",
-        "--config",
-        str(cfg),
-        "-s",
-        "s1",
-        "-a",
-        "rev",
-        "--actor",
-        "user:ana",
-        "--json",
-        "what is the plan?",
+        *run_args(cfg, "--actor", "user:ana", "--json", "what is the plan?"),
+        cwd=tmp_path,
         env={"TETHER_TEST_PROVIDER_KEY": "k"},
     )
     assert done.returncode == 0, done.stderr
@@ -192,17 +152,11 @@ def test_a_quoted_withheld_row_makes_the_answer_withheld(
 
     def view(actor: str, status: int) -> dict[str, object]:
         shown = tether(
-            tmp_path,
-            "context",
-            "--config",
-            str(cfg),
-            "-s",
-            "s1",
-            "-a",
-            "rev",
+            *context_args(cfg),
             "--actor",
             actor,
             "--json",
+            cwd=tmp_path,
         )
         assert shown.returncode == status, shown.stderr
         return dict(json.loads(shown.stdout))
@@ -216,22 +170,12 @@ def test_a_quoted_withheld_row_makes_the_answer_withheld(
     assert "launch on Friday" in json.dumps(carl["messages"])
 
 
+@pytest.mark.pi  # the workdir is checked once pi is found
 def test_a_workdir_holding_the_ledger_or_config_is_refused_before_anything_is_written(
     tmp_path: Path,
 ) -> None:
     cfg = write_config(tmp_path, "http://127.0.0.1:9/v1", workdir=None)
-    refused = tether(
-        tmp_path,
-        "run",
-        "--config",
-        str(cfg),
-        "-s",
-        "s1",
-        "-a",
-        "rev",
-        "go",
-        env={"TETHER_TEST_PROVIDER_KEY": "k"},
-    )
+    refused = tether(*run_args(cfg, "go"), cwd=tmp_path, env={"TETHER_TEST_PROVIDER_KEY": "k"})
     assert refused.returncode == 2, refused.stderr
     assert "contains the ledger" in refused.stderr
     assert "workdir" in refused.stderr
@@ -249,7 +193,6 @@ def test_a_workdir_holding_the_ledger_or_config_is_refused_before_anything_is_wr
         .replace('runs_dir = "state/runs"', f'runs_dir = "{state}/runs"')
     )
     refused = tether(
-        tmp_path / "work",
         "run",
         "--config",
         str(moved),
@@ -259,6 +202,7 @@ def test_a_workdir_holding_the_ledger_or_config_is_refused_before_anything_is_wr
         "rev",
         "go",
         env={"TETHER_TEST_PROVIDER_KEY": "k"},
+        cwd=tmp_path / "work",
     )
     assert refused.returncode == 2, refused.stderr
     assert "contains the config" in refused.stderr
@@ -270,18 +214,7 @@ def test_files_are_private_whatever_the_umask(
     p = scripted_provider([Fail(500)])
     cfg = write_config(tmp_path, p.url)
     done = tether(
-        tmp_path,
-        "run",
-        "--config",
-        str(cfg),
-        "-s",
-        "s1",
-        "-a",
-        "rev",
-        "--json",
-        "go",
-        env={"TETHER_TEST_PROVIDER_KEY": "k"},
-        umask=0,
+        *run_args(cfg, "--json", "go"), cwd=tmp_path, env={"TETHER_TEST_PROVIDER_KEY": "k"}, umask=0
     )
     assert done.returncode == 4, done.stderr
     run_dir = tmp_path / "state" / "runs" / json.loads(done.stdout)["run"]
@@ -302,17 +235,7 @@ def test_a_run_that_ends_well_leaves_no_directory_and_prune_removes_old_ones(
     p = scripted_provider([Reply("done")])
     cfg = write_config(tmp_path, p.url)
     done = tether(
-        tmp_path,
-        "run",
-        "--config",
-        str(cfg),
-        "-s",
-        "s1",
-        "-a",
-        "rev",
-        "--json",
-        "go",
-        env={"TETHER_TEST_PROVIDER_KEY": "k"},
+        *run_args(cfg, "--json", "go"), cwd=tmp_path, env={"TETHER_TEST_PROVIDER_KEY": "k"}
     )
     assert done.returncode == 0, done.stderr
     runs = tmp_path / "state" / "runs"
@@ -324,13 +247,13 @@ def test_a_run_that_ends_well_leaves_no_directory_and_prune_removes_old_ones(
         (path / "pi.log").write_text("log")
     week_ago = time.time() - 8 * 86400
     os.utime(old, (week_ago, week_ago))
-    pruned = tether(tmp_path, "runs", "prune", "--older-than", "7d", "--config", str(cfg))
+    pruned = tether("runs", "prune", "--older-than", "7d", "--config", str(cfg), cwd=tmp_path)
     assert pruned.returncode == 0, pruned.stderr
     assert "removed 1" in pruned.stdout
     assert not old.exists()
     assert recent.exists()
     assert not left.exists(), "what was set aside to be removed goes too, whatever its age"
-    bad = tether(tmp_path, "runs", "prune", "--older-than", "soon", "--config", str(cfg))
+    bad = tether("runs", "prune", "--older-than", "soon", "--config", str(cfg), cwd=tmp_path)
     assert bad.returncode == 2
     assert "7d" in bad.stderr
 
@@ -340,23 +263,13 @@ def test_prune_keeps_the_directories_of_live_runs_and_removes_old_ended_ones(
 ) -> None:
     p = scripted_provider([Stall(), Fail(500, "down")])
     cfg = write_config(tmp_path, p.url)
-    env = {**os.environ, "TETHER_TEST_PROVIDER_KEY": "k"}
-    argv = [*TETHER, "run", "--config", str(cfg), "-a", "rev", "--json"]
+    key: dict[str, str | None] = {"TETHER_TEST_PROVIDER_KEY": "k"}
     # s1: a run that is running (its provider request stalls).
-    running = subprocess.Popen(
-        [*argv, "-s", "s1", "go"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    running = start_tether(*run_args(cfg, "go", as_json=True), cwd=tmp_path, env=key)
     try:
         p.wait_for_requests(1, timeout=60)
         # s2: a run that failed; its directory is kept, as for every run that did not end well.
-        failed = subprocess.run(
-            [*argv, "-s", "s2", "go"], cwd=tmp_path, env=env, capture_output=True, text=True
-        )
+        failed = tether(*run_args(cfg, "go", session="s2", as_json=True), cwd=tmp_path, env=key)
         assert failed.returncode == 4, failed.stderr
         runs = tmp_path / "state" / "runs"
         with open_ledger(f"sqlite://{tmp_path}/state/ledger.db") as store:
@@ -373,7 +286,7 @@ def test_prune_keeps_the_directories_of_live_runs_and_removes_old_ended_ones(
         for path in dirs.values():
             assert path.is_dir(), path
             os.utime(path, (week_ago, week_ago))
-        pruned = tether(tmp_path, "runs", "prune", "--older-than", "7d", "--config", str(cfg))
+        pruned = tether("runs", "prune", "--older-than", "7d", "--config", str(cfg), cwd=tmp_path)
         assert pruned.returncode == 0, pruned.stderr
         assert "removed 1 run directories" in pruned.stdout
         assert f"kept {dirs['running']}: its run is still live" in pruned.stdout

@@ -11,6 +11,7 @@ next to nothing, where pydantic models took about 70 ms to build at every start 
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -288,6 +289,25 @@ def load_config(path: str | Path | None = None) -> Config:
     return parse_config(text, chosen)
 
 
+def _name_problem(name: str) -> str | None:
+    """Why a section's name is not an id (the rules of ``tether.ids.id_problem``, which sits on
+    this module's floor: tests/test_config_names.py checks that the two agree), or None."""
+    if not name:
+        return "must not be empty"
+    if len(name) > 1024:
+        return f"must be at most 1024 characters, not {len(name)}"
+    if not name.isprintable():
+        bad = next(ch for ch in name if not ch.isprintable())
+        return f"must be printable on one line (it holds {bad!a})"
+    return None
+
+
+def _toml_key(name: str) -> str:
+    """``name`` as a TOML key is written: quoted unless bare."""
+    bare = name and all(ch.isascii() and (ch.isalnum() or ch in "-_") for ch in name)
+    return name if bare else json.dumps(name)
+
+
 def parse_config(text: str, chosen: Path) -> Config:
     """The configuration in ``text`` (read from ``chosen``), or :class:`ConfigError`."""
     try:
@@ -302,6 +322,12 @@ def parse_config(text: str, chosen: Path) -> Config:
     for section, kind in (("providers", ProviderConfig), ("agents", AgentConfig)):
         entries = data.get(section)
         for name, body in entries.items() if isinstance(entries, dict) else ():
+            # A name is an id: it is given on command lines (--agent) and stored in the ledger.
+            if (problem := _name_problem(name)) is not None:
+                raise ConfigError(
+                    f"{chosen}: [{section}.{_toml_key(name)}]: the name {problem}; "
+                    f"rename the section (e.g. [{section}.reviewer])"
+                )
             _validate(chosen, f"{section}.{name}", kind, body)
     config = _validate(chosen, "", Config, {**data, "path": chosen.resolve()})
     for name, agent in config.agents.items():

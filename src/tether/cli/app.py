@@ -14,6 +14,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from tether.cli.options import RootConfigOpt, RootLedgerOpt, check_root_options
+
 __all__ = ["COMMANDS", "app", "main"]
 
 # name -> (module under tether.cli, attribute: a function or a typer.Typer, one-line help)
@@ -77,13 +79,13 @@ def load_command(name: str) -> Any:
     if isinstance(obj, typer.Typer):
         group = typer.main.get_group(obj)
         group.name = name
-        return group
+        return check_root_options(group)
     # help text is plain: "[followup]" in an option's help is not rich markup
     single = typer.Typer(
         pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None
     )
     single.command(name)(obj)
-    return typer.main.get_command(single)
+    return check_root_options(typer.main.get_command(single))
 
 
 class _LazyCommands(MutableMapping[str, Any]):
@@ -149,8 +151,12 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
-    """Run pi coding agents on long-lived sessions, inside a fixed context budget."""
+def _root(config: RootConfigOpt = None, ledger: RootLedgerOpt = None) -> None:
+    """Run pi coding agents on long-lived sessions, inside a fixed context budget.
+
+    --config and --ledger may come before the command too (tether --config X sessions); given
+    both before and after it, the one after applies.
+    """
 
 
 def main() -> None:

@@ -1,10 +1,11 @@
 """The ``tether`` program: the CLI (:mod:`tether.cli.app`) with a head start and a quick exit.
 
-- ``tether run`` with plain arguments starts its pi first thing
-  (:func:`tether.cli.run_start.head_start`) and runs without loading the CLI (typer, click,
-  rich): pi's start, the largest fixed cost of a run, overlaps the import of the harness, and
-  the CPU the CLI would take is left to pi on a busy machine. Other arguments, and a start that
-  fails, go to the CLI's ``run`` command, which says what is wrong.
+- ``tether run`` with plain arguments (``--config``/``--ledger`` before ``run`` included)
+  starts its pi first thing (:func:`tether.cli.run_start.head_start`) and runs without
+  loading the CLI (typer, click, rich): pi's start, the largest fixed cost of a run, overlaps
+  the import of the harness, and the CPU the CLI would take is left to pi on a busy machine.
+  Other arguments, and a start that fails, go to the CLI's ``run`` command, which says what is
+  wrong.
 - When the command is done, the process exits without the interpreter's teardown
   (:func:`exit_now`).
 
@@ -16,19 +17,48 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import getopt
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from typing import NoReturn
 
-__all__ = ["exit_now", "main"]
+__all__ = ["exit_now", "main", "split_globals"]
+
+
+# The options of `tether` itself, given before the command (tests check them against the CLI's).
+GLOBAL_SHORT_OPTIONS = "c:"
+GLOBAL_LONG_OPTIONS = ("config=", "ledger=")
+
+
+def split_globals(argv: Sequence[str]) -> tuple[dict[str, str], list[str]] | None:
+    """The options given before the command (``--config``/``-c``, ``--ledger``), by long name,
+    and the words from the command on; None where they are not plain (another option, an
+    abbreviation, ``--``, a value that looks like an option): the CLI reads those."""
+    try:
+        opts, rest = getopt.getopt(list(argv), GLOBAL_SHORT_OPTIONS, list(GLOBAL_LONG_OPTIONS))
+    except getopt.GetoptError:
+        return None
+    spelled = {f"--{name.rstrip('=')}" for name in GLOBAL_LONG_OPTIONS}
+    for word in argv[: len(argv) - len(rest)]:
+        if word == "--" or (word.startswith("--") and word.split("=", 1)[0] not in spelled):
+            return None
+    given: dict[str, str] = {}
+    for flag, value in opts:
+        if value.startswith("-"):
+            return None
+        given["--config" if flag == "-c" else flag] = value
+    return given, rest
 
 
 def main() -> NoReturn:
-    if sys.argv[1:2] == ["run"]:
+    split = split_globals(sys.argv[1:])
+    if split is not None and split[1][:1] == ["run"]:
         from tether.cli.run_start import head_start
 
-        started = head_start(sys.argv[2:])
+        given, words = split
+        started = head_start(words[1:], config=given.get("--config"), ledger=given.get("--ledger"))
         if started is not None:
             try:
                 from tether.cli.run_live import run_started

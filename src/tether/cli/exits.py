@@ -6,22 +6,35 @@ import enum
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
+from tether.admission import Refused
 from tether.errors import (
     BadLedgerUrl,
     ConfigError,
+    HarnessError,
     InterchangeError,
+    RecallError,
+    SessionBusy,
     SessionRefusing,
     StorageError,
     TetherError,
     UsageError,
 )
+from tether.pi.errors import PiNotInstalled
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["Exit", "err_console", "escape", "translate_errors"]
+__all__ = [
+    "ERROR_EXITS",
+    "ErrorExit",
+    "Exit",
+    "err_console",
+    "error_exit",
+    "escape",
+    "translate_errors",
+]
 
 
 class _LazyConsole:
@@ -60,38 +73,61 @@ class Exit(enum.IntEnum):
     RUN_FAILED = 4
 
 
+class ErrorExit(NamedTuple):
+    """How the CLI reports an error class: the label of its one line on stderr, and the exit
+    status."""
+
+    error: type[Exception]
+    label: str
+    status: Exit
+    after: str = ""
+    """Said after the error's own message."""
+
+
+# The one mapping from tether's errors to exit statuses, for every command (``tether run``'s fast
+# path included, :mod:`tether.cli.entry`); docs/cli.md lists it and tests/test_docs.py checks
+# that it says exactly this. The first entry the error is an instance of applies, so a class
+# comes before its bases.
+ERROR_EXITS: tuple[ErrorExit, ...] = (
+    ErrorExit(ConfigError, "configuration error", Exit.USAGE),
+    ErrorExit(BadLedgerUrl, "configuration error", Exit.USAGE),
+    ErrorExit(InterchangeError, "bad ledger file", Exit.USAGE, "; nothing was written"),
+    ErrorExit(UsageError, "usage error", Exit.USAGE),
+    ErrorExit(RecallError, "usage error", Exit.USAGE),
+    ErrorExit(PiNotInstalled, "pi is not installed", Exit.USAGE),
+    ErrorExit(SessionRefusing, "refused", Exit.REFUSED),
+    ErrorExit(SessionBusy, "refused", Exit.REFUSED),
+    ErrorExit(Refused, "refused", Exit.REFUSED),
+    ErrorExit(StorageError, "ledger error", Exit.ERROR),
+    ErrorExit(HarnessError, "pi failed", Exit.RUN_FAILED),
+    ErrorExit(TetherError, "error", Exit.ERROR),
+)
+
+
+def error_exit(exc: TetherError) -> ErrorExit:
+    """The entry of :data:`ERROR_EXITS` that applies to ``exc``."""
+    return next(entry for entry in ERROR_EXITS if isinstance(exc, entry.error))
+
+
+def report(exc: TetherError) -> Exit:
+    """Say ``exc`` in one line on stderr, as :data:`ERROR_EXITS` labels it; its exit status."""
+    entry = error_exit(exc)
+    err_console.print(f"[bold red]{entry.label}:[/] {escape(_one_line(str(exc)))}{entry.after}")
+    return entry.status
+
+
 @contextmanager
 def translate_errors() -> Iterator[None]:
-    """Turn tether's errors into one readable line on stderr and the right exit status.
+    """Turn tether's errors into one readable line on stderr and their exit status
+    (:data:`ERROR_EXITS`).
 
     The status leaves as ``SystemExit``, not ``typer.Exit``: ``tether run`` runs without loading
     typer (:mod:`tether.cli.entry`), and inside a typer command it ends the command the same
     way."""
     try:
         yield
-    except ConfigError as exc:
-        err_console.print(f"[bold red]configuration error:[/] {escape(_one_line(str(exc)))}")
-        raise SystemExit(Exit.USAGE) from None
-    except BadLedgerUrl as exc:
-        err_console.print(f"[bold red]configuration error:[/] {escape(_one_line(str(exc)))}")
-        raise SystemExit(Exit.USAGE) from None
-    except InterchangeError as exc:
-        err_console.print(
-            f"[bold red]bad ledger file:[/] {escape(_one_line(str(exc)))}; nothing was written"
-        )
-        raise SystemExit(Exit.USAGE) from None
-    except UsageError as exc:
-        err_console.print(f"[bold red]usage error:[/] {escape(_one_line(str(exc)))}")
-        raise SystemExit(Exit.USAGE) from None
-    except SessionRefusing as exc:
-        err_console.print(f"[bold red]refused:[/] {escape(_one_line(str(exc)))}")
-        raise SystemExit(Exit.REFUSED) from None
-    except StorageError as exc:
-        err_console.print(f"[bold red]ledger error:[/] {escape(_one_line(str(exc)))}")
-        raise SystemExit(Exit.ERROR) from None
     except TetherError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(_one_line(str(exc)))}")
-        raise SystemExit(Exit.ERROR) from None
+        raise SystemExit(report(exc)) from None
 
 
 def _one_line(text: str) -> str:

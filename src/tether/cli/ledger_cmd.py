@@ -15,6 +15,7 @@ from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import command
+from tether.errors import UsageError
 from tether.ids import check_id
 from tether.ledger import Row, RowKind, open_ledger
 from tether.ledger.copy import copy_sessions
@@ -122,6 +123,10 @@ def _summary(row: Row, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+MAX_COUNT = 2**63 - 1
+"""The largest seq or count a ledger stores (SQLite's and PostgreSQL's 64-bit integers)."""
+
+
 @command
 def log(
     session: Annotated[str, typer.Option("--session", "-s", help="Session id.")],
@@ -135,6 +140,9 @@ def log(
     Example: tether log --session s1
     """
     check_id("session", session)
+    if limit > MAX_COUNT:
+        # the ledger's integers are 64-bit: a larger one would fail in the driver, not here
+        raise UsageError(f"--limit {limit} is over {MAX_COUNT}, the most rows a ledger can hold")
     _, store = open_configured_ledger(config, ledger)
     with store:
         store.get_session(session)

@@ -13,19 +13,13 @@ from rich.table import Table
 from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
-from tether.cli.exits import Exit, command, err_console
-from tether.errors import RecallError
+from tether.cli.exits import command, err_console
 from tether.ledger import Note
 from tether.recall import RecallAnswer, add_note, read_range, search
 
 __all__ = ["note_app", "recall"]
 
 note_app = typer.Typer(help="Notes an agent keeps for its later runs on a session.")
-
-
-def _usage(exc: RecallError) -> typer.Exit:
-    err_console.print(f"[bold red]usage error:[/] {escape(str(exc))}")
-    return typer.Exit(Exit.USAGE)
 
 
 @command
@@ -55,25 +49,20 @@ def recall(
     Example: tether recall -s review-42 --from 10 --to 41 --json
     """
     cfg, store = open_configured_ledger(config, ledger)
-    try:
-        with store:
-            answer: RecallAnswer
-            if query is not None and query.strip():
-                answer = search(
-                    store,
-                    session,
-                    query,
-                    actor=actor,
-                    grants=cfg.access.grants,
-                    first=first,
-                    last=last,
-                )
-            else:
-                answer = read_range(
-                    store, session, first, last, actor=actor, grants=cfg.access.grants
-                )
-    except RecallError as exc:
-        raise _usage(exc) from None
+    with store:
+        answer: RecallAnswer
+        if query is not None and query.strip():
+            answer = search(
+                store,
+                session,
+                query,
+                actor=actor,
+                grants=cfg.access.grants,
+                first=first,
+                last=last,
+            )
+        else:
+            answer = read_range(store, session, first, last, actor=actor, grants=cfg.access.grants)
     if as_json:
         sys.stdout.write(json.dumps(answer.to_json(), ensure_ascii=False) + "\n")
     else:
@@ -110,11 +99,8 @@ def note_add(
     Example: tether note add -s review-42 -a reviewer "The retry limit stays at 3."
     """
     _, store = open_configured_ledger(config, ledger)
-    try:
-        with store:
-            note = add_note(store, session, agent, text, actor=actor)
-    except RecallError as exc:
-        raise _usage(exc) from None
+    with store:
+        note = add_note(store, session, agent, text, actor=actor)
     if as_json:
         sys.stdout.write(json.dumps(_note_json(note), ensure_ascii=False) + "\n")
     else:

@@ -17,10 +17,8 @@ import typer
 from tether.admission import Refused
 from tether.cli import run_start
 from tether.cli.common import ConfigOpt, LedgerOpt
-from tether.cli.exits import Exit, command, err_console
-from tether.cli.exits import escape as esc
+from tether.cli.exits import command
 from tether.cli.run_start import RunArgs
-from tether.pi.errors import PiNotInstalled
 
 __all__ = ["run"]
 
@@ -56,8 +54,9 @@ def run(
 ) -> None:
     """Run one task turn of an agent on a session and print its answer.
 
-    Exit status: 0 finished, 2 usage or configuration error, 3 refused, 4 the run failed or was
-    stopped. Ctrl-C stops the run (abort, then wait for pi); a second Ctrl-C kills pi.
+    Exit status: 0 finished, 1 the ledger failed before the run started, 2 usage or
+    configuration error, 3 refused, 4 the run failed or was stopped. Ctrl-C stops the run
+    (abort, then wait for pi); a second Ctrl-C kills pi.
 
     Example: tether run --session s1 --agent reviewer "Review the last commit"
     """
@@ -68,9 +67,6 @@ def run(
         started = run_start.start(args, stdin=sys.stdin.buffer)
     except Refused as exc:
         _refused(exc.reason.value, exc.detail, as_json)
-    except PiNotInstalled as exc:
-        err_console.print(f"[bold red]pi is not installed:[/] {esc(str(exc))}")
-        raise typer.Exit(Exit.USAGE) from None
     # The run itself (anyio, the harness, the mirror) is imported only now: pi loads meanwhile.
     from tether.cli.run_live import run_started
 

@@ -18,7 +18,7 @@ import anyio
 
 from tether.cli.exits import Exit, err_console, translate_errors
 from tether.cli.exits import escape as esc
-from tether.errors import HarnessError, SessionBusy, SessionRefusing, StorageError
+from tether.errors import SessionBusy, SessionRefusing
 from tether.events import (
     Compacted,
     Compacting,
@@ -252,7 +252,9 @@ def execute(
     launch: PiLaunch | None,
 ) -> None:
     """Run the admitted request, print its answer (or the outcome as JSON), exit with its
-    status (DESIGN §3.5)."""
+    status (DESIGN §3.5). A refusal is printed here (``--json``: on stdout too); other errors
+    (a ledger that fails before pi starts, pi that cannot be driven) leave for
+    :func:`tether.cli.exits.translate_errors`, which gives them the status every command does."""
     req = RunRequest(
         session=session,
         agent=agent,
@@ -272,12 +274,6 @@ def execute(
         refused("session_refusing", str(exc), as_json)
     except SessionBusy as exc:
         refused(exc.reason, str(exc), as_json)
-    except StorageError as exc:  # before pi started: the run (if any) is ended, or kept
-        err_console.print(f"[bold red]ledger error:[/] {esc(' '.join(str(exc).split()))}")
-        raise SystemExit(Exit.RUN_FAILED) from None
-    except HarnessError as exc:
-        err_console.print(f"[bold red]not run:[/] {esc(str(exc))}")
-        raise SystemExit(Exit.RUN_FAILED) from None
     if as_json:
         _out(json.dumps(outcome.to_json(), ensure_ascii=False))
     elif outcome.answer is not None:

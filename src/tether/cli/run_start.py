@@ -147,13 +147,16 @@ def _launch(
         return None  # the run tries again, and fails with pi's startup error
 
 
-def parse(argv: Sequence[str]) -> RunArgs | None:
+def parse(
+    argv: Sequence[str], *, config: str | None = None, ledger: str | None = None
+) -> RunArgs | None:
     """``tether run``'s arguments read without the CLI, or None where they are not plain
     (help, an unknown or abbreviated option, an option's value that looks like an option, no
     request or several). Plain arguments are read exactly as the command reads them
     (``tests/test_cli_entry.py`` checks it against the command's own parsing), so that
     ``tether`` may run them without loading the CLI; anything else goes to the command, which
-    says what is wrong."""
+    says what is wrong. ``config`` and ``ledger`` are those given before ``run``
+    (:func:`tether.cli.entry.split_globals`); the command's own win over them."""
     try:
         opts, rest = getopt.gnu_getopt(list(argv), SHORT_OPTIONS, list(LONG_OPTIONS))
     except getopt.GetoptError:
@@ -167,7 +170,7 @@ def parse(argv: Sequence[str]) -> RunArgs | None:
         given[{"-s": "--session", "-a": "--agent", "-c": "--config"}.get(flag, flag)] = value
     if "--session" not in given or "--agent" not in given:
         return None
-    config, workdir = given.get("--config"), given.get("--workdir")
+    config, workdir = given.get("--config", config), given.get("--workdir")
     return RunArgs(
         request=rest[0],
         session=given["--session"],
@@ -175,7 +178,7 @@ def parse(argv: Sequence[str]) -> RunArgs | None:
         actor=given.get("--actor", "user:local"),
         workdir=Path(workdir) if workdir is not None else None,
         config=Path(config) if config is not None else None,
-        ledger=given.get("--ledger"),
+        ledger=given.get("--ledger", ledger),
         as_json="--json" in given,
         wait="--no-wait" not in given,
     )
@@ -195,11 +198,13 @@ def _spelled_out(argv: Sequence[str]) -> bool:
     return True
 
 
-def head_start(argv: Sequence[str]) -> Started | None:
-    """The start of the run ``tether run ARGV`` asks for, made before the CLI is loaded; None
-    when the arguments are not plain, the request is on stdin, or the start fails (the command
-    then makes it again, and says what is wrong)."""
-    args = parse(argv)
+def head_start(
+    argv: Sequence[str], *, config: str | None = None, ledger: str | None = None
+) -> Started | None:
+    """The start of the run ``tether [--config C] [--ledger L] run ARGV`` asks for, made before
+    the CLI is loaded; None when the arguments are not plain, the request is on stdin, or the
+    start fails (the command then makes it again, and says what is wrong)."""
+    args = parse(argv, config=config, ledger=ledger)
     if args is None or args.request == "-":
         return None
     try:
