@@ -58,19 +58,23 @@ def _package_of(path: Path) -> str:
     return rel.parts[0].removesuffix(".py")
 
 
-def _imports(path: Path) -> set[str]:
-    found: set[str] = set()
+def _absolute_imports(path: Path) -> list[str]:
+    """Every absolute module name ``path`` imports, wherever the import stands."""
+    names: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
+            names.append(node.module)
         elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "tether" and len(parts) > 1:
-                found.add(parts[1])
+            names.extend(alias.name for alias in node.names)
+    return names
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for name in _absolute_imports(path):
+        parts = name.split(".")
+        if parts[0] == "tether" and len(parts) > 1:
+            found.add(parts[1])
     return found
 
 
@@ -291,16 +295,9 @@ PRESENTATION = {"rich", "typer", "click", "jinja2"}
 def test_the_functional_core_imports_no_presentation() -> None:
     wrong = []
     for path in sorted((ROOT / "followup").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            wrong += [
-                f"{path.relative_to(ROOT)} imports {n}"
-                for n in names
-                if n.split(".")[0] in PRESENTATION
-            ]
+        wrong += [
+            f"{path.relative_to(ROOT)} imports {n}"
+            for n in _absolute_imports(path)
+            if n.split(".")[0] in PRESENTATION
+        ]
     assert not wrong, "render in the CLI or the service, not in followup/:\n" + "\n".join(wrong)
