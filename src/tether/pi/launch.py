@@ -51,6 +51,9 @@ __all__ = [
 
 RELAY_MODULE = extension_file("relay")
 """The provider relay inside the sandbox (``extension/relay.ts``), preloaded before the gate."""
+SESSION_DIR = "pi-session"
+"""A sandboxed run's session file is ``RUN_DIR/pi-session/session.jsonl``, which
+``RUN_DIR/session.jsonl`` links to."""
 RELAY_SOCKET_ENV = "TETHER_PROVIDER_SOCKET"
 RELAY_TOKEN_ENV = "TETHER_RELAY_TOKEN"
 
@@ -142,6 +145,15 @@ def pi_command(
     sandboxed = agent.sandbox is SandboxKind.BWRAP
     bwrap = require_bwrap(agent_name) if sandboxed else ""
     agent_dir = write_agent_dir(run_dir / "agent", config, agent_name, sandboxed=sandboxed)
+    session_dir: Path | None = None
+    if sandboxed:
+        # pi's session file lives in a directory of its own, bound into the sandbox (a path
+        # bound in must exist, and the file does not until the harness writes it); the run's
+        # session.jsonl names it, so everything else reads and writes it where it always is.
+        session_dir = private_dir(run_dir / SESSION_DIR)
+        link = run_dir / "session.jsonl"
+        if not link.is_symlink():
+            link.symlink_to(Path(SESSION_DIR) / "session.jsonl")
     key_extensions = () if sandboxed else keys.extensions
     argv = pi_argv(
         pi,
@@ -183,12 +195,11 @@ def pi_command(
             "its tools can read and write whatever this user can (docs/security.md)",
         )
         return PiCommand(argv, env, pass_fds)
-    session_file = private_file(run_dir / "session.jsonl")  # bound into the sandbox: it must exist
     read_only = [_node_root(pi.node), _node_root(pi.cli), EXTENSION_DIR]
     read_only += [Path(ext).resolve().parent for ext in extensions]
     if (cache := compile_cache()) is not None:
         read_only.append(cache)
-    assert home is not None
+    assert home is not None and session_dir is not None
     origin, _ = split_base_url(config.provider(agent.provider).base_url)
     confinement = Confinement(
         bwrap=bwrap,
@@ -196,7 +207,7 @@ def pi_command(
         limits=agent.limits,
         workdir=(workdir or Path.cwd()).resolve(),
         read_only=tuple(read_only),
-        writable=(home, run_dir / "tmp", agent_dir.path.resolve(), session_file, tools.path.parent),
+        writable=(home, run_dir / "tmp", agent_dir.path.resolve(), session_dir, tools.path.parent),
         provider_socket=tools.path.parent / "provider.sock",
         upstream=origin,
     )
