@@ -9,9 +9,11 @@ the root read-only; new IPC and UTS namespaces; with ``network = "provider"``
 a network namespace of its own (only its loopback). Nothing else of the host exists there: not
 the ledger, the config, the runs directory, another run, the user's home.
 
-There is no ``--die-with-parent``: pi outlives a lost harness under its keeper (DESIGN §3.7).
-The sandbox's first process is bubblewrap's init of the PID namespace, which exits when pi
-does; the kernel then kills everything left inside.
+pi outlives a lost harness under its keeper (DESIGN §3.7): bubblewrap's parent is never the
+harness but ``outside.py``, under the keeper, and ``--die-with-parent`` ties the sandbox to
+that process only (killing "pi", as custody names it, kills the sandbox). Inside, the first
+process is bubblewrap's init of the PID namespace, which exits when pi does; the kernel then
+kills everything left inside.
 
 The command is ``outside.py`` (the provider forwarder, holding the key) running bubblewrap
 running pi: pi's pid as custody records it is ``outside.py``'s, the leader of the process group
@@ -141,6 +143,8 @@ def split_base_url(url: str) -> tuple[str, str]:
 
 def _namespace_args(network: NetworkKind) -> list[str]:
     args = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "tether-sandbox"]
+    # The parent is outside.py (under the keeper, never the harness): the sandbox ends with it.
+    args.append("--die-with-parent")
     if network is NetworkKind.PROVIDER:
         args.append("--unshare-net")
     if os.geteuid() == 0:
