@@ -9,8 +9,10 @@ export TETHER_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/test
 .PHONY: dist extension
 
 # The pages' browser tests drive Debian's chromium (never a browser Playwright downloads).
+# Every run's pi runs in bubblewrap (docs/security.md): Debian's bubblewrap, when bwrap is missing.
 install: $(VENV)/.installed node_modules/.installed
 	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
+	command -v bwrap >/dev/null || (apt-get update && apt-get install -y bubblewrap)
 
 $(VENV)/.installed: requirements/dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -199,7 +199,8 @@ def pi_command(
     read_only += [Path(ext).resolve().parent for ext in extensions]
     if (cache := compile_cache()) is not None:
         read_only.append(cache)
-    assert home is not None and session_dir is not None
+    assert home is not None
+    assert session_dir is not None
     origin, _ = split_base_url(config.provider(agent.provider).base_url)
     confinement = Confinement(
         bwrap=bwrap,
