@@ -6,10 +6,14 @@ in the ledger, the run directory or the system temp directory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pwd
 import secrets
+import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -70,7 +74,7 @@ def seed_ledger(url: str) -> None:
         store.append(
             fence,
             [NewRow(actor="user:carl", kind=RowKind.MESSAGE, sources=("repo:secret",), body=body)],
-            request=False,
+            request=True,
         )
         store.end_run(fence, RunStatus.FINISHED)
 
@@ -154,15 +158,21 @@ def run_tether(
     user: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     argv = [*TETHER, "run", "--config", str(cfg), "-s", session, "-a", "rev", "--json", "review"]
+    extra = dict(env or {})
     if user is not None:
-        argv = ["runuser", "-u", user, "--", *argv]
+        # This interpreter may sit in root's home, which the user cannot enter: the system's
+        # Python runs tether from this checkout, with the venv's packages.
+        site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+        source = Path(__file__).resolve().parent.parent / "src"
+        extra["PYTHONPATH"] = f"{source}:{site}"
+        argv = ["runuser", "-u", user, "--", "/usr/bin/python3", *argv[1:]]
     return subprocess.run(
         argv,
         capture_output=True,
         text=True,
         cwd=cwd,
         timeout=300,
-        env={**os.environ, KEY_ENV: key, **(env or {})},
+        env={**os.environ, KEY_ENV: key, **extra},
     )
 
 
@@ -391,3 +401,135 @@ def test_with_a_postgresql_ledger_the_tools_cannot_reach_it_nor_pgpass(
         assert "PGPASS-SECRET" not in texts
     finally:
         drop_schema(schema)
+
+
+def test_a_normal_review_still_works_sandboxed(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    url = f"sqlite://{tmp_path}/state/ledger.db"
+    (tmp_path / "state").mkdir()
+    seed_ledger(url)
+    with open_ledger(url) as store:  # a row of this session for recall to find
+        store.ensure_session("s1")
+        fence = store.claim_run(store.create_run("s1", "rev").id)
+        body = {"role": "user", "content": [{"type": "text", "text": "the vault code is 4417"}]}
+        row = NewRow(actor="user:local", kind=RowKind.MESSAGE, body=body)
+        store.append(fence, [row], request=True)
+        store.end_run(fence, RunStatus.FINISHED)
+    steps = [
+        Reply(tool_calls=[ToolCall("write", {"path": "notes.txt", "content": "alpha\nbeta\n"})]),
+        Reply(tool_calls=[ToolCall("read", {"path": "notes.txt"})]),
+        Reply(
+            tool_calls=[
+                ToolCall(
+                    "edit",
+                    {"path": "notes.txt", "edits": [{"oldText": "beta", "newText": "gamma"}]},
+                )
+            ]
+        ),
+        Reply(tool_calls=[ToolCall("bash", {"command": "cat notes.txt; echo $HOME; pwd"})]),
+        Reply(tool_calls=[ToolCall("recall", {"query": "vault code"})]),
+        Reply(tool_calls=[ToolCall("note", {"text": "notes.txt reviewed"})]),
+        Reply("review done"),
+    ]
+    p = scripted_provider(steps)
+    cfg = write_config(tmp_path, p.url, url)
+    done = run_tether(tmp_path, cfg, "s1", "sk-review")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["answer"] == "review done"
+    assert (tmp_path / "work" / "notes.txt").read_text() == "alpha\ngamma\n"
+    texts = tool_results(url, "s1")
+    assert "alpha" in texts[1]
+    assert "alpha\ngamma" in texts[3]
+    assert f"{tmp_path}/work" in texts[3]
+    assert "4417" in texts[4]
+    notes = subprocess.run(
+        [*TETHER, "note", "list", "--config", str(cfg), "-s", "s1", "-a", "rev"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert "notes.txt reviewed" in notes.stdout, notes
+
+
+def test_under_umask_000_every_directory_tether_causes_is_0700(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    url = f"sqlite://{tmp_path}/state/ledger.db"
+    p = scripted_provider(lambda _req: Reply("ok"))
+    cfg = write_config(tmp_path, p.url, url)
+    cache = tmp_path / "xdg-cache"
+    argv = [*TETHER, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "hi"]
+    for sandbox in ("none", "bwrap"):
+        if sandbox == "none":
+            cfg.write_text(
+                cfg.read_text().replace('workdir = "work"', 'workdir = "work"\nsandbox = "none"')
+            )
+        else:
+            cfg.write_text(cfg.read_text().replace('sandbox = "none"\n', ""))
+        done = subprocess.run(
+            ["sh", "-c", 'umask 000; exec "$@"', "sh", *argv],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+            env={**os.environ, KEY_ENV: "k", "XDG_CACHE_HOME": str(cache)},
+        )
+        assert done.returncode == 0, done.stderr
+    made = [cache, *(q for q in cache.rglob("*") if q.is_dir())]
+    assert len(made) >= 3, made  # tether/, node-compile-cache/, and Node's own inside it
+    loose = {str(q): oct(stat.S_IMODE(q.stat().st_mode)) for q in made if q.stat().st_mode & 0o077}
+    assert loose == {}
+
+
+def test_a_sandboxed_run_as_an_unprivileged_user(
+    scripted_provider: Callable[..., ScriptedProvider],
+) -> None:
+    if os.geteuid() != 0:
+        user = pwd.getpwuid(os.getuid()).pw_name  # already unprivileged: run as ourselves
+    else:
+        user = f"tsb{secrets.token_hex(3)}"
+        subprocess.run(["useradd", "--no-create-home", user], check=True)
+    # Not under pytest's own temporary root, which is root's alone (0700).
+    tmp = Path(tempfile.mkdtemp(prefix="tether-user-"))
+    uid = pwd.getpwnam(user).pw_uid
+    try:
+        home = tmp / "home"
+        home.mkdir()
+        url = f"sqlite://{tmp}/state/ledger.db"
+        # A fork bomb: root is exempt from RLIMIT_NPROC, a user is not.
+        bomb = "bomb() { bomb | bomb & }; bomb; sleep 2; ps -e | wc -l"
+        p = scripted_provider(
+            [
+                Reply(tool_calls=[ToolCall("bash", {"command": "id -u; echo $HOME"})]),
+                Reply(tool_calls=[ToolCall("bash", {"command": bomb, "timeout": 20})]),
+                # (and for pi's compaction, should the bomb's output fill the small window)
+                *[Reply("done as a user")] * 3,
+            ]
+        )
+        cfg = write_config(tmp, p.url, url)
+        cfg.write_text(
+            cfg.read_text().replace(
+                'workdir = "work"', 'workdir = "work"\nlimits = { processes = 64 }'
+            )
+        )
+        for path in [tmp, *tmp.rglob("*")]:
+            os.chown(path, uid, -1)
+        done = run_tether(tmp, cfg, "s1", "sk-user", env={"HOME": str(home)}, user=user)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["answer"] == "done as a user"
+        texts = tool_results(url, "s1")
+        assert texts[0].split()[0] == str(uid)
+        assert uid != 0
+        assert "fork: retry: Resource temporarily unavailable" in texts[1], texts[1][-2000:]
+    finally:
+        if os.geteuid() == 0:
+            import psutil
+
+            for proc in psutil.process_iter(["uids"]):  # the throwaway user's, by pid
+                if proc.info["uids"] and proc.info["uids"].real == uid:
+                    with contextlib.suppress(psutil.Error):
+                        proc.kill()
+            subprocess.run(["userdel", user], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
