@@ -399,9 +399,9 @@ def _pids_naming(marker: str) -> list[int]:
     found = []
     for proc in psutil.process_iter(["cmdline", "status", "name"]):
         argv = proc.info["cmdline"] or []
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and argv[:1] != ["sleep"]:
-            if any(marker in arg for arg in argv) and proc.info["name"] in ("bash", "sh"):
-                found.append(proc.pid)
+        live = proc.info["status"] != psutil.STATUS_ZOMBIE
+        if live and proc.info["name"] in ("bash", "sh") and any(marker in a for a in argv):
+            found.append(proc.pid)
     return found
 
 
