@@ -533,3 +533,22 @@ def test_a_sandboxed_run_as_an_unprivileged_user(
                         proc.kill()
             subprocess.run(["userdel", user], check=False)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_without_bwrap_a_run_is_refused_saying_how_to_install_it_or_opt_out(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    url = f"sqlite://{tmp_path}/state/ledger.db"
+    p = scripted_provider([Reply("never asked")])
+    cfg = write_config(tmp_path, p.url, url)
+    bare = tmp_path / "bin"  # a PATH without bwrap (Python and pi are found without PATH)
+    bare.mkdir()
+    done = run_tether(tmp_path, cfg, "s1", "k", env={"PATH": str(bare)})
+    assert done.returncode == 2, done.stderr
+    assert "bubblewrap (bwrap) is not on PATH" in done.stderr
+    assert "apt-get install bubblewrap" in done.stderr
+    assert 'sandbox = "none"' in done.stderr
+    assert p.requests == []
+    assert not (tmp_path / "state" / "runs").exists() or not any(
+        (tmp_path / "state" / "runs").iterdir()
+    )

@@ -663,6 +663,7 @@ class _Driver:
                 run_dir=self.run_dir,
                 keys=keys,
                 tools=tools,
+                workdir=self.workdir,
                 extensions=self.request.extensions,
             )
             opener = SubprocessTransport.open(
