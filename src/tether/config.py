@@ -129,9 +129,9 @@ GiB = 1024**3
 class LimitsConfig(_Section, frozen=True):
     """Resource limits of every process in a sandboxed run (``setrlimit``, hard and soft)."""
 
-    processes: Positive = 512
-    """``RLIMIT_NPROC``. The kernel counts every process of the user on the host against it,
-    and does not apply it to root."""
+    processes: Positive = 4096
+    """``RLIMIT_NPROC``. The kernel counts every process and thread of the user on the host
+    against it (a desktop session has hundreds), and does not apply it to root."""
     memory_bytes: Positive = 4 * GiB
     """``RLIMIT_DATA``: the writable memory of each process (pi's own included)."""
     file_size_bytes: Positive = 1 * GiB
