@@ -25,6 +25,7 @@ import pytest
 
 from pg import drop_schema, new_schema, schema_url
 from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
+from service_support import serve
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 
 TETHER = [sys.executable, "-m", "tether"]
@@ -261,8 +262,13 @@ def escapes(
         "touch ~/.bashrc-escape && echo home is $HOME",
         "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 5432), 3); "
         "print('ESCAPED postgres')\"",
+        lambda: (  # the `tether serve` port, known once it listens
+            'python3 -c "import socket; '
+            f"socket.create_connection(('127.0.0.1', {_SERVE_PORT[tmp]}), 3); "
+            "print('ESCAPED serve')\""
+        ),
         f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {serve_port}), 3); "
-        "print('ESCAPED serve')\"",
+        "print('ESCAPED loopback')\"",
         "truncate -s 10G big.bin && echo ESCAPED sparse 10G; "
         "dd if=/dev/zero of=big2.bin bs=1M seek=10000 count=1 && echo ESCAPED 10G; "
         "ls -la big*.bin; rm -f big*.bin",
@@ -282,7 +288,10 @@ def escapes(
     return commands
 
 
+SERVE_INDEX = 12
+"""Where the escapes try the `tether serve` port."""
 _HARNESSES: dict[Path, list[subprocess.Popen[str]]] = {}
+_SERVE_PORT: dict[Path, int] = {}
 
 
 def _harnesses(tmp: Path) -> list[subprocess.Popen[str]]:
@@ -309,6 +318,23 @@ def check_escapes(
     commands = escapes(tmp, key, ledger_file=ledger_file, serve_port=listener.port)
     p = scripted_provider(tool_script(commands))
     cfg = write_config(tmp, p.url, ledger_url)
+    with serve(tmp, cfg, workers=0) as served:  # a real `tether serve` on the host's loopback
+        _SERVE_PORT[tmp] = int(served.url.rsplit(":", 1)[1])
+        run_escapes(tmp, p, cfg, key, commands, ledger_url, listener, other, other_tools)
+        assert served.get("/healthz").status_code == 200
+
+
+def run_escapes(
+    tmp: Path,
+    p: ScriptedProvider,
+    cfg: Path,
+    key: str,
+    commands: list[str | Callable[[], str]],
+    ledger_url: str,
+    listener: Listener,
+    other: Path,
+    other_tools: socket.socket,
+) -> None:
     system_tmp = Path(tempfile.gettempdir())
     before_tmp = set(os.listdir(system_tmp))
     argv = [*TETHER, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "review"]
@@ -352,7 +378,8 @@ def check_escapes(
     assert "pids seen:" in texts[6]
     seen = texts[6].split("pids seen:")[1].split()
     assert len(seen) < 10, f"the tools see only the sandbox's processes: {seen}"
-    assert texts[13].count("File size limit exceeded") == 2, texts[13]
+    assert "ConnectionRefusedError" in texts[SERVE_INDEX], texts[SERVE_INDEX]
+    assert texts[14].count("File size limit exceeded") == 2, texts[14]
     assert listener.accepted == 0
     with pytest.raises(BlockingIOError):
         other_tools.accept()
