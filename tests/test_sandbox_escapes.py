@@ -237,6 +237,7 @@ def escapes(
     def signal_house() -> str:
         # The keeper and the harness of this very run, found from outside as they are.
         places = [json.loads(p.read_text()) for p in (state / "runs").glob("*/keeper.json")]
+        _LOGS[tmp] = "".join(p.read_text() for p in (state / "runs").glob("r-*/pi.log"))
         pids = [str(p["keeper_pid"]) for p in places] + [str(os.getpid())]
         pids += [str(p.pid) for p in _harnesses(tmp)]
         return " ; ".join(f"kill -9 {pid} && echo ESCAPED kill {pid}" for pid in pids) + " ; true"
@@ -273,6 +274,8 @@ def escapes(
         "dd if=/dev/zero of=big2.bin bs=1M seek=10000 count=1 && echo ESCAPED 10G; "
         "ls -la big*.bin; rm -f big*.bin",
         f"cat {Path.home()}/.pgpass && echo ESCAPED pgpass",
+        # Over limits.memory_bytes (4 GiB by default): refused at once, nothing allocated.
+        "python3 -c 'bytearray(5 << 30); print(\"ESCAPED memory\")'",
     ]
     if ledger_file is not None:
         commands.append(
@@ -292,6 +295,7 @@ SERVE_INDEX = 12
 """Where the escapes try the `tether serve` port."""
 _HARNESSES: dict[Path, list[subprocess.Popen[str]]] = {}
 _SERVE_PORT: dict[Path, int] = {}
+_LOGS: dict[Path, str] = {}
 
 
 def _harnesses(tmp: Path) -> list[subprocess.Popen[str]]:
@@ -380,6 +384,11 @@ def run_escapes(
     assert len(seen) < 10, f"the tools see only the sandbox's processes: {seen}"
     assert "ConnectionRefusedError" in texts[SERVE_INDEX], texts[SERVE_INDEX]
     assert texts[14].count("File size limit exceeded") == 2, texts[14]
+    assert "MemoryError" in texts[16], texts[16]
+    # The run's log (read while it ran: a finished run's directory is removed) names the
+    # sandbox and the limits it ran under.
+    log = _LOGS[tmp]
+    assert "tether: sandbox bwrap, network provider, limits processes=4096 " in log, log
     assert listener.accepted == 0
     with pytest.raises(BlockingIOError):
         other_tools.accept()

@@ -212,7 +212,12 @@ def pi_command(
         provider_socket=tools.path.parent / "provider.sock",
         upstream=origin,
     )
-    _sandbox_log(run_dir, f"sandbox bwrap, network {agent.network.value}")
+    limits = agent.limits
+    _sandbox_log(
+        run_dir,
+        f"sandbox bwrap, network {agent.network.value}, limits processes={limits.processes} "
+        f"memory_bytes={limits.memory_bytes} file_size_bytes={limits.file_size_bytes}",
+    )
     return PiCommand(confinement.argv(argv), env, pass_fds)
 
 
