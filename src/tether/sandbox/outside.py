@@ -21,13 +21,15 @@ and only ``os`` and ``sys`` before the sandbox is started.
 
 from __future__ import annotations
 
-import contextlib
+import _signal  # type: ignore[import-not-found]  # (no stubs: the builtin under signal)
+import _thread
 import os
 import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
+    from typing import Any
 
 KEY_FD_ENV = "TETHER_KEY_FD"
 PLACEHOLDER_ENV = "TETHER_KEY_PLACEHOLDER"
@@ -61,7 +63,6 @@ def _start(argv: list[str], env: dict[str, str], limits: list[tuple[int, int]]) 
     pid = os.fork()
     if pid == 0:  # the child: limits first, then the sandbox
         try:
-            import _signal  # type: ignore[import-not-found]  # (no stubs: the builtin under signal)
             import resource
 
             # Python ignores these; the sandbox gets them back at their defaults (a write over
@@ -69,6 +70,10 @@ def _start(argv: list[str], env: dict[str, str], limits: list[tuple[int, int]]) 
             for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
                 _signal.signal(sig, _signal.SIG_DFL)
             for which, value in limits:
+                # Never above the hard limit this process already has (raising it is refused).
+                hard = resource.getrlimit(which)[1]
+                if hard != resource.RLIM_INFINITY:
+                    value = min(value, hard)
                 resource.setrlimit(which, (value, value))
             os.execve(argv[0], argv, env)
         except BaseException as exc:
@@ -94,7 +99,9 @@ def _rewrite_head(head: bytes, *, key: bytes, placeholder: bytes, host: bytes) -
     return b"\r\n".join(out) + b"\r\n\r\n"
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def _pump(src: socket.socket, dst: socket.socket, done: Any = None) -> None:
+    """``src`` to ``dst`` until end of file, then end of file to ``dst``; ``done`` (a held
+    lock) is released at the end."""
     try:
         while chunk := src.recv(_CHUNK):
             dst.sendall(chunk)
@@ -103,22 +110,27 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
     finally:
         import socket as _socket
 
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105  (contextlib is not imported here: this program starts pi)
             dst.shutdown(_socket.SHUT_WR)
+        except OSError:
+            pass
+        if done is not None:
+            done.release()
 
 
 def _refuse(client: socket.socket, status: str, why: str) -> None:
     body = f"tether's provider forwarder: {why}\n".encode()
     head = f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-    with contextlib.suppress(OSError):
+    try:  # noqa: SIM105
         client.sendall(head.encode() + b"Connection: close\r\n\r\n" + body)
+    except OSError:
+        pass
 
 
 def _handle(
     client: socket.socket, upstream: tuple[str, str, int], key: bytes, placeholder: bytes
 ) -> None:
     import socket
-    import threading
 
     scheme, host, port = upstream
     try:
@@ -148,12 +160,13 @@ def _handle(
             return
         with server:
             server.sendall(head + rest)
-            body = threading.Thread(target=_pump, args=(client, server), daemon=True)
-            body.start()
+            body_done = _thread.allocate_lock()
+            body_done.acquire()
+            _thread.start_new_thread(_pump, (client, server, body_done))
             _pump(server, client)  # the answer, then end of file to the relay
             # The relay closes once it has the whole answer: closing first could reset the
             # connection under a request it is still ending (EPIPE there, a lost answer).
-            body.join(timeout=_CLOSE_WAIT_S)
+            body_done.acquire(timeout=_CLOSE_WAIT_S)
     except OSError:
         pass
     finally:
@@ -162,10 +175,11 @@ def _handle(
 
 def _serve(path: str, upstream: tuple[str, str, int], key: bytes, placeholder: bytes) -> None:
     import socket
-    import threading
 
-    with contextlib.suppress(FileNotFoundError):
+    try:  # noqa: SIM105
         os.unlink(path)
+    except FileNotFoundError:
+        pass
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # the socket is 0600 from the start
     try:
@@ -175,8 +189,7 @@ def _serve(path: str, upstream: tuple[str, str, int], key: bytes, placeholder: b
     listener.listen(64)
     while True:
         client, _ = listener.accept()
-        args = (client, upstream, key, placeholder)
-        threading.Thread(target=_handle, args=args, daemon=True).start()
+        _thread.start_new_thread(_handle, (client, upstream, key, placeholder))
 
 
 def _parse_upstream(url: str) -> tuple[str, str, int]:
@@ -217,14 +230,12 @@ def main(argv: list[str]) -> int:
         limits = [(getattr(resource, name), value) for name, value in wanted]
     pid = _start(command, env, limits)
 
-    # The sandbox is starting: now the forwarder.
-    import signal
-    import threading
-
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # like the keeper: only pi's end ends this
+    # The sandbox is starting: now the forwarder, on the builtins _thread and _signal (the
+    # threading and signal modules cost more to import than the rest of this program).
+    _signal.signal(_signal.SIGHUP, _signal.SIG_IGN)  # like the keeper: only pi's end ends this
     if socket_path and upstream:
         args = (socket_path, _parse_upstream(upstream), key, placeholder)
-        threading.Thread(target=_serve, args=args, daemon=True).start()
+        _thread.start_new_thread(_serve, args)
     status = os.waitpid(pid, 0)[1]
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
