@@ -12,7 +12,9 @@ export TETHER_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/test
 # A target that needs a system program says so with one line of its own.
 apt_need = test -x $(1) || (apt-get update && apt-get install -y $(2))
 
+# Every run's pi runs in bubblewrap (docs/security.md): Debian's bubblewrap, when bwrap is missing.
 install: $(VENV)/.installed node_modules/.installed
+	command -v bwrap >/dev/null || (apt-get update && apt-get install -y bubblewrap)
 
 # The pages' browser tests drive Debian's chromium (never a browser Playwright downloads); only
 # the targets that run them install it.

@@ -9,7 +9,8 @@ interleaved, repetition by repetition:
   baseline;
 - ``direct RPC + tether's extensions``: the same, with pi loading tether's three extensions (keys,
   continuation, tools) and the recall and note tools, as in a run: pi's own share of the gap;
-- ``tether run``: the CLI, as a user runs it (config, ledger, follow-up view, mirror, pi);
+- ``tether run``: the CLI, as a user runs it (config, ledger, follow-up view, mirror, pi in its
+  sandbox), and the same with ``sandbox = "none"``: the sandbox's cost per run;
 - in process, ``execute_run`` against the same direct RPC driver run in process.
 
 Each repetition times the ways back to back, so the median of the per-repetition ratios is
@@ -17,7 +18,8 @@ printed beside the ratio of medians (it drifts less with the load of a shared ma
 Wall time on a shared machine is noisy, so the CPU this process spends per run (direct vs
 ``execute_run``, the provider's threads counted in both) is printed too. Then the mirror's lag:
 for every row, the time from pi creating the entry (its own timestamp) to the row being committed
-to the ledger, over all in-process runs: median and p99.
+to the ledger, over all in-process runs: median and p99. Last, the provider forwarder (which a
+sandboxed run's provider calls pass through): a streamed reply timed direct and through it.
 
     .venv/bin/python bench/harness.py                 # 20 turns, 5 repetitions
     .venv/bin/python bench/harness.py --turns 50 --reps 3 --latency-ms 50
@@ -30,6 +32,7 @@ import functools
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,6 +65,69 @@ def direct_rpc(argv: list[str], env: dict[str, str], cwd: str, prompt: str) -> f
     return time.perf_counter() - started
 
 
+def percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _streamed_reply(connect: Any, host: str) -> float:
+    """One streamed chat completion over a fresh connection, read to its end: wall seconds."""
+    body = json.dumps(
+        {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
+        f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    started = time.perf_counter()
+    with connect() as sock:
+        sock.sendall(head + body)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    if b"[DONE]" not in data:
+        raise SystemExit(f"a streamed reply did not end: {data[-300:]!r}")
+    return time.perf_counter() - started
+
+
+def forwarder_latency(url: str, work: Path, replies: int) -> list[float]:
+    """What the provider forwarder (tether/sandbox/outside.py, run as in a sandboxed run with a
+    placeholder command) adds to one streamed reply: the same reply timed direct and through
+    its Unix socket, back to back."""
+    import socket
+
+    from tether.sandbox.bwrap import OUTSIDE_SCRIPT, split_base_url
+
+    origin, _ = split_base_url(url)
+    host, port = origin.split("://")[1].rsplit(":", 1)
+    path = work / "provider.sock"
+    argv = [sys.executable, "-I", "-S", str(OUTSIDE_SCRIPT), "--socket", str(path)]
+    forwarder = subprocess.Popen(
+        [*argv, "--upstream", origin, "--", "/bin/sleep", "3600"], start_new_session=True
+    )
+    try:
+        while not path.exists():
+            time.sleep(0.01)
+
+        def unix() -> socket.socket:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(path))
+            return sock
+
+        def tcp() -> socket.socket:
+            sock = socket.create_connection((host, int(port)))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+
+        added = []
+        for _ in range(replies):
+            direct = _streamed_reply(tcp, f"{host}:{port}")
+            added.append(_streamed_reply(unix, "x") - direct)
+        return added
+    finally:
+        os.killpg(forwarder.pid, signal.SIGKILL)  # it and the sleep it started
+        forwarder.wait()
+
+
 def cpu() -> tuple[float, float]:
     """CPU seconds (user + system) of this process, and of its reaped children."""
     me = resource.getrusage(resource.RUSAGE_SELF)
@@ -80,6 +146,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--latency-ms", type=float, default=0.0, help="provider delay per reply")
+    parser.add_argument(
+        "--replies", type=int, default=200, help="streamed replies timed for the forwarder"
+    )
     parser.add_argument(
         "--against", type=Path, help="also time `tether run` from this src/ (before/after, one run)"
     )
@@ -139,6 +208,11 @@ runs_dir = "runs"
 """
         cfg_path = work / "tether.toml"
         cfg_path.write_text(config_text)
+        # The same run with its pi unconfined: what the sandbox costs a run.
+        unconfined_cfg = work / "unconfined.toml"
+        unconfined_cfg.write_text(
+            config_text.replace('workdir = "tree"', 'workdir = "tree"\nsandbox = "none"')
+        )
         # The tree --against times has a ledger of its own: it may be of an older schema.
         against_cfg = work / "against.toml"
         against_cfg.write_text(config_text.replace("ledger.db", "against.db"))
@@ -175,6 +249,7 @@ runs_dir = "runs"
             "direct": [],
             "direct_ext": [],
             "cli": [],
+            "cli_none": [],
             "direct_in": [],
             "inproc": [],
             "startup": [],
@@ -218,6 +293,12 @@ runs_dir = "runs"
             timings["cli"].append(time.perf_counter() - t)
             if done.returncode != 0 or json.loads(done.stdout)["status"] != "finished":
                 raise SystemExit(f"tether run failed: {done.stdout} {done.stderr}")
+            argv = [*done.args[:5], str(unconfined_cfg), "-s", f"none-{i}", *done.args[8:]]
+            t = time.perf_counter()
+            other = subprocess.run(argv, capture_output=True, text=True, cwd=work)
+            timings["cli_none"].append(time.perf_counter() - t)
+            if other.returncode != 0:
+                raise SystemExit(f"tether run (sandbox none) failed: {other.stderr}")
             if args.against:
                 argv = [*done.args[:5], str(against_cfg), "-s", f"against-{i}", *done.args[8:]]
                 env = {**os.environ, "PYTHONPATH": str(args.against.resolve())}
@@ -255,6 +336,7 @@ runs_dir = "runs"
                 if isinstance(e, RowsMirrored):
                     lags += [e.written_at - when for when in e.entry_times]
         store.close()
+        forwarded = forwarder_latency(provider.url, work, args.replies)
 
     def med(name: str) -> float:
         return statistics.median(timings[name])
@@ -287,6 +369,11 @@ runs_dir = "runs"
             f"ratio {med('against') / med('direct'):.3f}"
         )
     print(
+        f'    sandboxed : unsandboxed (the same CLI run with sandbox = "none", median '
+        f"{med('cli_none'):.3f} s): ratio {med('cli') / med('cli_none'):.3f} (paired "
+        f"{paired('cli', 'cli_none'):.3f})"
+    )
+    print(
         f"    against direct RPC + tether's extensions: ratio "
         f"{med('cli') / med('direct_ext'):.3f} (paired {paired('cli', 'direct_ext'):.3f})"
     )
@@ -305,8 +392,14 @@ runs_dir = "runs"
         f"{med('cpu_direct'):.3f} s, execute_run {med('cpu_tether'):.3f} s; pi itself "
         f"{med('cpu_pi'):.3f} s"
     )
+    added = sorted(x * 1000 for x in forwarded)
+    print(
+        f"  provider forwarder (outside the sandbox), added time per streamed reply "
+        f"({len(added)} replies, each timed direct and through the forwarder's socket): "
+        f"p50 {statistics.median(added):.2f} ms, p99 {percentile(added, 0.99):.2f} ms"
+    )
     lags_ms = sorted(x * 1000 for x in lags)
-    p99 = lags_ms[min(len(lags_ms) - 1, round(0.99 * (len(lags_ms) - 1)))]
+    p99 = percentile(lags_ms, 0.99)
     print(
         f"  mirror lag (pi entry → ledger row): median {statistics.median(lags_ms):.1f} ms, "
         f"p99 {p99:.1f} ms, max {lags_ms[-1]:.1f} ms over {len(lags_ms)} rows "

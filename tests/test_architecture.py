@@ -28,6 +28,7 @@ FLOORS: dict[str, int] = {
     "ledger": 2,
     "access": 2,
     "admission": 2,
+    "sandbox": 2,
     # 3: pure logic over bounded reads; speaking to pi; the embedded model
     "followup": 3,
     "pi": 3,

@@ -200,7 +200,8 @@ def test_two_tether_runs_on_a_session_serialize_and_the_second_sees_the_first(
 ) -> None:
     # A's tool holds its run until the test has seen B queued and C refused (a fixed sleep lost
     # that race on a loaded machine: A ended before B's process had started).
-    go = tmp_path / "go"
+    # (In the workdir: the sandboxed tool sees nothing else of the test's directory.)
+    go = tmp_path / "work" / "go"
     hold = f"while [ ! -e {go} ]; do sleep 0.05; done; echo went"
     provider = scripted_provider(by_request(lambda asked: hold if asked == "A" else None))
     cfg = write_config(tmp_path, provider.url)

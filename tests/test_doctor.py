@@ -208,3 +208,34 @@ def test_sqlite_works_without_psycopg_and_postgres_names_the_extra(tmp_path: Pat
     assert cli.returncode == 1
     assert len(cli.stderr.strip().splitlines()) == 1, cli.stderr
     assert "pip install 'tether[postgres]'" in cli.stderr
+
+
+def test_the_sandbox_is_checked_and_a_missing_bwrap_fails_saying_how_to_install_it(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider([Reply("unused")])
+    cfg = str(config(tmp_path, p.url))
+    code, checks = doctor(tmp_path, "--config", cfg)
+    assert checks["sandbox"]["status"] == "ok", checks["sandbox"]
+    assert "a test sandbox started" in checks["sandbox"]["found"]
+    # A PATH without bwrap (Python and pi are found without PATH).
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    code, checks = doctor(tmp_path, "--config", cfg, env={"PATH": str(bare)})
+    assert code == 1
+    assert failing(checks) == ["sandbox"]
+    assert checks["sandbox"]["found"] == "bwrap is not on PATH"
+    assert "apt-get install bubblewrap" in checks["sandbox"]["fix"]
+
+
+def test_an_agent_run_unconfined_is_named(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    p = scripted_provider([Reply("unused")])
+    path = config(tmp_path, p.url)
+    path.write_text(path.read_text() + 'sandbox = "none"\n')
+    code, checks = doctor(tmp_path, "--config", str(path), env={"PATH": str(tmp_path)})
+    assert code == 0, checks
+    assert checks["agent rev"]["status"] == "warn"
+    assert 'sandbox = "none"' in checks["agent rev"]["found"]
+    assert "sandbox" not in checks, "no agent is sandboxed: bwrap is not needed"

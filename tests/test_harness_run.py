@@ -466,24 +466,46 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _pids_naming(marker: str) -> list[int]:
+    """Host pids of the live shells whose command line names ``marker``."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status", "name"]):
+        argv = proc.info["cmdline"] or []
+        live = proc.info["status"] != psutil.STATUS_ZOMBIE
+        if live and proc.info["name"] in ("bash", "sh") and any(marker in a for a in argv):
+            found.append(proc.pid)
+    return found
+
+
 def test_hard_stop_kills_pi_and_its_tools(
     tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
-    pidfile = tmp_path / "tool.pid"
+    # The tool runs sandboxed: it writes where it can (the workdir), and its pid as the host
+    # sees it is found by the marker on its command line (inside, it has a pid of its own).
+    pidfile = workdir_in(tmp_path) / "tool.pid"
+    marker = f"tether-hard-stop-{time.monotonic_ns()}"
+    command = f"echo $$ > {pidfile}; sleep 60; : {marker}"
     p = scripted_provider(
         [
-            Reply(
-                "starting a long command",
-                tool_calls=[ToolCall("bash", {"command": f"echo $$ > {pidfile}; sleep 60"})],
-            ),
+            Reply("starting a long command", tool_calls=[ToolCall("bash", {"command": command})]),
             Reply("never reached"),
         ]
     )
+    host_pids: list[int] = []
+
+    def tool_started(_: list[RunEvent]) -> bool:
+        if not (pidfile.exists() and pidfile.read_text().strip() != ""):
+            return False
+        host_pids[:] = _pids_naming(marker)
+        return bool(host_pids)
+
     outcome, events = _run_until(
         store,
         make_config(tmp_path, p.url),
         tmp_path,
-        ready=lambda _: pidfile.exists() and pidfile.read_text().strip() != "",
+        ready=tool_started,
         act=lambda stop, _: stop.stop_hard(),
     )
     assert outcome.status is RunStatus.INTERRUPTED
@@ -491,7 +513,7 @@ def test_hard_stop_kills_pi_and_its_tools(
     assert outcome.answer == "starting a long command"
     pi_pid = next(e.pid for e in events if isinstance(e, PiStarted))
     assert not _alive(pi_pid)
-    tool_pid = int(pidfile.read_text())
+    (tool_pid,) = host_pids
     anyio.run(_wait_for, lambda: not _alive(tool_pid), 5)
     assert len(p.requests) == 1
 

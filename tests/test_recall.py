@@ -264,7 +264,7 @@ def test_the_tool_socket_is_private_and_asks_for_the_token(tmp_path: Path) -> No
             obligations=obligations,
             channel=ToolChannel.new(tmp_path / "run"),
         )
-        (tmp_path / "run").mkdir()
+        (tmp_path / "run").mkdir(exist_ok=True)  # ToolChannel.new made it (its sock/ inside)
 
         async def call(payload: dict[str, object]) -> dict[str, object]:
             return await ask(server.path, payload)

@@ -11,6 +11,7 @@ next to nothing, where pydantic models took about 70 ms to build at every start 
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import tomllib
@@ -30,7 +31,10 @@ __all__ = [
     "FollowupConfig",
     "HarnessConfig",
     "LedgerConfig",
+    "LimitsConfig",
+    "NetworkKind",
     "ProviderConfig",
+    "SandboxKind",
     "ServiceConfig",
     "load_config",
     "parse_config",
@@ -101,6 +105,40 @@ class ProviderConfig(_Section, frozen=True):
     """Passed through to pi's models.json ``compat`` for this provider's models."""
 
 
+class SandboxKind(enum.StrEnum):
+    """How a run's pi and its tools are confined (DESIGN §3.12)."""
+
+    BWRAP = "bwrap"
+    """bubblewrap: the default."""
+    NONE = "none"
+    """Unconfined: an explicit opt-out, shown in the run's log and by ``tether doctor``."""
+
+
+class NetworkKind(enum.StrEnum):
+    """What a sandboxed run may reach over the network."""
+
+    PROVIDER = "provider"
+    """Only the provider forwarder and the tools socket (a network namespace of its own: the
+    host's loopback, and so a local PostgreSQL or ``tether serve``, is unreachable)."""
+    HOST = "host"
+    """The host's network, as tether itself sees it."""
+
+
+GiB = 1024**3
+
+
+class LimitsConfig(_Section, frozen=True):
+    """Resource limits of every process in a sandboxed run (``setrlimit``, hard and soft)."""
+
+    processes: Positive = 4096
+    """``RLIMIT_NPROC``. The kernel counts every process and thread of the user on the host
+    against it (a desktop session has hundreds), and does not apply it to root."""
+    memory_bytes: Positive = 4 * GiB
+    """``RLIMIT_DATA``: the writable memory of each process (pi's own included)."""
+    file_size_bytes: Positive = 1 * GiB
+    """``RLIMIT_FSIZE``: the largest file a process may write."""
+
+
 class AgentConfig(_Section, frozen=True):
     provider: str
     model: str
@@ -118,6 +156,12 @@ class AgentConfig(_Section, frozen=True):
     directory). It must not contain the ledger file, the config or the run directories."""
     env: dict[str, str] = {}
     """Variables the agent's tools get, besides PATH, HOME, LANG, TERM and a private TMPDIR."""
+    sandbox: SandboxKind = SandboxKind.BWRAP
+    """pi and its tools in bubblewrap (DESIGN §3.12), or ``"none"``: unconfined, knowingly."""
+    network: NetworkKind = NetworkKind.PROVIDER
+    """A sandboxed run's network: the provider only (default), or the host's."""
+    limits: LimitsConfig = LimitsConfig()
+    """A sandboxed run's resource limits."""
 
 
 class HarnessConfig(_Section, frozen=True):

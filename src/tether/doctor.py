@@ -253,6 +253,39 @@ def _state_dir(config: Config) -> Check:
     return Check("state directory", Status.OK, found)
 
 
+def _sandbox(config: Config) -> list[Check]:
+    """bubblewrap and user namespaces, when an agent runs sandboxed; every agent that does not,
+    named (DESIGN §3.12)."""
+    from tether.config import SandboxKind
+    from tether.sandbox.bwrap import find_bwrap, probe, userns_problem
+
+    checks = [
+        Check(
+            f"agent {name}",
+            Status.WARN,
+            'sandbox = "none": its tools run unconfined, with every file and process of this user',
+            f'remove sandbox = "none" from [agents.{name}] (docs/security.md)',
+        )
+        for name, agent in sorted(config.agents.items())
+        if agent.sandbox is SandboxKind.NONE
+    ]
+    sandboxed = any(a.sandbox is SandboxKind.BWRAP for a in config.agents.values())
+    if not sandboxed and config.agents:
+        return checks
+    # With no agents yet, the default (sandboxed) is what the first one will need.
+    blocks = Status.FAIL if sandboxed else Status.WARN
+    install = "apt-get install bubblewrap (make install does it)"
+    found = find_bwrap()
+    if found is None:
+        return [*checks, Check("sandbox", blocks, "bwrap is not on PATH", install)]
+    if (problem := userns_problem()) is not None:
+        fix = "allow unprivileged user namespaces (sysctl), or run as root"
+        return [*checks, Check("sandbox", blocks, f"{found}: {problem}", fix)]
+    if (failed := probe()) is not None:
+        return [*checks, Check("sandbox", blocks, f"{found} cannot start a sandbox: {failed}")]
+    return [*checks, Check("sandbox", Status.OK, f"{found} (a test sandbox started)")]
+
+
 def run_checks(config: Config, ledger_url: str | None = None) -> list[Check]:
     """Every check, in the order a run meets them."""
     return [
@@ -262,5 +295,6 @@ def run_checks(config: Config, ledger_url: str | None = None) -> list[Check]:
         _extension(),
         _ledger(ledger_url or config.ledger.url),
         *_providers(config),
+        *_sandbox(config),
         _state_dir(config),
     ]

@@ -30,12 +30,24 @@ function released(fd: number): boolean {
 	}
 }
 
+export const UMASK_ENV = "TETHER_UMASK";
+
+/** pi's keeper starts pi under umask 077, so that the directories Node makes for tether at its
+ * start (the compile cache) are private; pi and the agent's tools get the user's umask back. */
+function restoreUmask(): void {
+	const text = process.env[UMASK_ENV];
+	delete process.env[UMASK_ENV];
+	if (text !== undefined && /^[0-7]{1,4}$/.test(text)) process.umask(Number.parseInt(text, 8));
+}
+
 const fdText = process.env[GATE_FD_ENV];
-if (fdText !== undefined) {
+if (fdText === undefined) restoreUmask();
+else {
 	// Neither pi nor the tools it runs see the descriptor.
 	delete process.env[GATE_FD_ENV];
 	// pi's entry turns Node's compile cache on too, but only after this module's imports.
 	enableCompileCache();
+	restoreUmask();
 	try {
 		// The bundle's package index loads most of pi's runtime: pi's start, done while waiting.
 		await piCodingAgent();

@@ -128,6 +128,7 @@ class Driver:
                 run_dir=run.run_dir,
                 keys=keys,
                 tools=tools,
+                workdir=run.workdir,
                 extensions=run.request.extensions,
             )
             opener = SubprocessTransport.open(

@@ -18,9 +18,10 @@ from typing import Any
 
 import msgspec
 
-from tether.config import AgentConfig, Config, ProviderConfig
+from tether.config import AgentConfig, Config, ProviderConfig, SandboxKind
 from tether.errors import ConfigError
 from tether.files import private_dir, private_file
+from tether.sandbox.bwrap import PROVIDER_ORIGIN, require_bwrap, split_base_url
 
 __all__ = ["AgentDir", "merge", "pi_models", "pi_settings", "provider_keys", "write_agent_dir"]
 
@@ -39,9 +40,16 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def pi_models(name: str, provider: ProviderConfig, agent: AgentConfig) -> dict[str, Any]:
+def pi_models(
+    name: str, provider: ProviderConfig, agent: AgentConfig, *, sandboxed: bool = False
+) -> dict[str, Any]:
+    base_url = provider.base_url
+    if sandboxed:
+        # The relay inside the sandbox writes its own address over the placeholder origin, and
+        # the forwarder outside reaches the provider's (DESIGN §3.12).
+        base_url = PROVIDER_ORIGIN + split_base_url(base_url)[1]
     entry: dict[str, Any] = {
-        "baseUrl": provider.base_url,
+        "baseUrl": base_url,
         "api": provider.api,
         # A keyed provider's real key is registered by the keys extension at pi's start.
         "apiKey": NO_KEY,
@@ -102,8 +110,11 @@ class AgentDir(msgspec.Struct, frozen=True):
 
 def provider_keys(config: Config, agent_name: str) -> dict[str, str]:
     """The agent's provider key by provider name (empty for a provider without one), or
-    ``ConfigError`` when the key's variable is not set (checked before a run writes anything)."""
+    ``ConfigError`` when the key's variable is not set, or ``SandboxUnavailable`` when the
+    agent runs sandboxed and bubblewrap cannot be used (checked before a run writes anything)."""
     agent = config.agent(agent_name)
+    if agent.sandbox is SandboxKind.BWRAP:
+        require_bwrap(agent_name)
     provider = config.provider(agent.provider)
     if not provider.api_key_env:
         return {}
@@ -116,15 +127,18 @@ def provider_keys(config: Config, agent_name: str) -> dict[str, str]:
     return {agent.provider: key}
 
 
-def write_agent_dir(path: Path, config: Config, agent_name: str) -> AgentDir:
-    """Create ``path`` with the run's ``models.json`` and ``settings.json``."""
+def write_agent_dir(
+    path: Path, config: Config, agent_name: str, *, sandboxed: bool = False
+) -> AgentDir:
+    """Create ``path`` with the run's ``models.json`` and ``settings.json`` (``sandboxed``: the
+    provider reached through the sandbox's relay)."""
     agent = config.agent(agent_name)
     provider = config.provider(agent.provider)
     provider_keys(config, agent_name)  # the key must exist, though it never lands here
     env = {"PI_CODING_AGENT_DIR": str(path.resolve())}
     private_dir(path)
     for name, body in (
-        ("models.json", pi_models(agent.provider, provider, agent)),
+        ("models.json", pi_models(agent.provider, provider, agent, sandboxed=sandboxed)),
         ("settings.json", pi_settings(config, provider, agent)),
     ):
         target = private_file(path / name)

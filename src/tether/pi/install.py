@@ -24,11 +24,14 @@ from pathlib import Path
 
 import msgspec
 
+from tether.files import private_dir
 from tether.pi.errors import PiNotInstalled
 
 __all__ = [
     "ALLOWED_ENV",
+    "EXTENSION_DIR",
     "PiInstall",
+    "compile_cache",
     "data_dir",
     "extension_file",
     "find_pi",
@@ -87,12 +90,13 @@ def cache_dir() -> Path:
     return base / "tether"
 
 
-def _compile_cache() -> Path | None:
-    """Node's compile cache directory for pi (0700), or None when it cannot be made: pi then
-    starts without one."""
+def compile_cache() -> Path | None:
+    """Node's compile cache directory for pi, or None when it cannot be made: pi then starts
+    without one. It and every directory made for it are 0700 whatever the umask (what Node
+    makes inside it is made under pi's umask of 077: :mod:`tether.pi.keeper`)."""
     path = cache_dir() / "node-compile-cache"
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(path)
     except OSError:
         return None
     return path
@@ -218,17 +222,20 @@ def pi_env(
     *,
     tmpdir: Path,
     agent_env: Mapping[str, str] | None = None,
+    home: Path | None = None,
 ) -> dict[str, str]:
     """pi's environment: the allow-listed variables of this process, the agent's own ``env``,
-    ``extra`` (the agent dir, the key channel's descriptor), a private ``TMPDIR``, Node's compile
-    cache (:func:`cache_dir`), offline, loopback never proxied, and the pinned Node first on
-    ``PATH``."""
+    ``extra`` (the agent dir, the key channel's descriptor), a private ``TMPDIR`` (and ``HOME``,
+    given one: a sandboxed run's), Node's compile cache (:func:`cache_dir`), offline, loopback
+    never proxied, and the pinned Node first on ``PATH``."""
     env = {k: os.environ[k] for k in ALLOWED_ENV if k in os.environ}
     env.update(agent_env or {})
     env.update(extra)
     env["TMPDIR"] = str(tmpdir)
-    if (compile_cache := _compile_cache()) is not None:
-        env["NODE_COMPILE_CACHE"] = str(compile_cache)
+    if home is not None:
+        env["HOME"] = str(home)
+    if (cache := compile_cache()) is not None:
+        env["NODE_COMPILE_CACHE"] = str(cache)
     env["PI_OFFLINE"] = "1"
     loopback = "127.0.0.1,localhost"
     for key in ("NO_PROXY", "no_proxy"):

@@ -44,6 +44,7 @@ EXIT_NAME = "exit.json"
 CONTROL_TYPE = "tether_keeper"
 CLOSE_STDIN = b'{"type":"tether_keeper","op":"close_stdin"}'
 PASSED_FDS = ("TETHER_KEY_FD", "TETHER_GATE_FD")
+UMASK_ENV = "TETHER_UMASK"
 """Variables naming descriptors the keeper hands on to pi (the key channel, the gate)."""
 _PR_SET_CHILD_SUBREAPER = 36
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -226,6 +227,11 @@ def main(argv: list[str]) -> int:
     # the keeper opened itself is close-on-exec.
     named = (os.environ.get(name, "") for name in PASSED_FDS)
     passed = tuple(int(text) for text in named if text.isdigit())
+    # pi starts under umask 077, so that what Node makes for tether before pi's code runs (its
+    # compile cache's directories) is private whatever the user's umask; tether's gate gives
+    # pi the user's own umask back (UMASK_ENV) once that is done, for the agent's files.
+    umask = os.umask(0o077)
+    os.environ[UMASK_ENV] = f"{umask:o}"
     pi_pid = os.posix_spawn(
         pi_argv[0],
         pi_argv,

@@ -8,6 +8,7 @@ loads, then releases the gate. Nothing here touches the ledger.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import signal
 import subprocess
@@ -17,17 +18,27 @@ from pathlib import Path
 
 import msgspec
 
-from tether.config import Config
+from tether.config import Config, SandboxKind
 from tether.errors import ConfigError
-from tether.files import private_dir
+from tether.files import private_dir, private_file
 from tether.pi import keeper
-from tether.pi.agentdir import provider_keys, write_agent_dir
+from tether.pi.agentdir import NO_KEY, provider_keys, write_agent_dir
 from tether.pi.gate import Gate
-from tether.pi.install import PiInstall, pi_argv, pi_env
+from tether.pi.install import (
+    EXTENSION_DIR,
+    PiInstall,
+    compile_cache,
+    extension_file,
+    pi_argv,
+    pi_env,
+)
 from tether.pi.keys import KeyChannel, key_channel
 from tether.pi.toolchannel import TOOL_NAMES, TOOLS_EXTENSION, ToolChannel
+from tether.sandbox.bwrap import Confinement, require_bwrap, split_base_url
+from tether.sandbox.outside import PLACEHOLDER_ENV
 
 __all__ = [
+    "RELAY_MODULE",
     "PiCommand",
     "PiLaunch",
     "check_workdir",
@@ -35,6 +46,15 @@ __all__ = [
     "pi_command",
     "runs_dir",
 ]
+
+
+RELAY_MODULE = extension_file("relay")
+"""The provider relay inside the sandbox (``extension/relay.ts``), preloaded before the gate."""
+SESSION_DIR = "pi-session"
+"""A sandboxed run's session file is ``RUN_DIR/pi-session/session.jsonl``, which
+``RUN_DIR/session.jsonl`` links to."""
+RELAY_SOCKET_ENV = "TETHER_PROVIDER_SOCKET"
+RELAY_TOKEN_ENV = "TETHER_RELAY_TOKEN"
 
 
 def runs_dir(config: Config) -> Path:
@@ -86,6 +106,22 @@ class PiCommand(msgspec.Struct, frozen=True):
     pass_fds: tuple[int, ...]
 
 
+def _node_root(path: Path) -> Path:
+    """What pi needs to read around ``path`` (Node's binary, pi's entry): the ``node_modules``
+    holding it, else its package (two levels up, as in ``NODE/bin/node``)."""
+    for parent in path.parents:
+        if parent.name == "node_modules":
+            return parent
+    return path.parent.parent
+
+
+def _sandbox_log(run_dir: Path, text: str) -> None:
+    """One line of tether's own in the run's log (pi's stderr), before pi writes there."""
+    log = private_file(run_dir / "pi.log")
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"tether: {text}\n")
+
+
 def pi_command(
     config: Config,
     agent_name: str,
@@ -94,14 +130,30 @@ def pi_command(
     run_dir: Path,
     keys: KeyChannel,
     tools: ToolChannel,
+    workdir: Path | None = None,
     extensions: Sequence[Path] = (),
     gate: Gate | None = None,
 ) -> PiCommand:
     """pi's command line and environment for the run in ``run_dir`` (its agent dir written
     there): the agent's model, tools and prompt; the keys, tools and continuation extensions;
-    the key channel, the tool channel and the gate."""
+    the key channel, the tool channel and the gate. Sandboxed (``[agents.X] sandbox``, DESIGN
+    §3.12), the command is pi in bubblewrap under the provider forwarder, which takes the key
+    channel: pi gets no key, and its provider URL is its relay's. Raises ``ConfigError``
+    (``SandboxUnavailable`` when bubblewrap cannot be used)."""
     agent = config.agent(agent_name)
-    agent_dir = write_agent_dir(run_dir / "agent", config, agent_name)
+    sandboxed = agent.sandbox is SandboxKind.BWRAP
+    bwrap = require_bwrap(agent_name) if sandboxed else ""
+    agent_dir = write_agent_dir(run_dir / "agent", config, agent_name, sandboxed=sandboxed)
+    session_dir: Path | None = None
+    if sandboxed:
+        # pi's session file lives in a directory of its own, bound into the sandbox (a path
+        # bound in must exist, and the file does not until the harness writes it); the run's
+        # session.jsonl names it, so everything else reads and writes it where it always is.
+        session_dir = private_dir(run_dir / SESSION_DIR)
+        link = run_dir / "session.jsonl"
+        if not link.is_symlink():
+            link.symlink_to(Path(SESSION_DIR) / "session.jsonl")
+    key_extensions = () if sandboxed else keys.extensions
     argv = pi_argv(
         pi,
         session_file=run_dir / "session.jsonl",
@@ -112,7 +164,7 @@ def pi_command(
         # tools included: recall and note are named whatever the agent's list holds.
         tools=list(dict.fromkeys((*agent.tools, *TOOL_NAMES))),
         system_prompt=agent.system_prompt,
-        extensions=tuple(dict.fromkeys((*keys.extensions, *extensions, TOOLS_EXTENSION))),
+        extensions=tuple(dict.fromkeys((*key_extensions, *extensions, TOOLS_EXTENSION))),
     )
     extra: dict[str, str] = {**agent_dir.env, **keys.env, **tools.env}
     pass_fds = keys.pass_fds
@@ -120,8 +172,52 @@ def pi_command(
         argv = gate.argv(argv)
         extra.update(gate.env)
         pass_fds = (*pass_fds, *gate.pass_fds)
-    env = pi_env(extra, pi, tmpdir=run_dir / "tmp", agent_env=agent.env)
-    return PiCommand(argv, env, pass_fds)
+    home: Path | None = None
+    if sandboxed:
+        home = private_dir(run_dir / "home")
+        # The relay goes first: it is listening, and models.json names it, before pi starts.
+        argv = [argv[0], "--import", RELAY_MODULE.as_uri(), *argv[1:]]
+        # base64 of random bytes, spelled out as in ToolChannel.new (no secrets import here).
+        token = base64.urlsafe_b64encode(os.urandom(24)).rstrip(b"=").decode("ascii")
+        extra.update(
+            {
+                RELAY_SOCKET_ENV: str(tools.path.parent / "provider.sock"),
+                RELAY_TOKEN_ENV: token,
+                PLACEHOLDER_ENV: NO_KEY,
+            }
+        )
+    env = pi_env(extra, pi, tmpdir=run_dir / "tmp", agent_env=agent.env, home=home)
+    if not sandboxed:
+        _sandbox_log(
+            run_dir,
+            f'agent {agent_name!r} runs UNCONFINED ([agents.{agent_name}] sandbox = "none"): '
+            "its tools can read and write whatever this user can (docs/security.md)",
+        )
+        return PiCommand(argv, env, pass_fds)
+    read_only = [_node_root(pi.node), _node_root(pi.cli), EXTENSION_DIR]
+    read_only += [Path(ext).resolve().parent for ext in extensions]
+    if (cache := compile_cache()) is not None:
+        read_only.append(cache)
+    assert home is not None
+    assert session_dir is not None
+    origin, _ = split_base_url(config.provider(agent.provider).base_url)
+    confinement = Confinement(
+        bwrap=bwrap,
+        network=agent.network,
+        limits=agent.limits,
+        workdir=(workdir or Path.cwd()).resolve(),
+        read_only=tuple(read_only),
+        writable=(home, run_dir / "tmp", agent_dir.path.resolve(), session_dir, tools.path.parent),
+        provider_socket=tools.path.parent / "provider.sock",
+        upstream=origin,
+    )
+    limits = agent.limits
+    _sandbox_log(
+        run_dir,
+        f"sandbox bwrap, network {agent.network.value}, limits processes={limits.processes} "
+        f"memory_bytes={limits.memory_bytes} file_size_bytes={limits.file_size_bytes}",
+    )
+    return PiCommand(confinement.argv(argv), env, pass_fds)
 
 
 class PiLaunch:
@@ -178,6 +274,7 @@ class PiLaunch:
                     run_dir=run_dir,
                     keys=channel,
                     tools=tools,
+                    workdir=workdir,
                     extensions=extensions,
                     gate=gate,
                 )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 
+from tether.files import private_dir
 from tether.pi.install import extension_file
 
 __all__ = ["SOCKET_ENV", "TOKEN_ENV", "TOOLS_EXTENSION", "TOOL_NAMES", "ToolChannel", "ToolName"]
@@ -22,6 +23,7 @@ __all__ = ["SOCKET_ENV", "TOKEN_ENV", "TOOLS_EXTENSION", "TOOL_NAMES", "ToolChan
 TOOLS_EXTENSION = extension_file("tools")
 """The tools extension, loaded into every run's pi (``--extension``) whatever the agent's tools."""
 
+SOCKET_DIR = "sock"
 SOCKET_ENV = "TETHER_TOOLS_SOCKET"
 TOKEN_ENV = "TETHER_TOOLS_TOKEN"
 # Unix socket paths are limited (108 bytes on Linux, with the NUL); a run directory deeper than
@@ -48,11 +50,12 @@ class ToolChannel(msgspec.Struct, frozen=True):
 
     @classmethod
     def new(cls, run_dir: Path) -> ToolChannel:
-        """A new run's channel: the socket in ``run_dir``, a fresh token."""
+        """A new run's channel: the socket in ``run_dir/sock`` (a directory of its own, which a
+        sandbox binds in, beside the provider forwarder's socket), a fresh token."""
         # secrets.token_urlsafe(32), spelled out: importing secrets (hmac, hashlib, random)
         # would delay the start of pi, which is made right after this.
         token = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode("ascii")
-        path = (run_dir / "tools.sock").resolve()
+        path = (private_dir(run_dir / SOCKET_DIR) / "tools.sock").resolve()
         if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
             return cls(path, token)
         import tempfile
