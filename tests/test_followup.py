@@ -843,3 +843,42 @@ def test_the_public_names() -> None:
         "session_refusing",
         "request_too_large",  # a run's request over [followup] request_max_bytes (DESIGN §3.5)
     ]
+
+
+def test_a_receipt_before_a_request_placed_first_is_its_notice(ledger: Ledger) -> None:
+    """The request placed first (four answers after it are each over the budget, more than the
+    window may pass over): a refused-checkpoint receipt between the coverage and the request is
+    not history, yet not dropped without a word either; it is shown as its notice, in seq order,
+    as it is when the window carries it, and its bytes count toward the budget."""
+    first = RunWriter.start(ledger, run_id="r0")
+    first.request("long job")
+    first.say("working")
+    receipt = first.receipt("truncated")
+    first.end()
+    run = RunWriter.start(ledger, run_id="r1")
+    req = run.request("next job")
+    huge = [run.say("h" * 7000) for _ in range(4)]
+    steer = run.add("user:ana", user("and the tests?", ts=run._tick()))
+    answer = run.say("they pass")
+    run.end()
+    view = view_of(ledger, budget=6000)
+    check_well_formed(view)
+    assert view.previous_request is not None
+    assert view.previous_request.seq == req.seq
+    assert view.previous_request.mode is RequestMode.COPIED
+    assert [(g.first, g.last, g.why) for g in view.gaps] == [
+        (1, receipt.seq - 1, GapWhy.BUDGET),
+        (huge[0].seq, huge[-1].seq, GapWhy.BUDGET),
+    ]
+    order = [m.origin or m.message.get("customType") for m in view.messages]
+    assert order == [
+        "tether.gap",
+        "tether.receipt",
+        req.seq,
+        "tether.gap",
+        steer.seq,
+        answer.seq,
+    ]
+    [notice] = [m for m in view.messages if m.message.get("customType") == "tether.receipt"]
+    assert notice.synthetic
+    assert "run r0 could not write a continuation checkpoint (truncated)" in text(notice).lower()

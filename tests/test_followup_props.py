@@ -24,7 +24,7 @@ import os
 from fnmatch import fnmatchcase
 from typing import Any
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from followup_sessions import (
@@ -431,6 +431,9 @@ def check(
             if (passing.carried, passing.gaps) == (carried, gaps):
                 matching = [allowed[-1]]
     assert matching, (allowed, sorted(origins), view.gaps)
+    # Views that carry the same rows and name the same gaps show every other row the same way
+    # (a receipt as its notice), whichever way they were made: they cost the same bytes.
+    assert len({e.bytes for _, e in matching}) == 1, matching
     how, expected = matching[0]
     event(f"oracle: {how}" + (f" (of {len(allowed)} allowed)" if len(allowed) > 1 else ""))
     assert view.bytes == expected.bytes, (expected, view.bytes)
@@ -550,6 +553,19 @@ def check(
             assert shown, f"row {seq} is neither in the view nor named in a gap"
         if not admitted(row["sources"], sc.grants):
             assert seq not in origins
+    # A receipt accounted for as shown is shown as its notice, once: neither named in a gap nor
+    # summarized, it is the view's only word that its run's work needs recall.
+    receipts = [
+        text_of(msgs.receipt_notice(row["body"], timestamp=0))
+        for row in sc.rows
+        if row["kind"] is RowKind.RECEIPT and row["seq"] > covers and row["seq"] not in in_gap
+    ]
+    noticed = [
+        text_of(m.message)
+        for m in view.messages
+        if m.synthetic and m.message.get("customType") == msgs.RECEIPT_TYPE
+    ]
+    assert sorted(noticed) == sorted(receipts), (noticed, receipts)
 
     # Media: attachment limits hold; placeholders name type and size.
     total = 0
@@ -797,7 +813,8 @@ class Oracle:
             carried.add(r)
             # Rows between the coverage and the request are named exactly (prompt rows there
             # are not history) when they were read: by the probe (a range read, made when the
-            # request lies before the first tail read), else those of the tail.
+            # request lies before the first tail read), else those of the tail. A receipt there
+            # is shown as its notice, as in a carried unit: not in a gap, never silently gone.
             if 0 < r - 1 - self.covers <= PROBE_ROWS:
                 start = self.covers if self.probed else max(self.covers, self.lo - 1)
                 between = sc.rows[start : r - 1]
@@ -806,6 +823,8 @@ class Oracle:
                         marks[row["seq"]] = GapWhy.WITHHELD
                     elif not is_content(row):
                         marks[row["seq"]] = SHOWN
+                        if row["kind"] is RowKind.RECEIPT:
+                            extra += size_of(msgs.receipt_notice(row["body"], timestamp=self.ts))
         if self.comp is not None:
             marks.setdefault(self.comp["seq"], SHOWN if self.comp_ok else GapWhy.WITHHELD)
         gaps: list[tuple[int, int, GapWhy]] = []
@@ -1016,6 +1035,95 @@ def load(sc: Scenario) -> Any:
     return ledger
 
 
+def compaction_after_a_checkpoint() -> Scenario:
+    """A session the generator found: a continuation checkpoint (row 10, covering 1-9), then a
+    compaction pi made on its own (row 12) covering less (1-4), with a refused-checkpoint receipt
+    (row 6) between that coverage and the previous request (row 7), and a tool result over the
+    budget (row 9) after it. The newest compaction is row 12, so rows 5-9 are after the coverage;
+    the receipt is shown as its notice whether the view opens at the coverage (the tail fits
+    once row 9 is passed over) or places the request first: both views cost 1834 bytes."""
+    sc = Scenario()
+    sc.budget = 60_000
+    sc.grants = ["repo:a/*"]
+    ts = 1_764_410_400_000
+    calls = [("c1", "read", {"path": "f1"}), ("c2", "read", {"path": "f2"})]
+    calls.append(("c3", "read", {"path": "f3"}))
+    agent = f"agent:{AGENT}"
+    sc.add("r0", "user:ana", RowKind.MESSAGE, user("REQTEXT ", ts=ts + 1000))
+    sc.add("r0", agent, RowKind.MESSAGE, calls_message(calls, ts=ts + 2000))
+    for cid, name, _ in calls:
+        sc.add("r0", f"tool:{name}", RowKind.MESSAGE, tool_result(cid, name, "", ts=ts + 2000))
+    refused = {"kind": "continuation_checkpoint_refused", "run": "r0", "reason": "truncated"}
+    sc.add("r0", agent, RowKind.RECEIPT, refused)
+    sc.runs.append(Run("r0", "s", AGENT, RunStatus.FINISHED, request_seq=1))
+    sc.add("r1", "user:ana", RowKind.MESSAGE, user("REQTEXT ", ts=ts + 4000))
+    sc.add(
+        "r1", agent, RowKind.MESSAGE, calls_message([("c4", "read", {"path": "f4"})], ts=ts + 5000)
+    )
+    sc.add(
+        "r1", "tool:read", RowKind.MESSAGE, tool_result("c4", "read", "t" * 70_000, ts=ts + 5000)
+    )
+    checkpoint = {"version": 1, "run": "r1"}
+    sc.add(
+        "r1",
+        agent,
+        RowKind.COMPACTION,
+        {"summary": "checkpoint ", "covers_to": 9, "continuation": checkpoint},
+    )
+    sc.runs.append(Run("r1", "s", AGENT, RunStatus.FINISHED, request_seq=7))
+    sc.add("r2", "user:ana", RowKind.MESSAGE, user("REQTEXT ", ts=ts + 6000))
+    sc.add("r2", agent, RowKind.COMPACTION, {"summary": "sum ", "covers_to": 4})
+    sc.runs.append(Run("r2", "s", AGENT, RunStatus.QUEUED, request_seq=11))
+    sc.seal()
+    return sc
+
+
+def test_a_receipt_after_a_shorter_compaction_is_one_notice_whichever_view() -> None:
+    """The session of :func:`compaction_after_a_checkpoint`, by hand: the view, and the two
+    views the oracle allows for it, which carry the same rows and so must cost the same."""
+    sc = compaction_after_a_checkpoint()
+    with load(sc) as ledger:
+        reads = TailSpy(ledger)
+        view = build_view(
+            reads,
+            session="s",
+            agent=AGENT,
+            actor=ACTOR,
+            budget=sc.budget,
+            config=MEDIA,
+            grants={ACTOR: sc.grants},
+        )
+    assert isinstance(view, FollowupView), view
+    # The newest compaction is the newest row of either kind (row 12), with its own coverage.
+    assert view.checkpoint is not None
+    assert (view.checkpoint.seq, view.checkpoint.covers_to) == (12, 4)
+    assert not view.checkpoint.continuation
+    assert view.previous_request is not None
+    assert (view.previous_request.seq, view.previous_request.mode) == (7, RequestMode.COPIED)
+    assert [(g.first, g.last, g.why) for g in view.gaps] == [
+        (5, 5, GapWhy.BUDGET),
+        (8, 9, GapWhy.BUDGET),
+    ]
+    kinds = [m.origin or m.message.get("customType") for m in view.messages]
+    assert kinds == ["tether.checkpoint", "tether.gap", "tether.receipt", 7, "tether.gap", 11]
+    [notice] = [m for m in view.messages if m.message.get("customType") == "tether.receipt"]
+    assert "Run r0 could not write a continuation checkpoint (truncated)" in text_of(notice.message)
+    assert view.bytes == sum(size_of(m.message) for m in view.messages) == 1834
+    # Both views the oracle allows carry rows 7 and 11 and name gaps 5 and 8-9, the receipt
+    # shown as its notice in each.
+    _, request_seq = expected_request(sc)
+    comp = sc.rows[11]
+    oracle = Oracle(sc, request_seq, comp, True, 4, [], reads.read_from, reads.probed)
+    allowed = oracle.expect()
+    assert [how for how, _ in allowed] == ["request placed first", "window passing over units"]
+    for _, e in allowed:
+        assert (e.carried, e.gaps, e.bytes) == (
+            {7, 11},
+            [(5, 5, GapWhy.BUDGET), (8, 9, GapWhy.BUDGET)],
+            1834,
+        )
+
+
 # 800 generated sessions in `make test`; 100 in the unit tier (`make test-fast`, the inner loop),
 # where 800 alone took longer than the tier's whole budget on this machine.
 EXAMPLES = 100 if os.environ.get("TETHER_TEST_TIER") == "unit" else 800
@@ -1023,6 +1131,7 @@ EXAMPLES = 100 if os.environ.get("TETHER_TEST_TIER") == "unit" else 800
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
+@example(compaction_after_a_checkpoint())
 def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
     with load(sc) as ledger:
         reads = TailSpy(ledger)

@@ -14,7 +14,8 @@ exact assembly). Nothing is written and no whole transcript is read:
   when rows that cost the view nothing (prompt state, receipts, the compaction row, withheld
   rows) took part of that cap;
 * when the request lies before the tail, at most :data:`PROBE_ROWS` rows between the coverage and
-  it, only to name that gap exactly (prompt-state rows there are not history).
+  it, only to name that gap exactly (prompt-state rows there are not history; a receipt there
+  is shown as its notice).
 
 The previous request is **partial** (``incomplete_request``) when its run wrote rows but no
 request row (``request_seq`` is null), or when the request row is not a user message carrying

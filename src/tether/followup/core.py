@@ -318,6 +318,9 @@ class _Frame(msgspec.Struct, frozen=True):
     """Fixed marks: the compaction row."""
     probe_marks: dict[int, _Mark]
     """Rows between the coverage and the request (used only when the request is placed first)."""
+    probe_notices: dict[int, ViewMessage]
+    """The notices of the admitted receipts among them, by seq: a receipt marked shown there is
+    shown as its notice, as in any unit the view carries (never dropped without a word)."""
     top: list[ViewMessage]
     top_bytes: int
     request_vm: ViewMessage | None
@@ -509,6 +512,7 @@ def assemble(
         entries.append((gap.first, 0, [_synthetic(notice)]))
     if request_first and f.request_vm is not None and f.request_seq is not None:
         entries.append((f.request_seq, 1, [f.request_vm]))
+        entries.extend((seq, 1, [notice]) for seq, notice in f.probe_notices.items())
     for plan in plans:
         entries.append((plan.first, 1, plan.items))
     entries.sort(key=lambda e: (e[0], e[1]))
@@ -551,6 +555,7 @@ def frame(inp: Inputs) -> _Frame | Refusal:
     if comp is not None:
         marks[comp.seq] = _Mark.SHOWN if comp_ok else _Mark.WITHHELD
     probe_marks: dict[int, _Mark] = {}
+    probe_notices: dict[int, ViewMessage] = {}
     if r is not None and 0 < r - 1 - covers <= PROBE_ROWS:
         between = inp.probe or tuple(row for row in inp.tail if covers < row.seq < r)
         for row in between:
@@ -558,6 +563,9 @@ def frame(inp: Inputs) -> _Frame | Refusal:
                 probe_marks[row.seq] = _Mark.WITHHELD
             elif not _is_content(row):
                 probe_marks[row.seq] = _Mark.SHOWN
+                if row.kind is RowKind.RECEIPT:
+                    notice = msgs.receipt_notice(row.body, timestamp=timestamp)
+                    probe_notices[row.seq] = _synthetic(notice)
     notice_max = max(msgs.gap_notice_bound(last, why, timestamp=timestamp) for why in GapWhy)
     return _Frame(
         budget=inp.budget,
@@ -567,6 +575,7 @@ def frame(inp: Inputs) -> _Frame | Refusal:
         covered=_Mark.SHOWN if comp_ok else _Mark.WITHHELD,
         marks=marks,
         probe_marks=probe_marks,
+        probe_notices=probe_notices,
         top=top,
         top_bytes=top_bytes,
         request_vm=request_vm,
