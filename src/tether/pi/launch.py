@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import signal
 import subprocess
 import time
