@@ -26,6 +26,7 @@ from tether.followup import FollowupView
 from tether.harness import helpers
 from tether.harness.context import ClaimedRun, PiStart, Progress, RunControls
 from tether.harness.custody.markers import Marked, Markers
+from tether.harness.custody.owner import newer_owner
 from tether.harness.custody.recovery import await_lost_checkpoint
 from tether.harness.custody.state import CustodyState, load_run_state
 from tether.harness.ending import PiEnded, RunEnder
@@ -203,14 +204,23 @@ class Driver:
         try:
             async with opener as transport, anyio.create_task_group() as keeper:
                 # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
-                keeper.start_soon(helpers.kill_on_hard_stop, self.controls.stop, transport)
+                keeper.start_soon(
+                    helpers.kill_on_hard_stop,
+                    self.controls.stop,
+                    transport,
+                    functools.partial(self._handed_over, transport),
+                )
                 if tools is not None:
                     await keeper.start(tools.serve)  # recall and note (DESIGN §3.9)
                 try:
                     task, checkpoint, late = await self._with_pi(transport, mirror)
                 finally:
                     diagnostics = transport.diagnostics()
-                    await transport.aclose()
+                    with anyio.CancelScope(shield=True):
+                        # The end of pi's stdin, and the signals after it, are the owner's:
+                        # a pi a newer owner holds is left to it.
+                        await self._handed_over(transport)
+                        await transport.aclose()
                     keeper.cancel_scope.cancel()
             exit_status = transport.exit_status
         except (PiStartupFailed, TransportClosed) as exc:
@@ -309,10 +319,35 @@ class Driver:
         with stop.scope(hard=True):
             with stop.scope(hard=False):
                 return await self._prompt_and_settle(client)
-            # The soft scope caught a soft stop or the deadline: abort, let pi settle.
+            # The soft scope caught a soft stop or the deadline: abort, let pi settle (unless
+            # pi is a newer owner's now: then nothing more goes to it).
+            if await self._handed_over(transport):
+                return self._fenced()
             return await self._abort(client)
-        await transport.kill()
+        if not await self._handed_over(transport):
+            await transport.kill()
         return stop.value()
+
+    async def _handed_over(self, transport: AgentTransport) -> bool:
+        """Whether a newer owner holds the run (DESIGN §3.7, invariant 16): asked before
+        anything that stops pi, whatever the stop. If one does, pi is left to it (a keeper's
+        pi is disowned; a child pi, which no one can take over, ends with this harness), and
+        the run's failure names the owner."""
+        run = self.run
+        if self.progress.taken_over is None:
+            try:
+                found = await in_thread(newer_owner, run.ledger, run.fence)
+            except StorageError:
+                return False  # not known: the fence on every write still holds
+            if found is None:
+                return False
+            self.progress.handed_over(found, run.fence.epoch)
+        await transport.fenced_out()
+        return True
+
+    def _fenced(self) -> Stopped:
+        assert self.progress.failure is not None
+        return self.progress.failure
 
     def _settled(self) -> TaskEnd:
         state = self.state
@@ -401,7 +436,7 @@ class Driver:
         result: CheckpointResult | None = None
         with c.stop.scope(hard=True):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._abort_on_soft_stop, client)
+                tg.start_soon(self._abort_on_soft_stop, client, transport)
                 try:
                     result = await c.checkpoint(turn)
                 except TransportClosed as exc:
@@ -418,13 +453,14 @@ class Driver:
                     result = CheckpointResult.refused(ReceiptReason.CANCELLED)
                 tg.cancel_scope.cancel()
         if result is None:  # cut off by a hard stop
-            await transport.kill()
+            if not await self._handed_over(transport):
+                await transport.kill()
             result = turn.attempt or NOT_NEEDED
         return result, (c.stop.value() if c.stop.requested else None)
 
-    async def _abort_on_soft_stop(self, client: RpcClient) -> None:
+    async def _abort_on_soft_stop(self, client: RpcClient, transport: AgentTransport) -> None:
         stop = self.controls.stop
         await stop.soft_requested.wait()
-        if not stop.hard:
+        if not stop.hard and not await self._handed_over(transport):
             with contextlib.suppress(TransportClosed):
                 await client.request(Command.ABORT)
