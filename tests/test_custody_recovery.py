@@ -5,15 +5,19 @@ real pi under its keeper, the scripted provider, real signals (SIGKILL, SIGSTOP)
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-from provider import ScriptedProvider
+from provider import Reply, ScriptedProvider, Stall, Step, ToolCall, route
 from test_custody_run import (
     by_request,
+    descendants_with,
     keeper_placement,
     running_run,
     start,
@@ -23,6 +27,7 @@ from test_custody_run import (
     write_config,
 )
 from tether.ledger import Ledger, RunStatus
+from tether.mirror.entries import message_text
 
 __all__ = ["store"]  # the fixture, shared with test_custody_run
 
@@ -75,3 +80,109 @@ def test_the_old_harness_says_it_was_taken_over_and_exits_5(
     assert again.status is RunStatus.FINISHED
     assert again.extra["answer"] == "answer to A"
     assert again.epoch == ended.epoch
+
+
+def _refusing(store: Ledger, session: str) -> str | None:
+    return store.get_session(session).refusing
+
+
+def test_pi_and_its_keeper_killed_mid_summary_end_the_run_within_seconds(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
+) -> None:
+    """An unrecoverable checkpoint transport: pi and its keeper are SIGKILLed while the
+    summary is being made. The FIFO reader finds the keeper gone (by pid and start time) and
+    the run ends at once, not at its deadline (120 s): the answer kept, the checkpoint refused,
+    the session refusing."""
+    provider = scripted_provider(
+        route(task=by_request(lambda asked: "seq 1 3000"), summary=[Stall()])
+    )
+    cfg = write_config(tmp_path, provider.url, budget=4000, deadline_s=120)
+    proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
+    try:
+        wait_until(lambda: running_run(store, "s1"), what="the run")
+        run = running_run(store, "s1")
+        assert run is not None
+        placed = keeper_placement(store, run.id)
+        wait_until(lambda: provider.summary_requests, within=90, what="the summary request")
+        os.killpg(placed["pi_pid"], signal.SIGKILL)
+        os.kill(placed["keeper_pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(
+            lambda: (
+                store.get_run(run.id).status is not RunStatus.RUNNING
+                and _refusing(store, "s1") is not None
+            ),
+            within=110,
+            what="the run to end and the session to refuse",
+        )
+        took = time.monotonic() - killed
+        print(f"pi and keeper killed mid-summary: run ended, session refusing in {took:.2f} s")
+        assert took <= 10, f"the lost keeper was noticed after {took:.1f} s"
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result = json.loads(out)
+    assert result["answer"] == "answer to A", err
+    assert result["checkpoint"] == "refused:cancelled"
+    ended = store.get_run(run.id)
+    assert ended.extra["answer"] == "answer to A"
+    refusing = _refusing(store, "s1")
+    assert refusing is not None
+    assert run.id in refusing
+    answers = [r for r in store.iter_rows("s1") if r.role == "assistant" and r.run == run.id]
+    assert message_text(answers[-1].body) == "answer to A"
+
+
+def test_a_keeper_killed_during_a_tool_ends_the_run_with_its_answer_and_no_tool_left(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
+) -> None:
+    """Only the keeper dies, during a bash tool that started a process in a session of its
+    own: the run ends within seconds (not at its deadline), its answer is pi's last answer row
+    in the ledger, the session refuses prompts, and no process of the tool is left."""
+    marker = f"tether-keeper-lost-{os.getpid()}-{time.monotonic_ns()}"
+    command = f"setsid sh -c 'sleep 300; : {marker}' & sh -c 'sleep 300; : {marker}-fg'"
+
+    def script(req: Any) -> Step:
+        last = req.messages[-1] if req.messages else {}
+        if last.get("role") == "tool":
+            return Reply("answer to A")
+        return Reply("looking at the tree", tool_calls=[ToolCall("bash", {"command": command})])
+
+    provider = scripted_provider(script)
+    cfg = write_config(tmp_path, provider.url, deadline_s=120)
+    proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
+    try:
+        wait_until(lambda: running_run(store, "s1"), what="the run")
+        run = running_run(store, "s1")
+        assert run is not None
+        placed = keeper_placement(store, run.id)
+        wait_until(lambda: len(descendants_with(marker)) >= 2, what="the tool processes")
+        os.kill(placed["keeper_pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(
+            lambda: store.get_run(run.id).status is not RunStatus.RUNNING,
+            within=110,
+            what="the run to end",
+        )
+        took = time.monotonic() - killed
+        print(f"keeper killed during a tool: run ended in {took:.2f} s")
+        assert took <= 10, f"the lost keeper was noticed after {took:.1f} s"
+        out, err = proc.communicate(timeout=30)
+        wait_until(lambda: not descendants_with(marker), within=5, what="the tool to end")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for left in descendants_with(marker):
+            left.kill()
+    ended = store.get_run(run.id)
+    mine = [r for r in store.iter_rows("s1") if r.role == "assistant" and r.run == run.id]
+    said = [message_text(r.body) for r in mine if message_text(r.body).strip()]
+    assert said, "pi's answer rows were mirrored"
+    last = said[-1]
+    assert ended.extra["answer"] == last, (ended.extra, err)
+    assert json.loads(out)["answer"] == last
+    refusing = _refusing(store, "s1")
+    assert refusing is not None
+    assert "keeper" in refusing
+    assert _gone(placed["pi_pid"])

@@ -29,7 +29,7 @@ from tether.harness.custody.markers import Marked, Markers
 from tether.harness.custody.owner import newer_owner
 from tether.harness.custody.recovery import await_lost_checkpoint
 from tether.harness.custody.state import CustodyState, load_run_state
-from tether.harness.ending import PiEnded, RunEnder
+from tether.harness.ending import PiEnded, RunEnder, last_answer
 from tether.harness.prepare import Prepared, make_mirror, prepare
 from tether.harness.pump import RunState, follow
 from tether.harness.relay import LivePi
@@ -177,7 +177,7 @@ class Driver:
         tools = None
         if saved.tools_token and saved.tools_path:
             tools = self._tools(ToolChannel.again(Path(saved.tools_path), saved.tools_token))
-        return await self._drive_pi(opener, Prepared(mirror, saved.view), tools)
+        return await self._drive_pi(opener, Prepared(mirror, saved.view, saved.offset), tools)
 
     def _tools(self, channel: ToolChannel) -> ToolServer:
         run = self.run
@@ -201,6 +201,7 @@ class Driver:
         checkpoint, late = NOT_NEEDED, None
         exit_status: int | None = None
         diagnostics = ""
+        lost: str | None = None
         try:
             async with opener as transport, anyio.create_task_group() as keeper:
                 # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
@@ -222,7 +223,7 @@ class Driver:
                         await self._handed_over(transport)
                         await transport.aclose()
                     keeper.cancel_scope.cancel()
-            exit_status = transport.exit_status
+            exit_status, lost = transport.exit_status, transport.lost()
         except (PiStartupFailed, TransportClosed) as exc:
             task = PiFailed(StopReason.STARTUP_FAILED, str(exc))
         finally:
@@ -233,8 +234,14 @@ class Driver:
                     self.progress.failed(Stopped.fenced(exc))
                 except StorageError as exc:
                     self.progress.failed(self._storage_failure(exc))
+        if self.progress.prompted and not self.state.settled:
+            # pi's events stopped before it settled (its keeper died, it was killed): what it
+            # authored is in its session file, mirrored just now, so that is the answer.
+            session_file = self.run.run_dir / "session.jsonl"
+            found = await in_thread(last_answer, session_file, prepared.offset)
+            self.state.answer = found or self.state.answer
         return await self.ender.conclude(
-            PiEnded(task, checkpoint, late, exit_status, diagnostics),
+            PiEnded(task, checkpoint, late, exit_status, diagnostics, lost),
             state=self.state,
             progress=self.progress,
             mirror=mirror,

@@ -19,9 +19,7 @@ epoch (of several reconcilers exactly one wins), and then, by its placement:
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import json
 import signal
 import time
 from collections.abc import Sequence
@@ -41,13 +39,13 @@ from tether.harness.context import ClaimedRun, PiStart, RunControls
 from tether.harness.custody import placement as place
 from tether.harness.custody.state import has_run_state, load_run_state
 from tether.harness.driver import Driver
-from tether.harness.ending import drive_recorded
+from tether.harness.ending import drive_recorded, last_answer
 from tether.harness.relay import RelayHook
 from tether.harness.stops import StopControl
 from tether.harness.stranded import record_stranded_ends
 from tether.harness.turn import RunOutcome
 from tether.ledger import Fence, Ledger, Run, RunStatus
-from tether.mirror.entries import Actors, message_text
+from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror
 from tether.pi import keeper
 from tether.pi.detached import read_placement
@@ -245,24 +243,6 @@ def _stop_pi(where: dict[str, Any]) -> None:
         keeper.signal_group(pid, signal.SIGKILL)
 
 
-def _last_answer(session_file: Path, offset: int) -> str | None:
-    """The last assistant text pi wrote to the run's session file after ``offset`` (pi's
-    session format read here on its own, for now: one line, one entry, ``entry.message``)."""
-    try:
-        lines = session_file.read_bytes()[offset:].split(b"\n")
-    except OSError:
-        return None
-    answer = None
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            entry = json.loads(line)
-            message = entry.get("message") if isinstance(entry, dict) else None
-            if isinstance(message, dict) and message.get("role") == "assistant":
-                text = message_text(message)
-                answer = text if text.strip() else answer
-    return answer
-
-
 async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -> Reconciled | None:
     """pi is confirmed gone: mirror what it wrote (exactly once, by entry id) and end the run
     ``interrupted`` (``harness_lost``), its answer the reply."""
@@ -289,7 +269,7 @@ async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -
         except (FencedOut, RunNotActive):
             return None
         problems = mirror.problems[:10]
-        answer = _last_answer(session_file, saved.offset)
+        answer = last_answer(session_file, saved.offset)
     detail = f"the harness of run {fence.run} was lost and pi is gone"
     extra: dict[str, Any] = {
         "stop_reason": Resolution.HARNESS_LOST.value,
