@@ -186,3 +186,50 @@ def test_a_keeper_killed_during_a_tool_ends_the_run_with_its_answer_and_no_tool_
     assert refusing is not None
     assert "keeper" in refusing
     assert _gone(placed["pi_pid"])
+
+
+def test_a_missing_fifo_found_at_recovery_keeps_the_answer_and_refuses_prompts(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
+) -> None:
+    """The harness is SIGKILLed mid-tool and pi's command FIFO is removed; pi lives on and
+    answers. The placement is confirmed (this host, pi by pid and start time), so recovery
+    follows pi to its end without a channel to it: the answer is mirrored from pi's session
+    file before pi is ended, it is the run's answer, no checkpoint is attempted, and the
+    session refuses prompts (DESIGN §3.7: a missing FIFO disables the checkpoint and further
+    prompts without discarding the completed answer)."""
+    in_tool = tmp_path / "in-tool"
+    provider = scripted_provider(
+        route(
+            task=by_request(lambda asked: f"touch {in_tool}; sleep 2; seq 1 3000"),
+            summary=[Reply("never asked")],
+        )
+    )
+    cfg = write_config(tmp_path, provider.url, budget=4000)
+    proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
+    wait_until(lambda: running_run(store, "s1"), what="the run")
+    run = running_run(store, "s1")
+    assert run is not None
+    placed = keeper_placement(store, run.id)
+    wait_until(in_tool.exists, what="the bash tool to run")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    (tmp_path / "runs" / run.id / "commands.fifo").unlink()
+    assert psutil.Process(placed["pi_pid"]).is_running()
+
+    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
+    assert done.returncode == 0, done.stderr
+    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert item["resolution"] != "unconfirmed_ending", item  # the placement was confirmed
+    ended = store.get_run(run.id)
+    assert ended.status is RunStatus.FINISHED, ended.extra
+    assert ended.extra["answer"] == "answer to A"
+    assert ended.extra["stop_reason"] != "unconfirmed_ending"
+    answers = [
+        r for r in store.iter_rows("s1") if r.role == "assistant" and "answer to A" in str(r.body)
+    ]
+    assert len(answers) == 1
+    assert provider.summary_requests == []
+    refusing = store.get_session("s1").refusing
+    assert refusing is not None
+    assert "FIFO" in refusing
+    assert _gone(placed["pi_pid"])
