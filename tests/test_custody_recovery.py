@@ -26,7 +26,7 @@ from test_custody_run import (
     wait_until,
     write_config,
 )
-from tether.ledger import Ledger, RunStatus
+from tether.ledger import Ledger, RowKind, RunStatus
 from tether.mirror.entries import message_text
 
 __all__ = ["store"]  # the fixture, shared with test_custody_run
@@ -232,4 +232,88 @@ def test_a_missing_fifo_found_at_recovery_keeps_the_answer_and_refuses_prompts(
     refusing = store.get_session("s1").refusing
     assert refusing is not None
     assert "FIFO" in refusing
+    assert _gone(placed["pi_pid"])
+
+
+def _receipts(store: Ledger, run_id: str) -> list[dict[str, Any]]:
+    return [r.body for r in store.iter_rows("s1") if r.kind is RowKind.RECEIPT and r.run == run_id]
+
+
+def _kill_harness_in_summary(
+    tmp_path: Path, provider: ScriptedProvider, store: Ledger, **config: Any
+) -> tuple[Path, str, dict[str, Any]]:
+    """``tether run`` until pi asks for the summary, then SIGKILL the harness (pi and its keeper
+    live on, the ``compact`` delivered)."""
+    cfg = write_config(tmp_path, provider.url, budget=4000, **config)
+    proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
+    try:
+        wait_until(lambda: running_run(store, "s1"), what="the run")
+        run = running_run(store, "s1")
+        assert run is not None
+        placed = keeper_placement(store, run.id)
+        wait_until(lambda: provider.summary_requests, within=90, what="the summary request")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+    assert (tmp_path / "runs" / run.id / "compact.sent").exists()
+    return cfg, run.id, placed
+
+
+def test_a_resumed_checkpoints_refusal_is_stored_with_its_true_reason(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
+) -> None:
+    """The harness dies during the summary, which then comes back truncated: the run taken
+    over stores pi's refusal as a receipt row with its true reason (``truncated``, not
+    ``cancelled``) and records that context may require recall, as the straight path does."""
+    provider = scripted_provider(
+        route(
+            task=by_request(lambda asked: "seq 1 3000"),
+            summary=[Reply("a summary cut by the tok", finish="length", delay_s=3)],
+        )
+    )
+    cfg, run_id, _ = _kill_harness_in_summary(tmp_path, provider, store)
+    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
+    assert done.returncode == 0, done.stderr
+    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert item["resolution"] == "resumed"
+    assert item["outcome"]["checkpoint"] == "refused:truncated", item
+    assert item["outcome"]["answer"] == "answer to A"
+    ended = store.get_run(run_id)
+    assert ended.extra["checkpoint"] == "refused:truncated"
+    assert ended.extra["needs_recall"] is True
+    [receipt] = _receipts(store, run_id)
+    assert receipt == {
+        "kind": "continuation_checkpoint_refused",
+        "run": run_id,
+        "reason": "truncated",
+    }
+    assert store.get_session("s1").refusing is None  # pi answered: its idle is confirmed
+    assert len(provider.summary_requests) == 1  # the summary command was never sent again
+
+
+def test_a_resumed_checkpoint_at_the_deadline_is_aborted_and_its_abort_answer_awaited(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
+) -> None:
+    """The harness dies during a summary that never comes; the run taken over reaches its
+    deadline: it sends ``abort`` (a new command, not the summary again) and waits for the
+    original compaction's answer or the abort's. pi answers, so its idle is confirmed: the
+    refusal is stored, the answer kept, pi ends in order and the session does not refuse."""
+    provider = scripted_provider(
+        route(task=by_request(lambda asked: "seq 1 3000"), summary=[Stall()])
+    )
+    cfg, run_id, placed = _kill_harness_in_summary(tmp_path, provider, store, deadline_s=25)
+    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
+    assert done.returncode == 0, done.stderr
+    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert item["resolution"] == "resumed"
+    assert item["outcome"]["answer"] == "answer to A"
+    assert item["outcome"]["checkpoint"] == "refused:cancelled", item
+    assert store.get_session("s1").refusing is None, store.get_session("s1").refusing
+    [receipt] = _receipts(store, run_id)
+    assert receipt["reason"] == "cancelled"
+    ended = store.get_run(run_id)
+    assert ended.extra["needs_recall"] is True
+    assert ended.extra["stop_reason"] == "deadline"  # the stop that aborted the summary
+    assert ended.extra["pi"]["exit_status"] == 0, "pi was idle and ended in order"
+    assert len(provider.summary_requests) == 1
     assert _gone(placed["pi_pid"])

@@ -276,9 +276,7 @@ class Driver:
                 checkpoint, late = NOT_NEEDED, None
                 if self.progress.resuming and self.markers.sent(Marked.COMPACT):
                     # The lost harness may have delivered the summary command: never again.
-                    checkpoint = await await_lost_checkpoint(
-                        run.ledger, run.fence, mirror, run.run_dir, c.clock, c.deadline
-                    )
+                    checkpoint, late = await self._lost_checkpoint(client, transport, mirror)
                 elif (
                     isinstance(task, PiSettled)
                     and task.succeeded
@@ -443,7 +441,7 @@ class Driver:
         result: CheckpointResult | None = None
         with c.stop.scope(hard=True):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._abort_on_soft_stop, client, transport)
+                tg.start_soon(self._abort_on_soft_stop, client, transport, turn.abort_answered)
                 try:
                     result = await c.checkpoint(turn)
                 except TransportClosed as exc:
@@ -465,9 +463,45 @@ class Driver:
             result = turn.attempt or NOT_NEEDED
         return result, (c.stop.value() if c.stop.requested else None)
 
-    async def _abort_on_soft_stop(self, client: RpcClient, transport: AgentTransport) -> None:
+    async def _lost_checkpoint(
+        self, client: RpcClient, transport: AgentTransport, mirror: Mirror
+    ) -> tuple[CheckpointResult, Stopped | None]:
+        """The checkpoint a lost harness sent, on a resumed run: a soft stop or the deadline
+        sends ``abort``, and the wait ends at the compaction's answer or the abort's (pi
+        answers it once idle), by the deadline plus the stop grace; a hard stop cancels the
+        wait and kills pi."""
+        run, c = self.run, self.controls
+        answered = anyio.Event()
+        result: CheckpointResult | None = None
+        with c.stop.scope(hard=True):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._abort_on_soft_stop, client, transport, answered)
+                result = await await_lost_checkpoint(
+                    run.ledger,
+                    run.fence,
+                    mirror,
+                    run.run_dir,
+                    c.clock,
+                    c.deadline + run.grace,
+                    abort_answered=answered,
+                    channel_ok=transport.channel_ok(),
+                )
+                tg.cancel_scope.cancel()
+        if result is None:  # cut off by a hard stop
+            if not await self._handed_over(transport):
+                await transport.kill()
+            result = CheckpointResult.refused(ReceiptReason.CANCELLED)
+        return result, (c.stop.value() if c.stop.requested else None)
+
+    async def _abort_on_soft_stop(
+        self, client: RpcClient, transport: AgentTransport, answered: anyio.Event | None = None
+    ) -> None:
+        """On a soft stop (or the deadline), ``abort``: pi aborts the summary and answers once
+        it is idle, which sets ``answered``."""
         stop = self.controls.stop
         await stop.soft_requested.wait()
         if not stop.hard and not await self._handed_over(transport):
             with contextlib.suppress(TransportClosed):
                 await client.request(Command.ABORT)
+                if answered is not None:
+                    answered.set()
