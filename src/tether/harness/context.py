@@ -33,14 +33,18 @@ class ClaimedRun:
     run_dir: Path
     workdir: Path
     pi: PiInstall
+    actors: Actors = field(init=False)
+    """One for the run: the relay records a relayed request's sender in it (``relayed``) and
+    the mirror reads it there, so both must hold the same one."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "actors", Actors(user=self.request.actor, agent=self.request.agent)
+        )
 
     @property
     def agent(self) -> AgentConfig:
         return self.config.agent(self.request.agent)
-
-    @property
-    def actors(self) -> Actors:
-        return Actors(user=self.request.actor, agent=self.request.agent)
 
     @property
     def grace(self) -> float:
