@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from tether.errors import FencedOut, RunNotActive, StorageError
+from tether.errors import FencedOut, LedgerError, RunNotActive, StorageError
 from tether.events import PiStarted
 from tether.followup import FollowupView
 from tether.harness import helpers
@@ -342,8 +342,8 @@ class Driver:
         if self.progress.taken_over is None:
             try:
                 found = await in_thread(newer_owner, run.ledger, run.fence)
-            except StorageError:
-                return False  # not known: the fence on every write still holds
+            except LedgerError:
+                return False  # not known (the ledger failed): the fence on every write holds
             if found is None:
                 return False
             self.progress.handed_over(found, run.fence.epoch)
