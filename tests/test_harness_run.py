@@ -691,6 +691,8 @@ def test_follow_up_view_quoted_evidence_reaches_the_model(
 def test_a_newer_owner_fences_the_harness_out(
     tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
+    """After a proper takeover naming the same pi, the old harness's soft stop sends nothing
+    to that pi (no abort, no end of stdin) and never signals it: it is the new owner's."""
     p = scripted_provider(
         [Reply("mine", tool_calls=[ToolCall("bash", {"command": "true"})]), Stall()]
     )
@@ -698,8 +700,20 @@ def test_a_newer_owner_fences_the_harness_out(
 
     def take_over(stop: StopControl, events: list[RunEvent]) -> None:
         run = next(e.run for e in events if isinstance(e, RunStarted))
-        taken.append(store.claim_run(run).epoch)  # another host claims the run
-        stop.soft()  # pi aborts and appends an entry: the mirror's write is fenced out
+        lease = store.lease(run)
+        assert lease is not None
+        assert lease.placement is not None
+        assert "pi_pid" in lease.placement  # the heartbeat named pi
+        fence = store.take_over(
+            run,
+            epoch=lease.epoch,
+            owner="host-b/4242",
+            lease_s=60,
+            placement={**lease.placement, "host": "host-b", "harness_pid": 4242},
+        )
+        assert fence is not None
+        taken.append(fence.epoch)
+        stop.soft()  # the old harness is asked to stop: pi is not its own any more
 
     outcome, events = _run_until(
         store,
@@ -708,15 +722,31 @@ def test_a_newer_owner_fences_the_harness_out(
         ready=lambda _: len(p.requests) == 2,
         act=take_over,
     )
-    assert outcome.stop_reason is StopReason.FENCED_OUT
-    assert outcome.error is not None
-    assert "newer owner" in outcome.error
-    run = store.get_run(outcome.run)
-    assert run.status is RunStatus.RUNNING, "the run is the new owner's to end"
-    assert run.epoch == taken[0]
-    assert not any(r.body.get("stopReason") == "aborted" for r in rows(store))
     pi_pid = next(e.pid for e in events if isinstance(e, PiStarted))
-    assert not _alive(pi_pid)
+    try:
+        assert outcome.stop_reason is StopReason.FENCED_OUT
+        assert outcome.error is not None
+        assert "newer owner" in outcome.error
+        assert "host-b/4242" in outcome.error
+        run = store.get_run(outcome.run)
+        assert run.status is RunStatus.RUNNING, "the run is the new owner's to end"
+        assert run.epoch == taken[0]
+        assert not any(r.body.get("stopReason") == "aborted" for r in rows(store))
+        # Nothing reached pi from the old harness after the takeover: pi answered no abort
+        # (its answers are all in the events file), still runs, and its stdin is open.
+        answered = [
+            json.loads(line).get("command")
+            for line in (outcome.run_dir / "events.jsonl").read_bytes().split(b"\n")
+            if b'"response"' in line
+        ]
+        assert "abort" not in answered, answered
+        assert _alive(pi_pid), "the old harness stopped a pi the new owner holds"
+        time.sleep(1.0)
+        assert _alive(pi_pid), "pi ended after the old harness left (its stdin was closed?)"
+        assert not (outcome.run_dir / "exit.json").exists()
+    finally:
+        if _alive(pi_pid):
+            os.killpg(pi_pid, signal.SIGKILL)
 
 
 def test_truncated_and_empty_answers_are_recorded_as_they_are(

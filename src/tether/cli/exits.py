@@ -71,6 +71,9 @@ class Exit(enum.IntEnum):
     REFUSED = 3
     """The continuation or the view was refused, or the session refuses prompts."""
     RUN_FAILED = 4
+    TAKEN_OVER = 5
+    """``tether run``: another owner took the run over (a reconcile, after this process lost
+    its lease); the run goes on, or ended, there."""
 
 
 class ErrorExit(NamedTuple):

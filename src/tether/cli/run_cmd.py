@@ -55,8 +55,8 @@ def run(
     """Run one task turn of an agent on a session and print its answer.
 
     Exit status: 0 finished, 1 the ledger failed before the run started, 2 usage or
-    configuration error, 3 refused, 4 the run failed or was stopped. Ctrl-C stops the run
-    (abort, then wait for pi); a second Ctrl-C kills pi.
+    configuration error, 3 refused, 4 the run failed or was stopped, 5 another owner took the
+    run over. Ctrl-C stops the run (abort, then wait for pi); a second Ctrl-C kills pi.
 
     Example: tether run --session s1 --agent reviewer "Review the last commit"
     """

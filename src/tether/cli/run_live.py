@@ -205,6 +205,22 @@ def refused(reason: str, detail: str, as_json: bool) -> NoReturn:
     raise SystemExit(Exit.REFUSED)
 
 
+def taken_over(outcome: RunOutcome, now: RunStatus | None, as_json: bool) -> NoReturn:
+    """Another owner took the run over: it is not this process's to report as failed. Say so,
+    with the run's status in the ledger now, and exit 5."""
+    status = now.value if now is not None else "unknown"
+    if as_json:
+        out = {**outcome.to_json(), "status": status, "taken_over": True}
+        _out(json.dumps(out, ensure_ascii=False))
+    elif outcome.answer is not None:
+        _out(outcome.answer)
+    err_console.print(
+        f"[bold yellow]run {outcome.run} taken over[/]: {esc(outcome.error or '')}; its status "
+        f"in the ledger now: {status}"
+    )
+    raise SystemExit(Exit.TAKEN_OVER)
+
+
 def _out(text: str) -> None:
     # Plain stdout: the answer and the JSON are data, and rich is not loaded to print them.
     sys.stdout.write(text + "\n")
@@ -265,15 +281,21 @@ def execute(
         run_id=run_id,
     )
     show = not as_json and err_console.is_terminal
+    now: RunStatus | None = None
     try:
         with store:
             outcome = anyio.run(_run, store, cfg, req, show, pi, wait, launch)
+            if outcome.stop_reason is StopReason.FENCED_OUT:
+                found = store.run(outcome.run)
+                now = found.status if found is not None else None
     except Refused as exc:
         refused(exc.reason.value, exc.detail, as_json)
     except SessionRefusing as exc:
         refused("session_refusing", str(exc), as_json)
     except SessionBusy as exc:
         refused(exc.reason, str(exc), as_json)
+    if outcome.stop_reason is StopReason.FENCED_OUT:
+        taken_over(outcome, now, as_json)
     if as_json:
         _out(json.dumps(outcome.to_json(), ensure_ascii=False))
     elif outcome.answer is not None:

@@ -41,7 +41,8 @@ from tether.config import AgentConfig, Config
 from tether.errors import LedgerError
 from tether.harness.stops import race_clock
 from tether.harness.turn import NOT_NEEDED, CheckpointResult, CheckpointStatus, SettledTurn
-from tether.ledger import ReceiptReason, Row, RowKind
+from tether.ledger import Fence, Ledger, ReceiptReason, Row, RowKind
+from tether.mirror.mirror import Mirror
 from tether.pi.agentdir import pi_settings
 from tether.pi.client import Record, is_notify
 from tether.pi.continuation import MARKER_TAG, MARKER_VERSION, PRESENCE_COMMAND, RECEIPT_KIND
@@ -60,6 +61,7 @@ __all__ = [
     "marker",
     "parse_receipt",
     "retry_policy",
+    "store_refusal",
     "view_bytes",
 ]
 
@@ -148,16 +150,23 @@ def _drain(records: MemoryObjectReceiveStream[Record], run: str) -> ReceiptReaso
         found = parse_receipt(item, run) or found
 
 
-async def _refuse(turn: SettledTurn, reason: ReceiptReason, detail: str | None) -> None:
-    """Store the receipt as a row of the run and mark the run's context as needing recall.
-    Shielded: a stop arriving now must not leave the receipt without its run record."""
-    body = {"kind": RECEIPT_KIND, "run": turn.run_id, "reason": reason.value}
+async def store_refusal(
+    mirror: Mirror, ledger: Ledger, fence: Fence, reason: ReceiptReason, detail: str | None
+) -> None:
+    """Store the refusal receipt as a row of the run and mark the run's context as needing
+    recall (the straight path and a resumed one alike). Shielded: a stop arriving now must
+    not leave the receipt without its run record."""
+    body = {"kind": RECEIPT_KIND, "run": fence.run, "reason": reason.value}
     extra: dict[str, Any] = {"needs_recall": True}
     if detail:
         extra["checkpoint_detail"] = detail
     with anyio.CancelScope(shield=True):
-        await turn.mirror.append_receipt(body)
-        await in_thread(turn.ledger.update_run_extra, turn.fence, extra)
+        await mirror.append_receipt(body)
+        await in_thread(ledger.update_run_extra, fence, extra)
+
+
+async def _refuse(turn: SettledTurn, reason: ReceiptReason, detail: str | None) -> None:
+    await store_refusal(turn.mirror, turn.ledger, turn.fence, reason, detail)
 
 
 async def _compact(turn: SettledTurn, instructions: str) -> Response | TransportClosed:
@@ -167,6 +176,30 @@ async def _compact(turn: SettledTurn, instructions: str) -> Response | Transport
         return await turn.client.request(Command.COMPACT, customInstructions=instructions)
     except TransportClosed as exc:
         return exc
+
+
+async def _compact_or_abort(
+    turn: SettledTurn, instructions: str
+) -> Response | TransportClosed | None:
+    """The ``compact`` answer, or None when pi answered the stop's ``abort`` first (it is
+    idle then: whatever the compaction came to, pi has finished with it)."""
+    found: list[Response | TransportClosed] = []
+    async with anyio.create_task_group() as tg:
+
+        async def compact() -> None:
+            found.append(await _compact(turn, instructions))
+            tg.cancel_scope.cancel()
+
+        async def aborted() -> None:
+            await turn.abort_answered.wait()
+            # pi answers ``compact`` before it is idle, and the client delivers in order: a
+            # response already here is taken.
+            await anyio.lowlevel.checkpoint()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(compact)
+        tg.start_soon(aborted)
+    return found[0] if found else None
 
 
 def _is_ours(row: Row | None, run: str) -> bool:
@@ -241,7 +274,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
         with records:
             try:
                 finished, response = await race_clock(
-                    turn.clock, bound, lambda: _compact(turn, text)
+                    turn.clock, bound, lambda: _compact_or_abort(turn, text)
                 )
             except anyio.get_cancelled_exc_class():
                 # A hard stop (or a fenced-out mirror) cancelled the step: pi is being killed,
@@ -267,6 +300,11 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
             "its delivery is unknown",
         )
 
+    if finished and response is None:
+        # pi answered the abort: it is idle, and the summary was called off.
+        reason = receipt or ReceiptReason.CANCELLED
+        await _refuse(turn, reason, None if receipt else "the summary was aborted by a stop")
+        return CheckpointResult.refused(reason)
     if not finished or response is None:
         reason = receipt or ReceiptReason.CANCELLED
         await _refuse(turn, reason, "pi did not answer the checkpoint by the deadline")

@@ -10,8 +10,9 @@ from tether.access import Obligations
 from tether.clock import Clock
 from tether.config import AgentConfig, Config
 from tether.events import EventBus
+from tether.harness.custody.owner import NewerOwner
 from tether.harness.relay import RelayHook
-from tether.harness.stops import StopControl, Stopped
+from tether.harness.stops import StopControl, Stopped, StopReason
 from tether.harness.turn import CheckpointStep, RunRequest
 from tether.ledger import Fence, Ledger
 from tether.mirror.entries import Actors
@@ -32,14 +33,18 @@ class ClaimedRun:
     run_dir: Path
     workdir: Path
     pi: PiInstall
+    actors: Actors = field(init=False)
+    """One for the run: the relay records a relayed request's sender in it (``relayed``) and
+    the mirror reads it there, so both must hold the same one."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "actors", Actors(user=self.request.actor, agent=self.request.agent)
+        )
 
     @property
     def agent(self) -> AgentConfig:
         return self.config.agent(self.request.agent)
-
-    @property
-    def actors(self) -> Actors:
-        return Actors(user=self.request.actor, agent=self.request.agent)
 
     @property
     def grace(self) -> float:
@@ -83,6 +88,18 @@ class Progress:
     failure: Stopped | None = None
     """The harness's own failure (a helper task, the final mirror pass): it wins."""
 
+    taken_over: NewerOwner | None = None
+    """The owner that took the run over from this harness: pi is its own now."""
+
     def failed(self, failure: Stopped) -> None:
         """Keep the first failure."""
         self.failure = self.failure or failure
+
+    def handed_over(self, found: NewerOwner, mine: int) -> Stopped:
+        """A newer owner holds the run: that is the harness's failure, naming the owner (it
+        replaces a fenced-out write's failure, which could not name it)."""
+        self.taken_over = found
+        failure = Stopped(StopReason.FENCED_OUT, hard=True, detail=found.describe(mine))
+        if self.failure is None or self.failure.reason is StopReason.FENCED_OUT:
+            self.failure = failure
+        return failure

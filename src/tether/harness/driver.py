@@ -20,15 +20,16 @@ from typing import Any
 
 import anyio
 
-from tether.errors import FencedOut, RunNotActive, StorageError
+from tether.errors import FencedOut, LedgerError, RunNotActive, StorageError
 from tether.events import PiStarted
 from tether.followup import FollowupView
 from tether.harness import helpers
 from tether.harness.context import ClaimedRun, PiStart, Progress, RunControls
 from tether.harness.custody.markers import Marked, Markers
+from tether.harness.custody.owner import newer_owner
 from tether.harness.custody.recovery import await_lost_checkpoint
 from tether.harness.custody.state import CustodyState, load_run_state
-from tether.harness.ending import PiEnded, RunEnder
+from tether.harness.ending import PiEnded, RunEnder, last_answer
 from tether.harness.prepare import Prepared, make_mirror, prepare
 from tether.harness.pump import RunState, follow
 from tether.harness.relay import LivePi
@@ -177,7 +178,7 @@ class Driver:
         tools = None
         if saved.tools_token and saved.tools_path:
             tools = self._tools(ToolChannel.again(Path(saved.tools_path), saved.tools_token))
-        return await self._drive_pi(opener, Prepared(mirror, saved.view), tools)
+        return await self._drive_pi(opener, Prepared(mirror, saved.view, saved.offset), tools)
 
     def _tools(self, channel: ToolChannel) -> ToolServer:
         run = self.run
@@ -201,19 +202,29 @@ class Driver:
         checkpoint, late = NOT_NEEDED, None
         exit_status: int | None = None
         diagnostics = ""
+        lost: str | None = None
         try:
             async with opener as transport, anyio.create_task_group() as keeper:
                 # Lives through pi's orderly close too: a second Ctrl-C there kills at once.
-                keeper.start_soon(helpers.kill_on_hard_stop, self.controls.stop, transport)
+                keeper.start_soon(
+                    helpers.kill_on_hard_stop,
+                    self.controls.stop,
+                    transport,
+                    functools.partial(self._handed_over, transport),
+                )
                 if tools is not None:
                     await keeper.start(tools.serve)  # recall and note (DESIGN §3.9)
                 try:
                     task, checkpoint, late = await self._with_pi(transport, mirror)
                 finally:
                     diagnostics = transport.diagnostics()
-                    await transport.aclose()
+                    with anyio.CancelScope(shield=True):
+                        # The end of pi's stdin, and the signals after it, are the owner's:
+                        # a pi a newer owner holds is left to it.
+                        await self._handed_over(transport)
+                        await transport.aclose()
                     keeper.cancel_scope.cancel()
-            exit_status = transport.exit_status
+            exit_status, lost = transport.exit_status, transport.lost()
         except (PiStartupFailed, TransportClosed) as exc:
             task = PiFailed(StopReason.STARTUP_FAILED, str(exc))
         finally:
@@ -224,8 +235,14 @@ class Driver:
                     self.progress.failed(Stopped.fenced(exc))
                 except StorageError as exc:
                     self.progress.failed(self._storage_failure(exc))
+        if self.progress.prompted and not self.state.settled:
+            # pi's events stopped before it settled (its keeper died, it was killed): what it
+            # authored is in its session file, mirrored just now, so that is the answer.
+            session_file = self.run.run_dir / "session.jsonl"
+            found = await in_thread(last_answer, session_file, prepared.offset)
+            self.state.answer = found or self.state.answer
         return await self.ender.conclude(
-            PiEnded(task, checkpoint, late, exit_status, diagnostics),
+            PiEnded(task, checkpoint, late, exit_status, diagnostics, lost),
             state=self.state,
             progress=self.progress,
             mirror=mirror,
@@ -260,9 +277,7 @@ class Driver:
                 checkpoint, late = NOT_NEEDED, None
                 if self.progress.resuming and self.markers.sent(Marked.COMPACT):
                     # The lost harness may have delivered the summary command: never again.
-                    checkpoint = await await_lost_checkpoint(
-                        run.ledger, run.fence, mirror, run.run_dir, c.clock, c.deadline
-                    )
+                    checkpoint, late = await self._lost_checkpoint(client, transport, mirror)
                 elif (
                     isinstance(task, PiSettled)
                     and task.succeeded
@@ -310,10 +325,35 @@ class Driver:
         with stop.scope(hard=True):
             with stop.scope(hard=False):
                 return await self._prompt_and_settle(client)
-            # The soft scope caught a soft stop or the deadline: abort, let pi settle.
+            # The soft scope caught a soft stop or the deadline: abort, let pi settle (unless
+            # pi is a newer owner's now: then nothing more goes to it).
+            if await self._handed_over(transport):
+                return self._fenced()
             return await self._abort(client)
-        await transport.kill()
+        if not await self._handed_over(transport):
+            await transport.kill()
         return stop.value()
+
+    async def _handed_over(self, transport: AgentTransport) -> bool:
+        """Whether a newer owner holds the run (DESIGN §3.7, invariant 16): asked before
+        anything that stops pi, whatever the stop. If one does, pi is left to it (a keeper's
+        pi is disowned; a child pi, which no one can take over, ends with this harness), and
+        the run's failure names the owner."""
+        run = self.run
+        if self.progress.taken_over is None:
+            try:
+                found = await in_thread(newer_owner, run.ledger, run.fence)
+            except LedgerError:
+                return False  # not known (the ledger failed): the fence on every write holds
+            if found is None:
+                return False
+            self.progress.handed_over(found, run.fence.epoch)
+        await transport.fenced_out()
+        return True
+
+    def _fenced(self) -> Stopped:
+        assert self.progress.failure is not None
+        return self.progress.failure
 
     def _settled(self) -> TaskEnd:
         state = self.state
@@ -402,7 +442,7 @@ class Driver:
         result: CheckpointResult | None = None
         with c.stop.scope(hard=True):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._abort_on_soft_stop, client)
+                tg.start_soon(self._abort_on_soft_stop, client, transport, turn.abort_answered)
                 try:
                     result = await c.checkpoint(turn)
                 except TransportClosed as exc:
@@ -419,13 +459,50 @@ class Driver:
                     result = CheckpointResult.refused(ReceiptReason.CANCELLED)
                 tg.cancel_scope.cancel()
         if result is None:  # cut off by a hard stop
-            await transport.kill()
+            if not await self._handed_over(transport):
+                await transport.kill()
             result = turn.attempt or NOT_NEEDED
         return result, (c.stop.value() if c.stop.requested else None)
 
-    async def _abort_on_soft_stop(self, client: RpcClient) -> None:
+    async def _lost_checkpoint(
+        self, client: RpcClient, transport: AgentTransport, mirror: Mirror
+    ) -> tuple[CheckpointResult, Stopped | None]:
+        """The checkpoint a lost harness sent, on a resumed run: a soft stop or the deadline
+        sends ``abort``, and the wait ends at the compaction's answer or the abort's (pi
+        answers it once idle), by the deadline plus the stop grace; a hard stop cancels the
+        wait and kills pi."""
+        run, c = self.run, self.controls
+        answered = anyio.Event()
+        result: CheckpointResult | None = None
+        with c.stop.scope(hard=True):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._abort_on_soft_stop, client, transport, answered)
+                result = await await_lost_checkpoint(
+                    run.ledger,
+                    run.fence,
+                    mirror,
+                    run.run_dir,
+                    c.clock,
+                    c.deadline + run.grace,
+                    abort_answered=answered,
+                    channel_ok=transport.channel_ok(),
+                )
+                tg.cancel_scope.cancel()
+        if result is None:  # cut off by a hard stop
+            if not await self._handed_over(transport):
+                await transport.kill()
+            result = CheckpointResult.refused(ReceiptReason.CANCELLED)
+        return result, (c.stop.value() if c.stop.requested else None)
+
+    async def _abort_on_soft_stop(
+        self, client: RpcClient, transport: AgentTransport, answered: anyio.Event | None = None
+    ) -> None:
+        """On a soft stop (or the deadline), ``abort``: pi aborts the summary and answers once
+        it is idle, which sets ``answered``."""
         stop = self.controls.stop
         await stop.soft_requested.wait()
-        if not stop.hard:
+        if not stop.hard and not await self._handed_over(transport):
             with contextlib.suppress(TransportClosed):
                 await client.request(Command.ABORT)
+                if answered is not None:
+                    answered.set()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +28,30 @@ from tether.harness.stranded import keep_stranded_end
 from tether.harness.turn import CheckpointResult, RunOutcome, TaskEnd, verdict
 from tether.ledger import Fence, Ledger, RunStatus
 from tether.ledger.models import now_iso
+from tether.mirror.entries import message_text
 from tether.mirror.mirror import Mirror
 from tether.threads import in_thread
 
-__all__ = ["PiEnded", "RunEnd", "RunEnder", "drive_recorded"]
+__all__ = ["PiEnded", "RunEnd", "RunEnder", "drive_recorded", "last_answer"]
+
+
+def last_answer(session_file: Path, offset: int) -> str | None:
+    """The last assistant text pi wrote to the run's session file after ``offset`` (pi's
+    session format read here on its own, for now: one line, one entry, ``entry.message``). The
+    mirror writes these entries as rows, so this is the last answer row of the run."""
+    try:
+        lines = session_file.read_bytes()[offset:].split(b"\n")
+    except OSError:
+        return None
+    answer = None
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            message = entry.get("message") if isinstance(entry, dict) else None
+            if isinstance(message, dict) and message.get("role") == "assistant":
+                text = message_text(message)
+                answer = text if text.strip() else answer
+    return answer
 
 
 class PiRecord(msgspec.Struct, kw_only=True):
@@ -81,6 +102,8 @@ class PiEnded:
     exit_status: int | None
     diagnostics: str
     """pi's last stderr lines."""
+    lost: str | None = None
+    """Why pi's transport was lost beyond recovery (its keeper died): the session refuses."""
 
 
 def _with_stderr(message: str | None, reason: StopReason, diagnostics: str) -> str | None:
@@ -146,6 +169,11 @@ class RunEnder:
                 refusing = (
                     f"pi's idle was not confirmed when run {fence.run} stopped "
                     f"({found.stop_reason.value})"
+                )
+            if ended.lost and not refusing:
+                refusing = (
+                    f"run {fence.run} lost pi's transport ({ended.lost}); pi and its tools were "
+                    "ended, and what they did last is unknown: check, then clear the session"
                 )
             extra = end.to_extra()
             with anyio.CancelScope(shield=True):

@@ -6,6 +6,7 @@ failure stops pi and is reported, never lost."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -33,11 +34,17 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-async def kill_on_hard_stop(stop: StopControl, transport: AgentTransport) -> None:
-    """Lives through pi's orderly close too: a second Ctrl-C there kills at once."""
+async def kill_on_hard_stop(
+    stop: StopControl, transport: AgentTransport, handed_over: Callable[[], Awaitable[bool]]
+) -> None:
+    """Lives through pi's orderly close too: a second Ctrl-C there kills at once. Whatever
+    the stop, a pi a newer owner holds is left to it (``handed_over`` asks the ledger)."""
     await stop.hard_requested.wait()
+    if await handed_over():
+        return
     if stop.reason is StopReason.FENCED_OUT:
-        # A newer owner holds the run: never signal a pi it can take over.
+        # A fenced-out write, and the ledger could not say who holds the run now: never
+        # signal a pi the newer owner can take over.
         await transport.fenced_out()
         return
     await transport.kill()

@@ -33,6 +33,8 @@ class Prepared:
     mirror: Mirror
     view_record: dict[str, Any] | None
     """What the run's record keeps about the view it started from (None: no history)."""
+    offset: int = 0
+    """Where pi's own entries start in its session file (after the view's)."""
 
 
 async def followup_view(ledger: Ledger, config: Config, request: RunRequest) -> FollowupView | None:
@@ -177,4 +179,4 @@ async def prepare(
         bus=bus,
         obligations=obligations,
     )
-    return Prepared(mirror, view_record)
+    return Prepared(mirror, view_record, offset)

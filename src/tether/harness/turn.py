@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 
 from tether.clock import Clock
@@ -105,6 +106,10 @@ class SettledTurn(msgspec.Struct):
     attempt: CheckpointResult | None = None
     """What the checkpoint counts as if the step is cut off (a hard stop cancels it); the step
     sets it once it has sent ``compact``."""
+    abort_answered: anyio.Event = msgspec.field(default_factory=anyio.Event)
+    """Set when pi answered the ``abort`` a soft stop or the deadline sent: pi is idle, so the
+    wait for the ``compact`` answer may end (DESIGN §3.6: the compaction's answer or a
+    correlated abort answer)."""
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - self.clock.now())

@@ -50,6 +50,9 @@ _POLL_MAX_S = 0.01
 _WATCH_TIMEOUT_S = 0.25
 """A safety net: the reader looks again at least this often even without a notification."""
 _STARTUP_TIMEOUT_S = 20.0
+_KEEPER_LOOK_S = 0.25
+"""How often an idle reader confirms the keeper still lives: a killed keeper writes no
+``exit.json``, and without this look the run would wait for its deadline."""
 
 Placement = dict[str, Any]
 
@@ -89,6 +92,8 @@ class KeeperTransport:
         self._closed = False
         self._disowned = False
         self._stdin_closed = False
+        self._lost: str | None = None
+        self._next_keeper_look = 0.0
         self._write_lock = anyio.Lock()
         self._before_send = before_send
         self.offset = 0
@@ -228,7 +233,7 @@ class KeeperTransport:
                     continue
                 if self.offset >= size_at_start:
                     self.caught_up.set()
-                if self._closed or (ended and self.exit_status is not None):
+                if self._closed or (ended and self.exit_status is not None) or self._keeper_lost():
                     # The keeper writes exit.json after the last byte: one more read drains it.
                     rest = f.read()
                     if rest:
@@ -298,6 +303,32 @@ class KeeperTransport:
     def _keeper_alive(self) -> bool:
         return alive(self.placement.get("keeper_pid"), self.placement.get("keeper_start"))
 
+    def _knows_keeper(self) -> bool:
+        return isinstance(self.placement.get("keeper_pid"), int) and isinstance(
+            self.placement.get("keeper_start"), int | float
+        )
+
+    def _keeper_lost(self) -> bool:
+        """The keeper is confirmed gone (by pid and start time) without recording pi's end:
+        nothing relays commands to pi or its output to the events file any more. Looked at
+        no more often than every ``_KEEPER_LOOK_S`` (a read of /proc)."""
+        if self._lost is not None:
+            return True
+        now = time.monotonic()
+        if now < self._next_keeper_look or not self._knows_keeper():
+            return False
+        self._next_keeper_look = now + _KEEPER_LOOK_S
+        if self._keeper_alive() or self.exit_status is not None:
+            return False
+        self._lost = (
+            f"pi's keeper (pid {self.placement.get('keeper_pid')}) died without recording "
+            f"pi's end in {self.run_dir}"
+        )
+        return True
+
+    def lost(self) -> str | None:
+        return self._lost
+
     async def _kill_everything(self) -> None:
         if self._disowned:
             return
@@ -325,7 +356,13 @@ class KeeperTransport:
         if self._closed:
             return
         with anyio.CancelScope(shield=True):
-            if not self._disowned:
+            if not self._disowned and self._keeper_lost():
+                # No keeper: no orderly close can reach pi, and no one else (no subreaper)
+                # will end it or its tools. pi's tree found now is killed, and every process
+                # of this run pi's death may have orphaned (a tool's own session).
+                await self._kill_everything()
+                await anyio.to_thread.run_sync(_kill_run_strays, self.run_dir)
+            elif not self._disowned:
                 await self._close_stdin()
                 if not await self._wait_exit(self._grace):
                     self._signal(signal.SIGTERM)
@@ -423,6 +460,22 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def _kill_run_strays(run_dir: Path) -> None:
+    """Kill the processes this run's pi started that are left: each one inherited pi's agent
+    directory (``PI_CODING_AGENT_DIR``, inside the run directory), whoever its parent is now."""
+    inside = str(run_dir.resolve()) + os.sep
+    for proc in psutil.process_iter():
+        try:
+            if not proc.environ().get("PI_CODING_AGENT_DIR", "").startswith(inside):
+                continue
+            for each in [*proc.children(recursive=True), proc]:
+                # psutil checks the pid still names the process it found (create time).
+                with contextlib.suppress(psutil.Error):
+                    each.kill()
+        except psutil.Error:
+            continue
 
 
 def _descendants(root: int) -> list[psutil.Process]:

@@ -86,6 +86,11 @@ class AgentTransport(Protocol):
         else stop it at once. Never raises."""
         ...
 
+    def lost(self) -> str | None:
+        """Why the transport was lost beyond recovery (a keeper that died: no command channel,
+        no events, no record of pi's end), or None."""
+        ...
+
 
 def _descendants(root: int) -> list[psutil.Process]:
     """Every live descendant of ``root``, found now (pi starts tool shells in groups of their
@@ -175,6 +180,9 @@ class SubprocessTransport:
     async def fenced_out(self) -> None:
         # pi is this harness's child and ends with it: nothing a newer owner could take over.
         await self.kill()
+
+    def lost(self) -> str | None:
+        return None  # pi's own pipes: its end is always seen (and reaped)
 
     async def _pump_stderr(self) -> None:
         stream = self._process.stderr

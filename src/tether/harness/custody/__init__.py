@@ -6,9 +6,10 @@
   a takeover never prompts again nor sends the summary command twice;
 - ``placement``: where a live run is held (host, harness, pi and its keeper);
 - ``recovery``: the checkpoint a lost harness sent, waited for and never resent;
+- ``owner``: whether a newer owner holds the run (asked before anything stops pi);
 - ``reconcile``: lapsed leases, resumed, ended ``harness_lost`` or ``unconfirmed_ending``.
 
 Import the module you need (``from tether.harness.custody.reconcile import reconcile``): this
-package imports none of them, so that the driver can use ``state``, ``markers``, ``placement``
-and ``recovery`` while ``reconcile`` uses the driver, with no circle.
+package imports none of them, so that the driver can use ``state``, ``markers``, ``placement``,
+``owner`` and ``recovery`` while ``reconcile`` uses the driver, with no circle.
 """

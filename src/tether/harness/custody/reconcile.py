@@ -19,9 +19,7 @@ epoch (of several reconcilers exactly one wins), and then, by its placement:
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import json
 import signal
 import time
 from collections.abc import Sequence
@@ -41,13 +39,13 @@ from tether.harness.context import ClaimedRun, PiStart, RunControls
 from tether.harness.custody import placement as place
 from tether.harness.custody.state import has_run_state, load_run_state
 from tether.harness.driver import Driver
-from tether.harness.ending import drive_recorded
+from tether.harness.ending import drive_recorded, last_answer
 from tether.harness.relay import RelayHook
 from tether.harness.stops import StopControl
 from tether.harness.stranded import record_stranded_ends
 from tether.harness.turn import RunOutcome
 from tether.ledger import Fence, Ledger, Run, RunStatus
-from tether.mirror.entries import Actors, message_text
+from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror
 from tether.pi import keeper
 from tether.pi.detached import read_placement
@@ -185,19 +183,24 @@ async def _reconcile_one(
         # record (in the run directory on this host) names pi.
         where = {**where, **_confirmed_by_keeper(keeper_place, run_dir)}
     same_pi = keeper_place is not None and keeper_place.get("pi_pid") == where.get("pi_pid")
-    if (
-        same_pi
-        and alive(where.get("pi_pid"), where.get("pi_start"))
-        and (run_dir / keeper.FIFO_NAME).exists()
-        and has_run_state(run_dir)
-    ):
+    if same_pi and alive(where.get("pi_pid"), where.get("pi_start")) and has_run_state(run_dir):
+        # Resumed even without its FIFO: pi's events are followed to its end, its answer
+        # mirrored, and the driver, finding no command channel, attempts no checkpoint and
+        # has the session refuse prompts (DESIGN §3.7).
         return await _resume(ledger, config, run, fence, where, subscribers, pi, clock, relay)
     if alive(where.get("pi_pid"), where.get("pi_start")):
-        # pi lives but cannot be taken over (no keeper or no FIFO): it cannot be confirmed
-        # idle, so end it the way a lost harness would have, then refuse the session.
+        # pi lives but its keeper's record does not name it: it cannot be followed nor
+        # confirmed idle. What it wrote is mirrored first (the answer is kept), then it is
+        # ended the way a lost harness would have, and the session refuses prompts.
+        found = await _mirror_what_pi_wrote(ledger, run, fence, run_dir)
+        if found is None:
+            return None
         _stop_pi(where)
         return await _unconfirmed(
-            ledger, fence, "pi was alive but its command channel could not be taken over"
+            ledger,
+            fence,
+            "pi was alive but its keeper's record does not name it",
+            answer=found.answer,
         )
     return await _harness_lost(ledger, run, fence, run_dir)
 
@@ -223,15 +226,15 @@ def _confirmed_by_keeper(keeper_place: dict[str, Any], run_dir: Path) -> dict[st
         return {}
 
 
-async def _unconfirmed(ledger: Ledger, fence: Fence, why: str) -> Reconciled | None:
+async def _unconfirmed(
+    ledger: Ledger, fence: Fence, why: str, *, answer: str | None = None
+) -> Reconciled | None:
     detail = f"the harness of run {fence.run} was lost and its placement cannot be confirmed: {why}"
+    extra: dict[str, Any] = {"stop_reason": Resolution.UNCONFIRMED_ENDING.value, "error": detail}
+    if answer is not None:
+        extra["answer"] = answer
     try:
-        await in_thread(
-            ledger.end_run,
-            fence,
-            RunStatus.INTERRUPTED,
-            extra={"stop_reason": Resolution.UNCONFIRMED_ENDING.value, "error": detail},
-        )
+        await in_thread(ledger.end_run, fence, RunStatus.INTERRUPTED, extra=extra)
     except (FencedOut, RunNotActive):
         return None
     await in_thread(ledger.set_refusing, fence.session, f"unconfirmed_ending: {detail}")
@@ -245,59 +248,56 @@ def _stop_pi(where: dict[str, Any]) -> None:
         keeper.signal_group(pid, signal.SIGKILL)
 
 
-def _last_answer(session_file: Path, offset: int) -> str | None:
-    """The last assistant text pi wrote to the run's session file after ``offset`` (pi's
-    session format read here on its own, for now: one line, one entry, ``entry.message``)."""
+@dataclass(frozen=True, slots=True)
+class _Mirrored:
+    answer: str | None
+    problems: list[str]
+
+
+async def _mirror_what_pi_wrote(
+    ledger: Ledger, run: Run, fence: Fence, run_dir: Path
+) -> _Mirrored | None:
+    """Mirror what pi wrote to its session file (exactly once, by entry id) and find its last
+    answer: done before anything ends pi, so the answer is never lost with it. None when a
+    newer owner took the run meanwhile."""
     try:
-        lines = session_file.read_bytes()[offset:].split(b"\n")
-    except OSError:
+        saved = load_run_state(run_dir)
+    except (OSError, ValueError):
+        return _Mirrored(None, [])
+    if run.request_seq is None:
+        return _Mirrored(None, [])
+    asked = run.extra.get("request") or {}
+    session_file = run_dir / "session.jsonl"
+    mirror = Mirror(
+        ledger,
+        fence,
+        session_file=session_file,
+        actors=Actors(user=str(asked.get("actor", "user:local")), agent=run.agent),
+        start_offset=saved.offset,
+        known=dict(saved.known),
+        request=(str(asked.get("text", "")), run.request_seq),
+    )
+    try:
+        await mirror.sync(final=True)
+    except (FencedOut, RunNotActive):
         return None
-    answer = None
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            entry = json.loads(line)
-            message = entry.get("message") if isinstance(entry, dict) else None
-            if isinstance(message, dict) and message.get("role") == "assistant":
-                text = message_text(message)
-                answer = text if text.strip() else answer
-    return answer
+    return _Mirrored(last_answer(session_file, saved.offset), mirror.problems[:10])
 
 
 async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -> Reconciled | None:
     """pi is confirmed gone: mirror what it wrote (exactly once, by entry id) and end the run
     ``interrupted`` (``harness_lost``), its answer the reply."""
-    answer = None
-    problems: list[str] = []
-    try:
-        saved = load_run_state(run_dir)
-    except (OSError, ValueError):
-        saved = None
-    if saved is not None and run.request_seq is not None:
-        asked = run.extra.get("request") or {}
-        session_file = run_dir / "session.jsonl"
-        mirror = Mirror(
-            ledger,
-            fence,
-            session_file=session_file,
-            actors=Actors(user=str(asked.get("actor", "user:local")), agent=run.agent),
-            start_offset=saved.offset,
-            known=dict(saved.known),
-            request=(str(asked.get("text", "")), run.request_seq),
-        )
-        try:
-            await mirror.sync(final=True)
-        except (FencedOut, RunNotActive):
-            return None
-        problems = mirror.problems[:10]
-        answer = _last_answer(session_file, saved.offset)
+    found = await _mirror_what_pi_wrote(ledger, run, fence, run_dir)
+    if found is None:
+        return None
     detail = f"the harness of run {fence.run} was lost and pi is gone"
     extra: dict[str, Any] = {
         "stop_reason": Resolution.HARNESS_LOST.value,
-        "answer": answer,
+        "answer": found.answer,
         "error": detail,
     }
-    if problems:
-        extra["mirror_problems"] = problems
+    if found.problems:
+        extra["mirror_problems"] = found.problems
     try:
         await in_thread(ledger.end_run, fence, RunStatus.INTERRUPTED, extra=extra)
     except (FencedOut, RunNotActive):

@@ -1,6 +1,8 @@
 """The checkpoint a lost harness may have sent (DESIGN §3.7, invariant 16): a harness taking
-the run over waits for pi's answer to it in the events file, never sending it again, and takes
-the compaction row only if pi wrote it and the mirror stored it.
+the run over waits for pi's answer to it in the events file, or for the answer to an ``abort``
+it sends on a soft stop or the deadline, never sending the summary command again; it takes the
+compaction row only if pi wrote it and the mirror stored it, and stores a refusal as the
+straight path does (the receipt with pi's reason, the run's context marked as needing recall).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from typing import Any
 import anyio
 
 from tether.clock import Clock
+from tether.harness.checkpoint import RECEIPT_KIND, parse_receipt, store_refusal
 from tether.harness.custody.markers import Marked, Markers
+from tether.harness.stops import race_clock
 from tether.harness.turn import CheckpointResult, CheckpointStatus
 from tether.ledger import Fence, Ledger, ReceiptReason
 from tether.mirror.mirror import Mirror
@@ -45,24 +49,57 @@ def _compact_response(run_dir: Path, sent_id: object) -> dict[str, Any] | None:
     return None
 
 
+def _receipt(run_dir: Path, run: str) -> ReceiptReason | None:
+    """The reason of the refusal receipt pi's extension reported for ``run`` (an error
+    ``notify`` in the events file), if it did."""
+    try:
+        data = (run_dir / keeper.EVENTS_NAME).read_bytes()
+    except OSError:
+        return None
+    found = None
+    for line in data.split(b"\n"):
+        if RECEIPT_KIND.encode() not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        found = parse_receipt(record, run) or found
+    return found
+
+
 async def await_lost_checkpoint(
     ledger: Ledger,
     fence: Fence,
     mirror: Mirror,
     run_dir: Path,
     clock: Clock,
-    deadline: float,
+    bound: float,
+    *,
+    abort_answered: anyio.Event,
+    channel_ok: bool,
 ) -> CheckpointResult:
-    """The checkpoint a lost harness sent: wait (to the run's deadline) for pi's answer to it,
-    never sending it again (invariant 16), and take the compaction row only if pi wrote it
-    and the mirror stored it. Otherwise the checkpoint stays unacknowledged."""
+    """The checkpoint a lost harness sent: never sent again (invariant 16). Wait, to
+    ``bound``, for pi's answer to it (in the events file) or for ``abort_answered`` (the
+    driver sends ``abort`` on a soft stop or the deadline; pi answers once it is idle), and
+    take the compaction row only if pi wrote it and the mirror stored it. A refusal is stored
+    as the straight path stores it: a receipt row with pi's own reason, and the run's context
+    marked as needing recall. With neither answer by ``bound`` (or pi gone without one) the
+    checkpoint's outcome is unknown and the session refuses prompts."""
     sent = Markers(run_dir).sent_id(Marked.COMPACT)
-    response = None
-    while clock.now() < deadline:
-        response = _compact_response(run_dir, sent)
-        if response is not None or (run_dir / keeper.EXIT_NAME).exists():
-            break
-        await anyio.sleep(0.05)
+
+    async def answered() -> None:
+        while not abort_answered.is_set():
+            if (
+                _compact_response(run_dir, sent) is not None
+                or (run_dir / keeper.EXIT_NAME).exists()
+            ):
+                return
+            with anyio.move_on_after(0.05):
+                await abort_answered.wait()
+
+    await race_clock(clock, bound, answered)
+    response = _compact_response(run_dir, sent)
     await mirror.sync()
     row = await in_thread(ledger.latest_compaction, fence.session)
     cont = row.body.get("continuation") if row is not None else None
@@ -73,10 +110,30 @@ async def await_lost_checkpoint(
             {"checkpoint_seq": row.seq, "needs_recall": False, "checkpoint_by": "original"},
         )
         return CheckpointResult(CheckpointStatus.WRITTEN)
-    if response is None:
-        return CheckpointResult.refused(
-            ReceiptReason.CANCELLED,
-            f"run {fence.run}'s continuation checkpoint was sent by a lost harness and its "
-            "outcome is unknown",
-        )
-    return CheckpointResult.refused(ReceiptReason.CANCELLED)
+    receipt = _receipt(run_dir, fence.run)
+    reason = receipt or ReceiptReason.CANCELLED
+    no_fifo = (
+        None
+        if channel_ok
+        else f"pi's command FIFO of run {fence.run} is missing: no further prompts until it is "
+        "checked"
+    )
+    if response is not None or abort_answered.is_set():
+        # pi answered: it is idle, and the refusal is what it reported.
+        detail = None
+        if receipt is None:
+            detail = (
+                "the checkpoint a lost harness sent was aborted"
+                if response is None
+                else f"pi refused the compaction: {response.get('error')}"
+            )
+        await store_refusal(mirror, ledger, fence, reason, detail)
+        return CheckpointResult.refused(reason, no_fifo)
+    await store_refusal(
+        mirror, ledger, fence, reason, "pi did not answer the checkpoint a lost harness sent"
+    )
+    return CheckpointResult.refused(
+        reason,
+        f"run {fence.run}'s continuation checkpoint was sent by a lost harness and its "
+        "outcome is unknown",
+    )
