@@ -14,6 +14,7 @@ results, ``agent:NAME`` for everything the agent's side wrote.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +25,7 @@ from tether.ledger import NewRow, RowKind
 __all__ = [
     "CONVERSATION_ENTRIES",
     "Actors",
+    "anchors_with_seqs",
     "compaction_body",
     "entry_message",
     "entry_time",
@@ -117,12 +119,45 @@ def message_text(message: dict[str, Any]) -> str:
     return ""
 
 
-def compaction_body(entry: dict[str, Any], covers_to: int) -> dict[str, Any]:
+def anchors_with_seqs(
+    anchors: Any, seq_of: Callable[[str], int | None], covers_to: int
+) -> dict[str, Any] | None:
+    """A checkpoint's anchors (``details.anchors``, written by the extension) with each one's
+    pi entry id replaced by the ledger seq of that entry's row (DESIGN §3.13). An anchor whose
+    entry has no row (a notice tether wrote itself), or whose row the checkpoint does not cover,
+    is dropped: every anchor names a covered row."""
+    if not isinstance(anchors, dict) or not isinstance(anchors.get("items"), list):
+        return None
+    items: list[dict[str, Any]] = []
+    dropped = 0
+    for item in anchors["items"]:
+        if not isinstance(item, dict):
+            continue
+        entry = item.get("entry")
+        seq = seq_of(entry) if isinstance(entry, str) else item.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq <= covers_to:
+            dropped += 1
+            continue
+        out = {k: v for k, v in item.items() if k != "entry"}
+        out["seq"] = seq
+        items.append(out)
+    return {**anchors, "items": items, "unmapped": dropped}
+
+
+def compaction_body(
+    entry: dict[str, Any], covers_to: int, seq_of: Callable[[str], int | None] | None = None
+) -> dict[str, Any]:
     """The COMPACTION row body for a pi ``compaction`` entry (DESIGN §3.1, §3.6).
 
     ``continuation`` is the typed marker a tether continuation checkpoint carries in the entry's
-    ``details`` (absent for a compaction pi made on its own)."""
+    ``details`` (absent for a compaction pi made on its own). ``seq_of`` maps pi entry ids to
+    ledger seqs: with it, the anchors in ``details`` name their rows by seq."""
     details = entry.get("details")
+    if isinstance(details, dict) and "anchors" in details:
+        details = {
+            **details,
+            "anchors": anchors_with_seqs(details["anchors"], seq_of or (lambda _: None), covers_to),
+        }
     body: dict[str, Any] = {
         "summary": entry.get("summary", ""),
         "covers_to": covers_to,

@@ -319,7 +319,7 @@ class Mirror:
 
     async def _compaction(self, entry: dict[str, Any]) -> list[Row]:
         last = await anyio.to_thread.run_sync(self._ledger.last_seq, self._fence.session)
-        body = compaction_body(entry, self._covers_to(entry, last))
+        body = compaction_body(entry, self._covers_to(entry, last), self.seq_of)
         row = NewRow(
             actor=self._actors.agent_actor,
             kind=RowKind.COMPACTION,
