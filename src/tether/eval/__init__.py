@@ -9,7 +9,7 @@ exact match: no judge model.
 
 from __future__ import annotations
 
-from tether.eval.continuation import EvalOptions, evaluate
+from tether.eval.continuation import EvalOptions, evaluate, scorer
 from tether.eval.score import FactScore, Part, ViewScore, named_calls, score_view
 from tether.eval.scripted import SUMMARY, ScriptedModel
 from tether.eval.workspace import IDENTIFIER_KINDS, PROMPT_VERSION, Fact, FactKind, make_workspace
@@ -29,4 +29,5 @@ __all__ = [
     "make_workspace",
     "named_calls",
     "score_view",
+    "scorer",
 ]

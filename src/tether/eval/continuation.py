@@ -20,7 +20,7 @@ import io
 import json
 import re
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from tether.ledger.sql import SqlLedger
 from tether.pi.install import find_pi
 from tether.recall import read_range
 
-__all__ = ["EvalOptions", "Progress", "SeedResult", "evaluate"]
+__all__ = ["ACTOR", "EvalOptions", "Progress", "SeedResult", "evaluate", "scorer"]
 
 ACTOR = "user:eval"
 PROBE_RECALL = "[eval probe recall]"
@@ -154,13 +154,13 @@ def _view(ledger: Any, config: Config, session: str, agent: str) -> FollowupView
     return view
 
 
-def scorer(ledger: Any, config: Config, session: str) -> Callable[[int, int], str]:
-    """The recall tool's answer to one range, for the next run's actor."""
+def scorer(
+    ledger: Any, session: str, actor: str, grants: Mapping[str, Sequence[str]]
+) -> Callable[[int, int], str]:
+    """The recall tool's answer to one range, as ``actor`` would get it (admission applied)."""
 
     def recall(first: int, last: int) -> str:
-        return read_range(
-            ledger, session, first, last, actor=ACTOR, grants=config.access.grants
-        ).to_text()
+        return read_range(ledger, session, first, last, actor=actor, grants=grants).to_text()
 
     return recall
 
@@ -259,7 +259,9 @@ async def evaluate_seed(
             result.refused = f"run {outcome.run} ended {outcome.status.value}: {outcome.error}"
             break
         view = _view(ledger, config, session, options.agent)
-        result.views.append(score_view(view, ws.facts, scorer(ledger, config, session)))
+        result.views.append(
+            score_view(view, ws.facts, scorer(ledger, session, ACTOR, config.access.grants))
+        )
         if k == 1 and options.probes:
             for label, with_recall in (("without_recall", False), ("with_recall", True)):
                 copy = f"{session}-{label.replace('_', '-')}"

@@ -265,9 +265,7 @@ def protected(
         # Reserved with the summary: the anchors travel with the checkpoint or not at all.
         anchors = msgs.anchor_items(comp.body)
         if anchors:
-            top.append(
-                _synthetic(msgs.anchors_message(anchors, seq=comp.seq, timestamp=timestamp))
-            )
+            top.append(_synthetic(msgs.anchors_message(anchors, seq=comp.seq, timestamp=timestamp)))
     if notes:
         top.append(_synthetic(msgs.notes_message(agent, notes, timestamp=timestamp)))
     return top

@@ -95,9 +95,7 @@ def anchor_items(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def anchors_message(
-    items: Sequence[dict[str, Any]], *, seq: int, timestamp: int
-) -> dict[str, Any]:
+def anchors_message(items: Sequence[dict[str, Any]], *, seq: int, timestamp: int) -> dict[str, Any]:
     """The checkpoint's anchors as quoted evidence: one JSON object per line, newest first."""
     lines = [json.dumps(item, ensure_ascii=False, separators=(",", ":")) for item in items]
     text = (
