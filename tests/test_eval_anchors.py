@@ -30,8 +30,15 @@ def _session(secret: bool = True) -> list[dict[str, Any]]:
     src = ["doc:secret"] if secret else []
 
     def row(seq: int, actor: str, sources: list[str], **body: Any) -> dict[str, Any]:
-        return {"type": "row", "session": "s1", "seq": seq, "run": "r1", "actor": actor,
-                "sources": sources, **body}  # fmt: skip
+        return {
+            "type": "row",
+            "session": "s1",
+            "seq": seq,
+            "run": "r1",
+            "actor": actor,
+            "sources": sources,
+            **body,
+        }
 
     def msg(role: str, content: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
         return {"role": role, "content": content, "timestamp": 1764410401000, **more}
@@ -48,7 +55,7 @@ def _session(secret: bool = True) -> list[dict[str, Any]]:
             "request_seq": 1,
             "started": "2026-11-29T10:00:01Z",
             "ended": "2026-11-29T10:03:40Z",
-        },  # fmt: skip
+        },
         row(1, "user:ana", [], message=msg("user", text)),
         row(
             2,
@@ -72,7 +79,7 @@ def _session(secret: bool = True) -> list[dict[str, Any]]:
                 ],
                 stopReason="toolUse",
             ),
-        ),  # fmt: skip
+        ),
         row(
             3,
             "tool:bash",
@@ -84,7 +91,7 @@ def _session(secret: bool = True) -> list[dict[str, Any]]:
                 toolName="bash",
                 isError=False,
             ),
-        ),  # fmt: skip
+        ),
         row(
             4,
             "tool:bash",
@@ -96,13 +103,13 @@ def _session(secret: bool = True) -> list[dict[str, Any]]:
                 toolName="bash",
                 isError=True,
             ),
-        ),  # fmt: skip
+        ),
         row(
             5,
             "agent:rev",
             src,
             message=msg("assistant", [{"type": "text", "text": "Done."}], stopReason="stop"),
-        ),  # fmt: skip
+        ),
         row(
             6,
             "agent:rev",
@@ -126,7 +133,7 @@ def _session(secret: bool = True) -> list[dict[str, Any]]:
                     },
                 },
             },
-        ),  # fmt: skip
+        ),
     ]
 
 
@@ -184,15 +191,18 @@ def test_a_withheld_fact_is_neither_available_nor_recoverable(tmp_path: Path) ->
     ana = score_view(_view(ledger, "user:ana"), FACTS, scorer(ledger, "s1", "user:ana", GRANTS))
     assert [s.parts for s in ana.facts] == [(Part.ANCHORS,)] * 3
     bob_view = _view(ledger, "user:bob")
-    assert bob_view.checkpoint is None and bob_view.to_json()["anchors"] is None
+    assert bob_view.checkpoint is None
+    assert bob_view.to_json()["anchors"] is None
     bob = score_view(bob_view, FACTS, scorer(ledger, "s1", "user:bob", GRANTS))
     by_id = {s.fact.id: s for s in bob.facts}
     # The SHA's only row (3) carries doc:secret: bob's view does not show it, and no recall the
     # view names returns it (the range is read, row 3 is named withheld, never shown).
-    assert not by_id["sha"].available and not by_id["sha"].recoverable
+    assert not by_id["sha"].available
+    assert not by_id["sha"].recoverable
     assert named_calls(bob_view), "the view names the withheld range"
     # The same recall path does return what bob may read: the check scores, not a dead path.
-    assert by_id["err"].recoverable and by_id["cmd"].recoverable
+    assert by_id["err"].recoverable
+    assert by_id["cmd"].recoverable
 
 
 def test_without_the_secret_the_same_fact_is_available(tmp_path: Path) -> None:
@@ -233,8 +243,12 @@ def test_the_mirror_names_each_anchor_by_the_seq_of_its_entry() -> None:
     ]
     assert anchors["unmapped"] == 2
     # Without a mapping (an import), only anchors already naming a covered seq are kept.
-    assert anchors_with_seqs({"items": [{"kind": "read", "text": "a", "entry": "e1"}]},
-                             lambda _: None, 5)["items"] == []  # fmt: skip
+    assert (
+        anchors_with_seqs(
+            {"items": [{"kind": "read", "text": "a", "entry": "e1"}]}, lambda _: None, 5
+        )["items"]
+        == []
+    )
 
 
 def test_the_export_carries_the_anchors(tmp_path: Path) -> None:

@@ -38,7 +38,14 @@ from tether.config import (
 from tether.errors import ConfigError
 from tether.eval.score import Part, ViewScore, score_view, share
 from tether.eval.scripted import MODEL, ScriptedModel
-from tether.eval.workspace import IDENTIFIER_KINDS, PROMPT_VERSION, Fact, Workspace, make_workspace
+from tether.eval.workspace import (
+    IDENTIFIER_KINDS,
+    PROMPT_VERSION,
+    Fact,
+    FactKind,
+    Workspace,
+    make_workspace,
+)
 from tether.followup import FollowupView, build_view
 from tether.harness import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.run import RunOutcome, RunRequest, execute_run
@@ -367,7 +374,10 @@ def report(
     def is_identifier(f: Fact) -> bool:
         return f.kind in IDENTIFIER_KINDS
 
-    per_kind = {k.value: kind_row(lambda f, k=k: f.kind is k) for k in kinds}
+    def of_kind(kind: FactKind) -> Callable[[Fact], bool]:
+        return lambda f: f.kind is kind
+
+    per_kind = {k.value: kind_row(of_kind(k)) for k in kinds}
     decay = []
     for i in range(max((len(r.views) for r in results), default=0)):
         views = [r.views[i] for r in results if len(r.views) > i]
