@@ -99,11 +99,19 @@ def test_decay_over_five_checkpoints_and_anchors_name_their_rows(tmp_path: Path)
             stored = json.dumps(items, separators=(",", ":"), ensure_ascii=False)
             assert len(stored.encode()) <= 8_000  # the bound (a seq is shorter than an entry id)
             for item in items:
-                assert 0 < item["seq"] <= comp.body["covers_to"]
-                row = read_range(
-                    ledger, "eval-1", item["seq"], item["seq"], actor="user:eval", grants={}
-                )
-                assert item["text"] in row.to_text(), item
+                seq = item["seq"]
+                assert 0 < seq <= comp.body["covers_to"]
+                row = read_range(ledger, "eval-1", seq, seq, actor="user:eval", grants={})
+                if item["kind"] != "command":
+                    assert item["text"] in row.to_text(), item
+                    continue
+                # A command's row is its result (output and status); its call is the row
+                # before it (the scripted agent makes one call per turn).
+                assert row.rows[0].role == "toolResult", item
+                if item["exit"]:
+                    assert f"Command exited with code {item['exit']}" in row.rows[0].text
+                call = read_range(ledger, "eval-1", seq - 1, seq - 1, actor="user:eval", grants={})
+                assert item["text"] in call.to_text(), item
         ws = make_workspace(tmp_path / "again", 1, runs=5, budget=BUDGET)
         commands = {
             (a["text"], a.get("exit"))

@@ -140,7 +140,8 @@ def eval_config(config: Config, options: EvalOptions, root: Path, url: str | Non
         agents={options.agent: agent},
         access=AccessConfig(grants={}),
         harness=msgspec.structs.replace(config.harness, runs_dir=root / "runs"),
-        custody=config.custody,
+        # pi need not outlive an evaluation: a stopped evaluation leaves no pi behind.
+        custody=msgspec.structs.replace(config.custody, detached=False),
         path=None,
     )
 
