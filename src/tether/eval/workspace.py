@@ -33,7 +33,8 @@ PROMPT_VERSION = "eval-continuation/1"
 recorded figures compare only with figures of the same version."""
 
 LOG_BYTES = 40_000
-"""One filler log: under pi's tool-output cut (50 KB, 2,000 lines), so each is read whole."""
+"""The largest filler log: under pi's tool-output cut (50 KB, 2,000 lines), so each is read
+whole. Logs are a third of the budget when that is smaller (a small model's context window)."""
 
 _MODULES = ("billing", "ingest", "search", "notify", "ledger", "export", "auth", "render")
 _UNITS = ("ms", "MiB", "req/s", "s", "KiB")
@@ -95,10 +96,10 @@ def _h(seed: int, n: int) -> str:
     return hashlib.sha256(f"tether-eval/{seed}/{n}".encode()).hexdigest()
 
 
-def _filler(seed: int, name: str) -> str:
+def _filler(name: str, log_bytes: int) -> str:
     # Plain words and small decimal numbers only: nothing an anchor or a fact looks like.
     lines, size, i = [], 0, 0
-    while size < LOG_BYTES:
+    while size < log_bytes:
         line = f"{name} step {i}: compiled unit {i % 97} of stage {i % 7} in {i % 50 + 3} ticks ok"
         lines.append(line)
         size += len(line) + 1
@@ -227,14 +228,15 @@ def make_workspace(root: Path, seed: int, *, runs: int, budget: int) -> Workspac
             )
         )
     # Filler: enough logs per run for its working view to exceed the budget.
-    per_run = max(2, math.ceil(budget * 1.25 / LOG_BYTES) + 1)
+    log_bytes = max(500, min(LOG_BYTES, budget // 3))
+    per_run = max(2, math.ceil(budget * 1.25 / log_bytes) + 1)
     plans: list[list[Step]] = []
     requests: list[str] = []
     for k in range(1, runs + 1):
         logs = []
         for j in range(per_run):
             log = f"logs/run{k}/build_{j}.log"
-            _write(root / log, _filler(seed, f"run{k}-log{j}"))
+            _write(root / log, _filler(f"run{k}-log{j}", log_bytes))
             logs.append(Step("bash", {"command": f"cat {log}"}))
         if k == 1:
             plans.append(plan1 + logs)
