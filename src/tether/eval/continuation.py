@@ -46,7 +46,7 @@ from tether.eval.workspace import (
     Workspace,
     make_workspace,
 )
-from tether.followup import FollowupView, build_view
+from tether.followup import FollowupView, Refusal, build_view
 from tether.harness import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.ledger import open_ledger
@@ -146,8 +146,8 @@ def eval_config(config: Config, options: EvalOptions, root: Path, url: str | Non
     )
 
 
-def _view(ledger: Any, config: Config, session: str, agent: str) -> FollowupView:
-    view = build_view(
+def _view(ledger: Any, config: Config, session: str, agent: str) -> FollowupView | Refusal:
+    return build_view(
         ledger,
         session=session,
         agent=agent,
@@ -155,11 +155,6 @@ def _view(ledger: Any, config: Config, session: str, agent: str) -> FollowupView
         config=config.followup,
         grants=config.access.grants,
     )
-    if not isinstance(view, FollowupView):
-        raise ConfigError(
-            f"the next view of session {session} was refused ({view.reason.value}): {view.detail}"
-        )
-    return view
 
 
 def scorer(
@@ -267,6 +262,13 @@ async def evaluate_seed(
             result.refused = f"run {outcome.run} ended {outcome.status.value}: {outcome.error}"
             break
         view = _view(ledger, config, session, options.agent)
+        if isinstance(view, Refusal):
+            # A refused view is a finding (e.g. a summary too large for the budget): recorded,
+            # and this seed goes no further.
+            result.refused = (
+                f"the view after run {k} was refused ({view.reason.value}): {view.detail}"
+            )
+            break
         result.views.append(
             score_view(view, ws.facts, scorer(ledger, session, ACTOR, config.access.grants))
         )
