@@ -97,7 +97,8 @@ export function parseMarker(instructions: string | undefined): Parsed {
 	if (data.anchors_max_bytes !== undefined && !nonNegativeInt(data.anchors_max_bytes)) {
 		return { kind: "malformed", run };
 	}
-	const marker: Marker = { run, maxBytes: data.max_bytes, anchorsMaxBytes: data.anchors_max_bytes ?? 0 };
+	const anchorsMaxBytes = data.anchors_max_bytes ?? 0;
+	const marker: Marker = { run, maxBytes: data.max_bytes, anchorsMaxBytes };
 	if (data.retry !== undefined) {
 		const r = data.retry;
 		if (!isRecord(r) || !nonNegativeInt(r.max_retries) || !nonNegativeInt(r.base_delay_ms)) {
@@ -349,8 +350,12 @@ export default function continuation(pi: ExtensionAPI): void {
 
 			// Taken from the entries themselves (rows), after the summary succeeded: never from the
 			// summary's text.
-			const details: Record<string, unknown> = { continuation: { version: MARKER_VERSION, run: marker.run } };
-			if (marker.anchorsMaxBytes > 0) details.anchors = extractAnchors(event.branchEntries, marker.anchorsMaxBytes);
+			const details: Record<string, unknown> = {
+				continuation: { version: MARKER_VERSION, run: marker.run },
+			};
+			if (marker.anchorsMaxBytes > 0) {
+				details.anchors = extractAnchors(event.branchEntries, marker.anchorsMaxBytes);
+			}
 			handedOver = marker.run;
 			return {
 				compaction: {
