@@ -121,3 +121,30 @@ def test_decay_over_five_checkpoints_and_anchors_name_their_rows(tmp_path: Path)
         for fact in ws.facts:
             if fact.kind.value == "command":
                 assert (fact.needle, int(fact.answer)) in commands
+
+
+def test_the_anchors_bound_keeps_the_newest(tmp_path: Path) -> None:
+    config = tmp_path / "tether.toml"
+    config.write_text(
+        '[providers.hosted]\nbase_url = "http://127.0.0.1:9/v1"\n'
+        '[agents.auditor]\nprovider = "hosted"\nmodel = "m"\nanchors_max_bytes = 600\n'
+    )
+    cmd = [sys.executable, "-m", "tether", "eval", "continuation", "--agent", "auditor"]
+    cmd += ["--scripted", "--budget", "30000", "--dir", str(tmp_path / "small"), "--seeds", "1"]
+    cmd += ["--no-probes", "--config", str(config), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(done.stdout)
+    assert record["anchors_max_bytes"] == 600
+    # 600 bytes hold the newest anchors (the logs read last), not the facts read first.
+    assert record["identifiers"]["available"] < 0.5
+    with open_ledger(f"sqlite:{tmp_path / 'small' / 'ledger.db'}") as ledger:
+        (comp,) = [r for r in ledger.iter_rows("eval-1") if r.kind is RowKind.COMPACTION]
+        anchors = comp.body["details"]["anchors"]
+        items = anchors["items"]
+        assert items
+        assert anchors["omitted"] > 0
+        assert len(json.dumps(items, separators=(",", ":")).encode()) <= 600
+        seqs = [a["seq"] for a in items]
+        assert seqs == sorted(seqs, reverse=True)
+        assert seqs[0] >= comp.body["covers_to"] - 2  # the newest rows of the run
