@@ -54,9 +54,13 @@ def render(record: dict[str, Any], console: Console) -> None:
         markup=False,
         highlight=False,
     )
-    table = Table(title="after the first checkpoint")
+    # Compact, so that it fits 80 columns.
+    table = Table(title="after the first checkpoint", box=None, padding=(0, 1, 0, 0))
     for name in COLUMNS:
-        table.add_column(name, justify="left" if name == "facts" else "right")
+        if name == "facts":
+            table.add_column(name, no_wrap=True, min_width=11)
+        else:
+            table.add_column(name, justify="right", no_wrap=True)
     rows = [("identifiers", record["identifiers"]), ("all facts", record["all"])]
     rows += list(record["kinds"].items())
     for name, row in rows:
