@@ -46,6 +46,7 @@ from tether.eval.workspace import (
     Workspace,
     make_workspace,
 )
+from tether.files import private_dir
 from tether.followup import FollowupView, Refusal, build_view
 from tether.harness import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.run import RunOutcome, RunRequest, execute_run
@@ -301,7 +302,7 @@ def evaluate(
     if options.seeds < 1 or options.runs < 1:
         raise ConfigError("--seeds and --runs must be at least 1")
     root = (options.directory or Path(".tether") / "eval").resolve()
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(root)
     for leftover in root.glob("ledger.db*"):
         leftover.unlink()
     pi = find_pi()

@@ -13,10 +13,11 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tether.files import private_dir, private_file
 
 __all__ = [
     "IDENTIFIER_KINDS",
@@ -107,15 +108,15 @@ def _filler(name: str, log_bytes: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    os.chmod(path, mode)
+def _write(path: Path, text: str) -> None:
+    # Private like everything tether creates (the scripts run as `sh PATH`: no execute bit).
+    private_dir(path.parent)
+    private_file(path).write_text(text, encoding="utf-8")
 
 
 def make_workspace(root: Path, seed: int, *, runs: int, budget: int) -> Workspace:
     """Write the workspace of ``seed`` under ``root`` and return its facts and requests."""
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)
     facts: list[Fact] = []
     plan1: list[Step] = []
     n = 0
@@ -187,7 +188,6 @@ def make_workspace(root: Path, seed: int, *, runs: int, budget: int) -> Workspac
             root / name,
             f"#!/bin/sh\necho 'checking shard {shard}'\necho '{error}'\n"
             f"echo '  at step 3 of 7'\nexit {status}\n",
-            0o755,
         )
         command = f"sh {name} --shard {shard}"
         facts.append(
