@@ -225,12 +225,12 @@ _LINE = re.compile(r"^\s*(\d+)[.):]\s*(.*)$")
 
 
 def answered(answer: str | None, facts: list[Fact]) -> list[bool]:
-    """Exact match per numbered line: the expected answer occurs in that question's line."""
+    """Exact match per numbered line (:meth:`Fact.answered_by`)."""
     lines: dict[int, str] = {}
     for line in (answer or "").splitlines():
         if (m := _LINE.match(line)) is not None:
             lines.setdefault(int(m.group(1)), m.group(2))
-    return [f.answer in lines.get(i, "") for i, f in enumerate(facts, start=1)]
+    return [f.answered_by(lines.get(i, "")) for i, f in enumerate(facts, start=1)]
 
 
 def _recall_calls(ledger: Any, session: str, run: str) -> int:

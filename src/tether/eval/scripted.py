@@ -123,7 +123,7 @@ class ScriptedModel:
             lines = []
             for i, fact in enumerate(facts, start=1):
                 known = fact.needle in context or json.dumps(fact.needle)[1:-1] in context
-                lines.append(f"{i}. {fact.answer if known else 'unknown'}")
+                lines.append(f"{i}. {fact.expected if known else 'unknown'}")
             return "\n".join(lines), []
         return "I have nothing scripted for this request.", []
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,22 @@ class Fact:
     """The probe's question; it never contains the needle."""
     answer: str
     """The exact answer a probe must give (scored by exact match, case and spaces as written)."""
+
+    @property
+    def expected(self) -> str:
+        """The answer line that scores: a command's is the command and its exit status."""
+        if self.kind is FactKind.COMMAND:
+            return f"{self.needle} exited {self.answer}"
+        return self.answer
+
+    def answered_by(self, line: str) -> bool:
+        """Whether a probe's answer line gives this fact exactly: the answer as a whole token (a
+        digit inside another number does not count); for a command, the command too."""
+        if self.kind is FactKind.COMMAND:
+            if self.needle not in line:
+                return False
+            line = line.replace(self.needle, " ")
+        return re.search(rf"(?<![\w.-]){re.escape(self.answer)}(?![\w-])", line) is not None
 
     def to_json(self) -> dict[str, Any]:
         return {
