@@ -303,3 +303,23 @@ def test_the_next_page_carries_the_anchors(tmp_path: Path) -> None:
         assert anchors["part"] == "checkpoint"  # reserved with the summary, shown with it
         page = c.get("/sessions/s1/next?agent=rev", headers=auth).text
         assert "4 anchors" in page
+
+
+def test_a_probe_answer_counts_only_when_exact() -> None:
+    from tether.eval.continuation import answered
+
+    command = Fact("c", FactKind.COMMAND, "sh scripts/check_ab12cd.sh --shard 3", "q", "4")
+    number = Fact("n", FactKind.NUMBER, "5198 ms", "q", "5198 ms")
+    sha = FACTS[0]
+    facts = [command, number, sha]
+    assert answered(
+        f"1. sh scripts/check_ab12cd.sh --shard 3 exited 4\n2) 5198 ms\n3: {SHA}", facts
+    ) == [True, True, True]
+    # A status without its command, a digit inside another number, a SHA cut short, a line
+    # numbered for another question: none counts.
+    assert answered(f"1. exit 4\n2. 15198 ms\n3. {SHA[:12]}", facts) == [False, False, False]
+    assert answered(f"1. sh scripts/check_ab12cd.sh --shard 3 exited 14\n2. {SHA}", facts) == [
+        False,
+        False,
+        False,
+    ]
