@@ -44,6 +44,8 @@ FLOORS: dict[str, int] = {
     "doctor": 6,
     # 6: the service: HTTP API, event streams, workers
     "service": 6,
+    # 6: measuring what the next run knows: drives runs through the harness
+    "eval": 6,
     # 7: the ways in
     "cli": 7,
     "demo": 7,

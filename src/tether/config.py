@@ -151,6 +151,9 @@ class AgentConfig(_Section, frozen=True):
     summary_max_bytes: Positive = 60_000
     """A continuation summary over this many bytes is refused (``over_bound``); the bound is
     capped at a quarter of the follow-up budget, so the next view can always hold it."""
+    anchors_max_bytes: NonNegative = 8_000
+    """The byte bound of a continuation checkpoint's anchors (exact identifiers taken from the
+    rows it covers, DESIGN §3.13), capped at an eighth of the follow-up budget; 0 stores none."""
     workdir: Path | None = None
     """Where the agent's tools run (relative to the config file; default: the current
     directory). It must not contain the ledger file, the config or the run directories."""

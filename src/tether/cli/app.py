@@ -64,6 +64,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "setup",
         "Install the pinned pi and its Node 22 with `npm ci` (needs npm on PATH); idempotent.",
     ),
+    "eval": ("eval_cmd", "eval_app", "Measure what the next run knows."),
     "doctor": (
         "doctor_cmd",
         "doctor",

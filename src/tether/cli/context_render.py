@@ -80,6 +80,14 @@ def render_view(view: FollowupView, console: Console) -> None:
                 f"({cp.bytes:,} bytes quoted)"
             ),
         )
+        if cp.anchors:
+            head.add_row(
+                "anchors",
+                Text(
+                    f"{len(cp.anchors)} identifiers from rows ≤ {cp.covers_to} "
+                    f"({cp.anchors_bytes:,} bytes quoted)"
+                ),
+            )
     else:
         head.add_row("checkpoint", "none")
     if view.previous_request:

@@ -5,14 +5,15 @@
  * instructions, after a successful task turn has settled:
  *
  *     {"tether":"continuation","version":1,"run":"r-…","max_bytes":60000,
- *      "retry":{"max_retries":3,"base_delay_ms":2000}}
+ *      "anchors_max_bytes":8000,"retry":{"max_retries":3,"base_delay_ms":2000}}
  *
  * For that command (and only that one) `session_before_compact` summarises the complete current
  * working view (every message pi would send next, not only `preparation.messagesToSummarize`)
  * with pi's shared summary generator, in one call, through the model registry's provider-neutral
  * `streamSimple`, with the selected model and thinking level, under the compaction's own abort
  * signal. A usable summary becomes a self-retaining compaction (`firstKeptEntryId: null`, which pi
- * stores as the entry's own id) whose `details` carry the continuation marker.
+ * stores as the entry's own id) whose `details` carry the continuation marker and, bounded by
+ * `anchors_max_bytes`, the anchors of the covered view (`anchors.ts`).
  *
  * Anything else is refused with an explicit `{cancel: true}` — never a thrown error, which would
  * make pi run its default summarizer — and a `continuation_checkpoint_refused` receipt sent through
@@ -55,6 +56,7 @@ import type {
 	generateSummaryWithUsage,
 	SessionManager,
 } from "@earendil-works/pi-coding-agent";
+import { extractAnchors } from "./anchors.js";
 import { piCodingAgent } from "./pimodules.js";
 
 // What the harness and this extension agree on. Python's `tether.pi.continuation` (and
@@ -76,6 +78,8 @@ export type RefusalReason = (typeof REFUSAL_REASONS)[number];
 interface Marker {
 	run: string;
 	maxBytes: number;
+	/** The byte bound of the checkpoint's anchors (0 or absent: none are stored). */
+	anchorsMaxBytes: number;
 	retry?: RetryPolicy;
 }
 
@@ -105,7 +109,11 @@ export function parseMarker(instructions: string | undefined): Parsed {
 	if (data.version !== MARKER_VERSION || !run || !nonNegativeInt(data.max_bytes) || data.max_bytes === 0) {
 		return { kind: "malformed", run };
 	}
-	const marker: Marker = { run, maxBytes: data.max_bytes };
+	if (data.anchors_max_bytes !== undefined && !nonNegativeInt(data.anchors_max_bytes)) {
+		return { kind: "malformed", run };
+	}
+	const anchorsMaxBytes = data.anchors_max_bytes ?? 0;
+	const marker: Marker = { run, maxBytes: data.max_bytes, anchorsMaxBytes };
 	if (data.retry !== undefined) {
 		const r = data.retry;
 		if (!isRecord(r) || !nonNegativeInt(r.max_retries) || !nonNegativeInt(r.base_delay_ms)) {
@@ -447,6 +455,14 @@ export default function continuation(pi: ExtensionAPI): void {
 			if (!summary.text.trim()) return refuse(ctx, marker.run, "empty");
 			if (utf8Length(summary.text) > marker.maxBytes) return refuse(ctx, marker.run, "over_bound");
 
+			// Taken from the entries themselves (rows), after the summary succeeded: never from the
+			// summary's text.
+			const details: Record<string, unknown> = {
+				continuation: { version: MARKER_VERSION, run: marker.run },
+			};
+			if (marker.anchorsMaxBytes > 0) {
+				details.anchors = extractAnchors(event.branchEntries, marker.anchorsMaxBytes);
+			}
 			handedOver = marker.run;
 			return {
 				compaction: {
@@ -454,7 +470,7 @@ export default function continuation(pi: ExtensionAPI): void {
 					firstKeptEntryId: RETAIN_NONE,
 					tokensBefore: event.preparation.tokensBefore,
 					usage: summary.usage,
-					details: { continuation: { version: MARKER_VERSION, run: marker.run } },
+					details,
 				},
 			};
 		} catch {

@@ -290,6 +290,10 @@ def protected(
                 )
             )
         )
+        # Reserved with the summary: the anchors travel with the checkpoint or not at all.
+        anchors = msgs.anchor_items(comp.body)
+        if anchors:
+            top.append(_synthetic(msgs.anchors_message(anchors, seq=comp.seq, timestamp=timestamp)))
     if notes:
         top.append(_synthetic(msgs.notes_message(agent, notes, timestamp=timestamp)))
     return top
@@ -840,12 +844,15 @@ def finish(
         sources.update(plan.sources)
     checkpoint = None
     if comp is not None:
+        anchored = [m for m in f.top if m.message.get("customType") == msgs.ANCHORS_TYPE]
         checkpoint = Checkpoint(
             seq=comp.seq,
             bytes=f.top[0].bytes,
             run=comp.run,
             covers_to=f.covers,
             continuation=bool(comp.body.get("continuation")),
+            anchors=tuple(msgs.anchor_items(comp.body)) if anchored else (),
+            anchors_bytes=sum(m.bytes for m in anchored),
         )
     current = None
     if request_text is not None:

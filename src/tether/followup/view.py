@@ -127,6 +127,10 @@ class Checkpoint(msgspec.Struct, frozen=True):
     covers_to: int
     continuation: bool
     """A tether continuation checkpoint (else a compaction pi made on its own)."""
+    anchors: tuple[dict[str, Any], ...] = ()
+    """Its anchors (DESIGN §3.13), quoted after the summary: ``{seq, kind, text, exit?}``."""
+    anchors_bytes: int = 0
+    """Size of the quoted-anchors message in the view (0 without anchors)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -136,6 +140,12 @@ class Checkpoint(msgspec.Struct, frozen=True):
             "covers_to": self.covers_to,
             "kind": "continuation" if self.continuation else "compaction",
         }
+
+    def anchors_json(self) -> dict[str, Any] | None:
+        """The ``anchors`` field of the view's JSON (null when the checkpoint quotes none)."""
+        if not self.anchors_bytes:
+            return None
+        return {"bytes": self.anchors_bytes, "items": [dict(a) for a in self.anchors]}
 
 
 class PreviousRequest(msgspec.Struct, frozen=True):
@@ -187,6 +197,7 @@ class FollowupView(msgspec.Struct, frozen=True):
             "bytes": self.bytes,
             "media_bytes": self.media_bytes,
             "checkpoint": self.checkpoint.to_json() if self.checkpoint else None,
+            "anchors": self.checkpoint.anchors_json() if self.checkpoint else None,
             "previous_request": (
                 self.previous_request.to_json() if self.previous_request else None
             ),

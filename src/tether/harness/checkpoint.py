@@ -107,7 +107,19 @@ def summary_bound(agent: AgentConfig, budget: int) -> int:
     return max(1, min(agent.summary_max_bytes, budget // SUMMARY_SHARE))
 
 
-def marker(run: str, *, max_bytes: int, retry: dict[str, int] | None) -> str:
+ANCHORS_SHARE = 8
+"""A checkpoint's anchors may take at most 1/ANCHORS_SHARE of the follow-up budget: they are
+reserved with the summary in the next view."""
+
+
+def anchors_bound(agent: AgentConfig, budget: int) -> int:
+    """The anchors' byte bound in the marker: ``anchors_max_bytes``, capped by the budget."""
+    return min(agent.anchors_max_bytes, budget // ANCHORS_SHARE)
+
+
+def marker(
+    run: str, *, max_bytes: int, retry: dict[str, int] | None, anchors_max_bytes: int = 0
+) -> str:
     """The ``compact`` custom instructions the extension recognises (and nothing else does)."""
     body: dict[str, Any] = {
         "tether": MARKER_TAG,
@@ -115,6 +127,8 @@ def marker(run: str, *, max_bytes: int, retry: dict[str, int] | None) -> str:
         "run": run,
         "max_bytes": max_bytes,
     }
+    if anchors_max_bytes > 0:  # absent: the extension stores no anchors
+        body["anchors_max_bytes"] = anchors_max_bytes
     if retry is not None:
         body["retry"] = retry
     return json.dumps(body, separators=(",", ":"))
@@ -265,6 +279,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
         turn.run_id,
         max_bytes=summary_bound(agent, budget),
         retry=retry_policy(turn.config, agent),
+        anchors_max_bytes=anchors_bound(agent, budget),
     )
     bound = turn.deadline + turn.config.harness.stop_grace_s
     records = client.subscribe()

@@ -12,6 +12,7 @@ results, ``agent:NAME`` for everything the agent's side wrote.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -30,6 +31,7 @@ from tether.pi.sessionformat import (
 __all__ = [
     "ROW_KINDS",
     "Actors",
+    "anchors_with_seqs",
     "compaction_body",
     "entry_message",
     "entry_row",
@@ -73,9 +75,42 @@ def message_actor(message: dict[str, Any], actors: Actors) -> str:
     return actors.agent_actor
 
 
-def entry_row(entry: dict[str, Any], actors: Actors, *, covers_to: int = 0) -> NewRow | None:
+def anchors_with_seqs(
+    anchors: Any, seq_of: Callable[[str], int | None], covers_to: int
+) -> dict[str, Any] | None:
+    """A checkpoint's anchors (``details.anchors``, written by the extension) with each one's
+    pi entry id replaced by the ledger seq of that entry's row (DESIGN §3.13). An anchor whose
+    entry has no row (a notice tether wrote itself), or whose row the checkpoint does not cover,
+    is dropped: every anchor names a covered row."""
+    if not isinstance(anchors, dict) or not isinstance(anchors.get("items"), list):
+        return None
+    items: list[dict[str, Any]] = []
+    dropped = 0
+    for item in anchors["items"]:
+        if not isinstance(item, dict):
+            continue
+        entry = item.get("entry")
+        seq = seq_of(entry) if isinstance(entry, str) else item.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq <= covers_to:
+            dropped += 1
+            continue
+        out = {k: v for k, v in item.items() if k != "entry"}
+        out["seq"] = seq
+        items.append(out)
+    return {**anchors, "items": items, "unmapped": dropped}
+
+
+def entry_row(
+    entry: dict[str, Any],
+    actors: Actors,
+    *,
+    covers_to: int = 0,
+    seq_of: Callable[[str], int | None] | None = None,
+) -> NewRow | None:
     """The row ``entry`` becomes (``covers_to`` for a compaction: the last seq it covers), or
-    None: bookkeeping, an edit, a message entry without a message, a receipt without a kind."""
+    None: bookkeeping, an edit, a message entry without a message, a receipt without a kind.
+    ``seq_of`` maps pi entry ids to ledger seqs: with it, a checkpoint's anchors name their rows
+    by seq (without it, only anchors that already carry a covered seq are kept)."""
     kind = entry_kind(entry)
     eid = str(entry["id"]) if entry.get("id") is not None else None
     body: dict[str, Any] | None
@@ -84,6 +119,10 @@ def entry_row(entry: dict[str, Any], actors: Actors, *, covers_to: int = 0) -> N
         actor = message_actor(body, actors) if body is not None else ""
     elif kind is EntryKind.COMPACTION:
         body, actor = compaction_body(entry, covers_to), actors.agent_actor
+        details = body.get("details")
+        if isinstance(details, dict) and "anchors" in details:
+            anchors = anchors_with_seqs(details["anchors"], seq_of or (lambda _: None), covers_to)
+            body["details"] = {**details, "anchors": anchors}
     elif kind is EntryKind.RECEIPT:
         body, actor = receipt_body(entry), actors.agent_actor
     else:

@@ -313,6 +313,8 @@ class Mirror:
 
     async def _compaction(self, entry: dict[str, Any]) -> list[Row]:
         last = await anyio.to_thread.run_sync(self._ledger.last_seq, self._fence.session)
-        row = entry_row(entry, self._actors, covers_to=self._covers_to(entry, last))
+        row = entry_row(
+            entry, self._actors, covers_to=self._covers_to(entry, last), seq_of=self.seq_of
+        )
         assert row is not None  # a compaction entry always makes a row
         return await self._write([row], [entry_time(entry)])

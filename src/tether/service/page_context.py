@@ -97,7 +97,9 @@ class TimelinePage:
 
 @dataclass(frozen=True, slots=True)
 class BudgetPart:
-    part: str = doc("checkpoint, previous_request, notes, suffix or free.")
+    part: str = doc(
+        "checkpoint (its summary and anchors), previous_request, notes, suffix or free."
+    )
     bytes: int = doc("Bytes of the budget this part takes (DESIGN §3.3).")
     percent: float = doc("Its share of the budget, in percent.")
 
@@ -119,6 +121,9 @@ class NextPage:
         "bytes, message}."
     )
     checkpoint: dict[str, Any] | None = doc("{seq, bytes, run, covers_to, kind}, or null.")
+    anchors: dict[str, Any] | None = doc(
+        "The checkpoint's anchors {bytes, items: [{seq, kind, text, exit?}]}, or null."
+    )
     previous_request: dict[str, Any] | None = doc("{seq, run, actor, mode}, or null.")
     sources: list[str] = doc("The source obligations the view carries.")
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from tether.followup import Refusal, build_view
-from tether.followup.messages import CHECKPOINT_TYPE, NOTES_TYPE
+from tether.followup.messages import ANCHORS_TYPE, CHECKPOINT_TYPE, NOTES_TYPE
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.service.api import known_agent, sees_session, session_or_404
 from tether.service.auth import Caller
@@ -170,7 +170,10 @@ def timeline_context(
 
 
 def _part_of(message: dict[str, Any], origin: int | None, request_seq: int | None) -> str:
-    if message.get("role") == "custom" and message.get("customType") == CHECKPOINT_TYPE:
+    if message.get("role") == "custom" and message.get("customType") in (
+        CHECKPOINT_TYPE,
+        ANCHORS_TYPE,  # reserved with the summary
+    ):
         return "checkpoint"
     if message.get("role") == "custom" and message.get("customType") == NOTES_TYPE:
         return "notes"
@@ -208,6 +211,7 @@ def next_context(st: ServiceState, session: str, agent: str, who: Caller) -> Nex
             gaps=[],
             messages=[],
             checkpoint=None,
+            anchors=None,
             previous_request=None,
             sources=[],
         )
@@ -247,6 +251,7 @@ def next_context(st: ServiceState, session: str, agent: str, who: Caller) -> Nex
         gaps=[g.to_json() for g in view.gaps],
         messages=messages,
         checkpoint=view.checkpoint.to_json() if view.checkpoint else None,
+        anchors=view.checkpoint.anchors_json() if view.checkpoint else None,
         previous_request=view.previous_request.to_json() if view.previous_request else None,
         sources=list(view.sources),
     )

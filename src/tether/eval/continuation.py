@@ -1,0 +1,450 @@
+"""``tether eval continuation``: what the next run knows after a checkpoint (DESIGN §3.13).
+
+For each seed: a generated workspace (:mod:`tether.eval.workspace`), a session in a ledger of the
+evaluation's own (SQLite, in its directory: the evaluation never writes the configured ledger),
+and K real pi runs in a row through the real harness, each ending with a continuation checkpoint.
+After each run the next view is built exactly as the next run would get it (the same actor and
+grants) and the first run's facts are scored against it (:mod:`tether.eval.score`): that is the
+decay. After the first run, probes (one follow-up asking every fact's question) run as real
+follow-ups on copies of the session, once with recall and once without, scored by exact match.
+
+The record names the revision, pi's version, the provider, the model, the prompt version and
+the budget, so that figures compare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import io
+import json
+import re
+import subprocess
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from tether.config import (
+    AccessConfig,
+    AgentConfig,
+    Config,
+    LedgerConfig,
+    ProviderConfig,
+)
+from tether.errors import ConfigError
+from tether.eval.score import Part, ViewScore, score_view, share
+from tether.eval.scripted import MODEL, ScriptedModel
+from tether.eval.workspace import (
+    IDENTIFIER_KINDS,
+    PROMPT_VERSION,
+    Fact,
+    FactKind,
+    Workspace,
+    make_workspace,
+)
+from tether.files import private_dir
+from tether.followup import FollowupView, Refusal, build_view
+from tether.harness import EXTENSION_PATH, continuation_checkpoint
+from tether.harness.run import RunOutcome, RunRequest, execute_run
+from tether.ledger import open_ledger
+from tether.ledger.jsonl import dump_session, load_lines
+from tether.ledger.sql import SqlLedger
+from tether.pi.install import find_pi
+from tether.recall import read_range
+
+__all__ = ["ACTOR", "EvalOptions", "Progress", "SeedResult", "evaluate", "scorer"]
+
+ACTOR = "user:eval"
+PROBE_RECALL = "[eval probe recall]"
+PROBE_PLAIN = "[eval probe]"
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    agent: str
+    seeds: int = 5
+    runs: int = 1
+    anchors: bool = True
+    probes: bool = True
+    budget: int | None = None
+    """The follow-up budget (default: the configured ``[followup] budget_bytes``)."""
+    scripted: bool = False
+    """Use the scripted model (:mod:`tether.eval.scripted`) instead of the agent's provider."""
+    directory: Path | None = None
+    """Where the workspaces, the ledger and the run directories go (default: a new one under
+    ``.tether/eval``)."""
+
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    facts: list[Fact]
+    views: list[ViewScore] = field(default_factory=list)
+    """After run 1, 2, … K: the first run's facts against that run's next view."""
+    checkpoints: list[str] = field(default_factory=list)
+    probes: dict[str, list[bool]] = field(default_factory=dict)
+    """``with_recall`` / ``without_recall`` → answered, per fact."""
+    recall_calls: dict[str, int] = field(default_factory=dict)
+    refused: str | None = None
+
+
+def revision() -> str:
+    """tether's version, and the git commit of its source when it runs from a checkout."""
+    here = Path(__file__).resolve().parents[1]
+    try:
+        version = importlib.metadata.version("tether")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["git", "-C", str(here), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        if done.returncode == 0 and done.stdout.strip():
+            return f"{version}+{done.stdout.strip()}"
+    return version
+
+
+def eval_config(config: Config, options: EvalOptions, root: Path, url: str | None) -> Config:
+    """The configuration of the evaluation's runs: the agent's provider, model, effort and
+    deadline as configured (or the scripted model), the read and bash tools, the evaluation's
+    own ledger and run directories."""
+    agent = config.agent(options.agent)
+    budget = options.budget or config.followup.budget_bytes
+    providers = dict(config.providers)
+    if url is not None:
+        providers = {"eval-scripted": ProviderConfig(base_url=url, context_window=1_000_000)}
+        agent = msgspec.structs.replace(agent, provider="eval-scripted", model=MODEL)
+    else:
+        config.provider(agent.provider)
+    agent = msgspec.structs.replace(
+        agent,
+        tools=["read", "bash"],
+        workdir=None,
+        checkpoint_min_time_s=0,
+        anchors_max_bytes=agent.anchors_max_bytes if options.anchors else 0,
+    )
+    return Config(
+        ledger=LedgerConfig(url=f"sqlite:{root / 'ledger.db'}"),
+        followup=msgspec.structs.replace(config.followup, budget_bytes=budget),
+        providers=providers,
+        agents={options.agent: agent},
+        access=AccessConfig(grants={}),
+        harness=msgspec.structs.replace(config.harness, runs_dir=root / "runs"),
+        # pi need not outlive an evaluation: a stopped evaluation leaves no pi behind.
+        custody=msgspec.structs.replace(config.custody, detached=False),
+        path=None,
+    )
+
+
+def _view(ledger: Any, config: Config, session: str, agent: str) -> FollowupView | Refusal:
+    return build_view(
+        ledger,
+        session=session,
+        agent=agent,
+        actor=ACTOR,
+        config=config.followup,
+        grants=config.access.grants,
+    )
+
+
+def scorer(
+    ledger: Any, session: str, actor: str, grants: Mapping[str, Sequence[str]]
+) -> Callable[[int, int], str]:
+    """The recall tool's answer to one range, as ``actor`` would get it (admission applied)."""
+
+    def recall(first: int, last: int) -> str:
+        return read_range(ledger, session, first, last, actor=actor, grants=grants).to_text()
+
+    return recall
+
+
+async def _run(
+    ledger: Any, config: Config, agent: str, session: str, text: str, workdir: Path
+) -> RunOutcome:
+    return await execute_run(
+        ledger,
+        config,
+        RunRequest(
+            session=session,
+            agent=agent,
+            text=text,
+            actor=ACTOR,
+            workdir=workdir,
+            extensions=(EXTENSION_PATH,),
+        ),
+        checkpoint=continuation_checkpoint,
+    )
+
+
+def copy_session(ledger: SqlLedger, session: str, copy: str) -> None:
+    """An exact copy of ``session`` as ``copy`` (rows keep their seqs; run ids get a suffix),
+    through the JSONL interchange, so a probe leaves the measured session as it was."""
+    out = io.StringIO()
+    dump_session(ledger, session, out)
+    lines = []
+    for line in out.getvalue().splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "session":
+            rec["id"] = copy
+        else:
+            rec["session"] = copy
+        if rec.get("type") == "run":
+            rec["id"] = f"{rec['id']}-{copy}"
+        elif rec.get("run"):
+            rec["run"] = f"{rec['run']}-{copy}"
+        lines.append(json.dumps(rec, ensure_ascii=False))
+    load_lines(ledger, ("\n".join(lines) + "\n").encode())
+
+
+def probe_text(facts: list[Fact], recall: bool) -> str:
+    head = PROBE_RECALL if recall else PROBE_PLAIN
+    how = (
+        "You may call recall to read rows your context names."
+        if recall
+        else "Do not call any tool: answer from your context alone."
+    )
+    questions = "\n".join(f"{i}. {f.question}" for i, f in enumerate(facts, start=1))
+    return (
+        f"{head} Answer each question from what this session found, one line each, numbered, "
+        f"with the exact value only (or 'unknown'). {how}\n{questions}"
+    )
+
+
+_LINE = re.compile(r"^\s*(\d+)[.):]\s*(.*)$")
+
+
+def answered(answer: str | None, facts: list[Fact]) -> list[bool]:
+    """Exact match per numbered line (:meth:`Fact.answered_by`)."""
+    lines: dict[int, str] = {}
+    for line in (answer or "").splitlines():
+        if (m := _LINE.match(line)) is not None:
+            lines.setdefault(int(m.group(1)), m.group(2))
+    return [f.answered_by(lines.get(i, "")) for i, f in enumerate(facts, start=1)]
+
+
+def _recall_calls(ledger: Any, session: str, run: str) -> int:
+    count = 0
+    for row in ledger.iter_rows(session):
+        content = row.body.get("content") if row.run == run else None
+        if isinstance(content, list):
+            count += sum(
+                1
+                for b in content
+                if isinstance(b, dict) and b.get("type") == "toolCall" and b.get("name") == "recall"
+            )
+    return count
+
+
+async def evaluate_seed(
+    ledger: Any,
+    config: Config,
+    options: EvalOptions,
+    ws: Workspace,
+    progress: Progress,
+) -> SeedResult:
+    session = f"eval-{ws.seed}"
+    result = SeedResult(ws.seed, ws.facts)
+    for k, request in enumerate(ws.requests, start=1):
+        progress(f"seed {ws.seed}: run {k} of {len(ws.requests)}")
+        outcome = await _run(ledger, config, options.agent, session, request, ws.root)
+        result.checkpoints.append(outcome.checkpoint.label)
+        if outcome.status.value != "finished":
+            result.refused = f"run {outcome.run} ended {outcome.status.value}: {outcome.error}"
+            break
+        view = _view(ledger, config, session, options.agent)
+        if isinstance(view, Refusal):
+            # A refused view is a finding (e.g. a summary too large for the budget): recorded,
+            # and this seed goes no further.
+            result.refused = (
+                f"the view after run {k} was refused ({view.reason.value}): {view.detail}"
+            )
+            break
+        result.views.append(
+            score_view(view, ws.facts, scorer(ledger, session, ACTOR, config.access.grants))
+        )
+        if k == 1 and options.probes:
+            for label, with_recall in (("without_recall", False), ("with_recall", True)):
+                copy = f"{session}-{label.replace('_', '-')}"
+                progress(f"seed {ws.seed}: probe {label.replace('_', ' ')}")
+                copy_session(ledger, session, copy)
+                probe = await _run(
+                    ledger, config, options.agent, copy, probe_text(ws.facts, with_recall), ws.root
+                )
+                result.probes[label] = answered(probe.answer, ws.facts)
+                result.recall_calls[label] = _recall_calls(ledger, copy, probe.run)
+    return result
+
+
+@contextlib.contextmanager
+def _model(scripted: bool) -> Iterator[ScriptedModel | None]:
+    if not scripted:
+        yield None
+        return
+    with ScriptedModel([]) as model:
+        yield model
+
+
+def evaluate(
+    config: Config, options: EvalOptions, progress: Progress = lambda _: None
+) -> dict[str, Any]:
+    """Run the evaluation and return its record (the ``--json`` shape, docs/cli.md)."""
+    if options.seeds < 1 or options.runs < 1:
+        raise ConfigError("--seeds and --runs must be at least 1")
+    root = (options.directory or Path(".tether") / "eval").resolve()
+    private_dir(root)
+    for leftover in root.glob("ledger.db*"):
+        leftover.unlink()
+    pi = find_pi()
+    results: list[SeedResult] = []
+    with _model(options.scripted) as model:
+        cfg = eval_config(config, options, root, model.url if model else None)
+        ledger = open_ledger(cfg.ledger.url)
+        try:
+            for seed in range(1, options.seeds + 1):
+                ws = make_workspace(
+                    root / f"work-{seed}",
+                    seed,
+                    runs=options.runs,
+                    budget=cfg.followup.budget_bytes,
+                )
+                if model is not None:
+                    model.set_case(ws.plans, ws.facts)
+                results.append(anyio.run(evaluate_seed, ledger, cfg, options, ws, progress))
+        finally:
+            ledger.close()
+    agent = cfg.agent(options.agent)
+    provider = "scripted" if options.scripted else config.agent(options.agent).provider
+    return report(results, cfg, options, agent, provider, pi.version)
+
+
+def _figures(scores: list[list[bool]]) -> float | None:
+    flat = [x for s in scores for x in s]
+    return share(flat)
+
+
+def report(
+    results: list[SeedResult],
+    cfg: Config,
+    options: EvalOptions,
+    agent: AgentConfig,
+    provider: str,
+    pi_version: str,
+) -> dict[str, Any]:
+    """The record: per kind of fact, the share available (and by part), recoverable, answered;
+    decay after each checkpoint; bytes by part; and what produced it."""
+    kinds = sorted({f.kind for r in results for f in r.facts}, key=lambda k: k.value)
+    first = [r.views[0] for r in results if r.views]
+
+    def available(views: list[ViewScore], pick: Callable[[Fact], bool]) -> float | None:
+        return share([s.available for v in views for s in v.facts if pick(s.fact)])
+
+    def by_part(views: list[ViewScore], pick: Callable[[Fact], bool]) -> dict[str, float | None]:
+        return {
+            p.value: share([p in s.parts for v in views for s in v.facts if pick(s.fact)])
+            for p in Part
+            if p is not Part.NOTICES
+        }
+
+    def kind_row(pick: Callable[[Fact], bool]) -> dict[str, Any]:
+        scored = [s for v in first for s in v.facts if pick(s.fact)]
+        row: dict[str, Any] = {
+            "facts": len(scored),
+            "available": share([s.available for s in scored]),
+            "by_part": by_part(first, pick),
+            "recoverable": share([s.recoverable for s in scored if not s.available]),
+            "available_or_recoverable": share([s.available or s.recoverable for s in scored]),
+        }
+        for label in ("without_recall", "with_recall"):
+            marks = [
+                ok
+                for r in results
+                for f, ok in zip(r.facts, r.probes.get(label, []), strict=False)
+                if pick(f)
+            ]
+            row[f"answered_{label}"] = share(marks) if marks else None
+        return row
+
+    def is_identifier(f: Fact) -> bool:
+        return f.kind in IDENTIFIER_KINDS
+
+    def of_kind(kind: FactKind) -> Callable[[Fact], bool]:
+        return lambda f: f.kind is kind
+
+    per_kind = {k.value: kind_row(of_kind(k)) for k in kinds}
+    decay = []
+    for i in range(max((len(r.views) for r in results), default=0)):
+        views = [r.views[i] for r in results if len(r.views) > i]
+        decay.append(
+            {
+                "checkpoint": i + 1,
+                "identifiers_available": available(views, is_identifier),
+                "all_available": available(views, lambda _: True),
+                "identifiers_available_or_recoverable": share(
+                    [
+                        s.available or s.recoverable
+                        for v in views
+                        for s in v.facts
+                        if is_identifier(s.fact)
+                    ]
+                ),
+            }
+        )
+    parts = sorted({p for v in first for p in v.bytes_by_part})
+    return {
+        "eval": "continuation",
+        "prompt_version": PROMPT_VERSION,
+        "revision": revision(),
+        "pi_version": pi_version,
+        "provider": provider,
+        "model": agent.model,
+        "agent": options.agent,
+        "anchors": options.anchors,
+        "anchors_max_bytes": agent.anchors_max_bytes,
+        "budget": cfg.followup.budget_bytes,
+        "seeds": options.seeds,
+        "runs": options.runs,
+        "checkpoints": [r.checkpoints for r in results],
+        "problems": [f"seed {r.seed}: {r.refused}" for r in results if r.refused],
+        "identifiers": kind_row(is_identifier),
+        "all": kind_row(lambda _: True),
+        "kinds": per_kind,
+        "decay": decay,
+        "bytes_by_part": {
+            p: round(sum(v.bytes_by_part.get(p, 0) for v in first) / max(1, len(first)))
+            for p in parts
+        },
+        "view_bytes": round(sum(v.view_bytes for v in first) / max(1, len(first))),
+        "summary_identifiers": sorted(
+            {
+                s.fact.needle
+                for r in results
+                for v in r.views
+                for s in v.facts
+                if Part.SUMMARY in s.parts and is_identifier(s.fact)
+            }
+        ),
+        "recall_calls": {
+            label: sum(r.recall_calls.get(label, 0) for r in results)
+            for label in ("without_recall", "with_recall")
+        },
+        "seed_results": [
+            {
+                "seed": r.seed,
+                "facts": [f.to_json() for f in r.facts],
+                "after_checkpoint": [[s.to_json() for s in v.facts] for v in r.views],
+                "answered": r.probes,
+            }
+            for r in results
+        ],
+    }
