@@ -17,7 +17,7 @@ from tether.followup.messages import ANCHORS_TYPE
 from tether.interop import export_pi
 from tether.ledger import open_ledger
 from tether.ledger.jsonl import load_lines
-from tether.mirror.entries import anchors_with_seqs, compaction_body
+from tether.mirror.entries import Actors, anchors_with_seqs, entry_row
 
 SHA = "0f6b2e8c1d9a7b3e5f4c2a1908d7e6b5c4a39281"
 COMMAND = "cat RELEASES.md"
@@ -234,7 +234,9 @@ def test_the_mirror_names_each_anchor_by_the_seq_of_its_entry() -> None:
             },
         },
     }
-    body = compaction_body(entry, 10, seqs.get)
+    row = entry_row(entry, Actors(user="user:ana", agent="rev"), covers_to=10, seq_of=seqs.get)
+    assert row is not None
+    body = row.body
     anchors = body["details"]["anchors"]
     assert anchors["items"] == [
         {"kind": "read", "text": "a.py", "seq": 4},
