@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from tether import telemetry
 from tether.errors import FencedOut, RunNotActive, StorageError
 from tether.events import PiStarted
 from tether.followup import FollowupView
@@ -39,6 +40,7 @@ from tether.harness.tools import ToolServer
 from tether.harness.turn import (
     NOT_NEEDED,
     CheckpointResult,
+    NotTried,
     PiFailed,
     PiSettled,
     RunOutcome,
@@ -242,7 +244,10 @@ class Driver:
             records = client.subscribe()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(
-                    self._guard, follow(records, self.state, bus=c.bus, stop=c.stop, mirror=mirror)
+                    self._guard,
+                    follow(
+                        records, self.state, bus=c.bus, stop=c.stop, mirror=mirror, trace=c.trace
+                    ),
                 )
                 tg.start_soon(self._guard, helpers.keep_mirroring(mirror, self.storage))
                 tg.start_soon(self._guard, helpers.heartbeat(run, transport, c.clock, self.storage))
@@ -256,7 +261,8 @@ class Driver:
                 # Nothing more goes into pi once the turn settled (the checkpoint may follow).
                 live.close()
                 relaying.cancel()
-                checkpoint, late = NOT_NEEDED, None
+                checkpoint, late = self._not_tried(task), None
+                stepped = False
                 if self.progress.resuming and self.markers.sent(Marked.COMPACT):
                     # The lost harness may have delivered the summary command: never again.
                     checkpoint = await await_lost_checkpoint(
@@ -269,15 +275,29 @@ class Driver:
                     and not c.stop.requested
                 ):
                     if not transport.channel_ok():
-                        checkpoint = CheckpointResult.refused(
-                            ReceiptReason.CANCELLED,
+                        checkpoint = CheckpointResult.skipped(
+                            NotTried.PI_UNREACHABLE,
                             f"pi's command FIFO of run {run.fence.run} is missing: no "
                             "checkpoint and no further prompts until it is checked",
                         )
                     else:
+                        stepped = True
                         checkpoint, late = await self._checkpoint(client, transport, mirror)
+                if not stepped:
+                    c.trace.checkpoint(checkpoint, {}, None)  # the step never ran: say why
                 tg.cancel_scope.cancel()
         return task, checkpoint, late
+
+    def _not_tried(self, task: TaskEnd) -> CheckpointResult:
+        """The checkpoint of a run whose step does not run, and why."""
+        c = self.controls
+        if not (isinstance(task, PiSettled) and task.succeeded):
+            return CheckpointResult.not_needed(NotTried.TURN_NOT_SUCCESSFUL)
+        if c.checkpoint is None:
+            return CheckpointResult.not_needed(NotTried.NO_STEP)
+        if c.stop.requested:
+            return CheckpointResult.not_needed(NotTried.STOP_IN_PROGRESS)
+        return NOT_NEEDED
 
     def _storage_failure(self, exc: StorageError) -> Stopped:
         return Stopped(
@@ -376,12 +396,13 @@ class Driver:
         and kills pi. Returns the result and the stop that landed meanwhile, if any."""
         run, c = self.run, self.controls
         assert c.checkpoint is not None
+        started = telemetry.now_ns()
         try:
             await self.storage.retried(mirror.sync)
         except StorageError:
             # The turn's rows are not all in the ledger: no checkpoint can cover them. The
             # final pass tries the rows again; the checkpoint is cancelled.
-            return CheckpointResult.refused(ReceiptReason.CANCELLED), None
+            return CheckpointResult.skipped(NotTried.ROWS_NOT_STORED), None
         turn = SettledTurn(
             client=client,
             ledger=run.ledger,
@@ -420,6 +441,7 @@ class Driver:
         if result is None:  # cut off by a hard stop
             await transport.kill()
             result = turn.attempt or NOT_NEEDED
+        c.trace.checkpoint(result, turn.facts, started)
         return result, (c.stop.value() if c.stop.requested else None)
 
     async def _abort_on_soft_stop(self, client: RpcClient) -> None:
