@@ -120,7 +120,8 @@ def test_span_tree_of_a_run_with_a_tool_and_a_written_checkpoint(
     assert a["gen_ai.request.model"] == provider.model
     assert a["tether.run.id"] == outcome.run
     assert a["tether.run.status"] == "finished"
-    assert (a["tether.checkpoint.decision"], a["tether.checkpoint.reason"]) == ("written", None)
+    assert a["tether.checkpoint.decision"] == "written"
+    assert "tether.checkpoint.reason" not in a
     assert agent.status.status_code is not StatusCode.ERROR
 
     trace_id = agent.context.trace_id
@@ -238,7 +239,7 @@ def decision(store: Ledger, found: tuple[ReadableSpan, ...], run_id: str) -> tup
     recorded = store.get_run(run_id).extra["checkpoint_decision"]
     assert (recorded["decision"], recorded["reason"]) == (
         s["tether.checkpoint.decision"],
-        s["tether.checkpoint.reason"],
+        s.get("tether.checkpoint.reason"),
     ), "the span and the run's record say the same"
     a = attrs(one(found, "invoke_agent"))
     assert (a["tether.checkpoint.decision"], a["tether.checkpoint.reason"]) == (
@@ -274,7 +275,8 @@ def test_not_tried_with_too_little_time_left(
     assert s["tether.checkpoint.remaining_s"] < 150
     assert s["tether.checkpoint.receipt_reason"] == "cancelled"
     text = decision_text(store.get_run(outcome.run).extra)
-    assert text is not None and text.startswith("not tried (too little time): ")
+    assert text is not None
+    assert text.startswith("not tried (too little time): ")
     assert provider.summary_requests == []
 
 
@@ -284,7 +286,7 @@ def test_not_tried_with_a_stop_in_progress(
     provider = scripted_provider(route(task=long_task(), summary=[Reply(SUMMARY)]))
 
     async def stopped_first(turn: SettledTurn) -> CheckpointResult:
-        turn.stop.stop_soft()  # a soft stop (Ctrl-C) lands as the step begins
+        turn.stop.soft()  # a soft stop (Ctrl-C) lands as the step begins
         return await continuation_checkpoint(turn)
 
     outcome = run(store, config(tmp_path, provider), tmp_path, checkpoint=stopped_first)
@@ -336,6 +338,7 @@ def test_no_span_kind_is_left_unset(spans: InMemorySpanExporter) -> None:
         ("inner", SpanKind.INTERNAL),
         ("outer", SpanKind.SERVER),
     ]
-    assert found[0].parent is not None and found[0].parent.span_id == found[1].context.span_id
+    assert found[0].parent is not None
+    assert found[0].parent.span_id == found[1].context.span_id
     assert telemetry.trace_id_of("00-" + "0" * 32 + "-" + "1" * 16 + "-01") is None
     assert telemetry.trace_id_of("garbage") is None
