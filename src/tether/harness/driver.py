@@ -246,7 +246,12 @@ class Driver:
                 tg.start_soon(
                     self._guard,
                     follow(
-                        records, self.state, bus=c.bus, stop=c.stop, mirror=mirror, trace=c.trace
+                        records,
+                        self.state,
+                        bus=c.bus,
+                        stop=c.stop,
+                        mirror=mirror,
+                        trace=c.trace.on_record if c.trace else None,
                     ),
                 )
                 tg.start_soon(self._guard, helpers.keep_mirroring(mirror, self.storage))

@@ -3,6 +3,7 @@ for subscribers, and pokes that tell the mirror something was appended."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -23,7 +24,6 @@ from tether.events import (
     TurnStarted,
 )
 from tether.harness.stops import StopControl, StopReason
-from tether.harness.traces import RunTrace
 from tether.mirror.entries import message_text
 from tether.mirror.mirror import Mirror
 from tether.pi.client import Closed, Record, Stray
@@ -62,13 +62,13 @@ async def follow(
     bus: EventBus,
     stop: StopControl,
     mirror: Mirror,
-    trace: RunTrace | None = None,
+    trace: Callable[[Record], None] | None = None,
 ) -> None:
-    """Consume the client's records until the transport ends (each also makes the run's
-    ``chat`` and ``execute_tool`` spans, when it is traced)."""
+    """Consume the client's records until the transport ends; ``trace`` sees each first (the
+    run's ``chat`` and ``execute_tool`` spans, when it is traced)."""
     async for item in records:
-        if trace:
-            trace.on_record(item)
+        if trace is not None:
+            trace(item)
         on_record(item, state, bus=bus, stop=stop, mirror=mirror)
     if state.closed_reason is None:
         state.closed_reason = "pi's output ended"
