@@ -343,7 +343,9 @@ runs_dir = "runs"
                 request = RunRequest(
                     session=f"in-otel-{i}", agent="bench", text=prompt, workdir=tree
                 )
+                before = cpu()
                 timings.setdefault("inproc_otel", []).append(sink.traced_run(store, cfg, request))
+                timings.setdefault("cpu_tether_otel", []).append(cpu()[0] - before[0])
         store.close()
 
     def med(name: str) -> float:
@@ -401,7 +403,9 @@ runs_dir = "runs"
             f"received): tether run {med('cli_otel') / med('cli'):.3f} (paired "
             f"{paired('cli_otel', 'cli'):.3f}), execute_run "
             f"{med('inproc_otel') / med('inproc'):.3f} "
-            f"(paired {paired('inproc_otel', 'inproc'):.3f})"
+            f"(paired {paired('inproc_otel', 'inproc'):.3f}); CPU of this process per "
+            f"execute_run {med('cpu_tether_otel'):.3f} s : {med('cpu_tether'):.3f} s = "
+            f"{med('cpu_tether_otel') / med('cpu_tether'):.3f}"
         )
         sink.close()
     lags_ms = sorted(x * 1000 for x in lags)

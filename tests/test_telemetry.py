@@ -96,6 +96,23 @@ def test_off_without_otel_variables_and_nothing_imported() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_an_exporter_tether_does_not_ship_is_named_and_the_run_goes_on_untraced(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    telemetry.reset()
+    try:
+        assert telemetry.tracer() is None
+        assert not telemetry.start("x")
+    finally:
+        telemetry.reset()
+    err = capsys.readouterr().err
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL='grpc'" in err
+    assert "http/protobuf" in err
+    assert "running without traces" in err
+
+
 def test_span_tree_of_a_run_with_a_tool_and_a_written_checkpoint(
     scripted_provider: Any,
     store: Ledger,

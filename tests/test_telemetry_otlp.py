@@ -6,21 +6,23 @@ with the trace id, and no request text, answer or provider key is in any byte se
 
 from __future__ import annotations
 
-import threading
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from provider import Reply, ScriptedProvider, ToolCall
+from checkpoint_support import ANSWER as COUNTED
+from checkpoint_support import SUMMARY, long_task
+from otlp_receiver import Receiver, attrs
+from provider import Reply, ScriptedProvider, ToolCall, route
 from service_support import serve, write_config
 
 pytestmark = pytest.mark.slow
@@ -32,62 +34,12 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
 
 
-class Receiver:
-    """An OTLP/HTTP trace receiver: keeps every body POSTed to /v1/traces."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self.paths: list[str] = []
-        lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with lock:
-                    outer.paths.append(self.path)
-                    outer.bodies.append(body)
-                reply = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def spans(self) -> list[tuple[dict[str, Any], Span]]:
-        """Every span received, with its resource's attributes."""
-        out = []
-        for body in list(self.bodies):
-            request = ExportTraceServiceRequest.FromString(body)
-            for resource in request.resource_spans:
-                res = {a.key: _value(a.value) for a in resource.resource.attributes}
-                for scope in resource.scope_spans:
-                    out += [(res, span) for span in scope.spans]
-        return out
-
-
-def _value(value: Any) -> Any:
-    return getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
-
-
-def attrs(span: Span) -> dict[str, Any]:
-    return {a.key: _value(a.value) for a in span.attributes}
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     found = Receiver()
-    thread = threading.Thread(target=found.server.serve_forever, daemon=True)
-    thread.start()
+    found.start()
     yield found
-    found.server.shutdown()
-    found.server.server_close()
+    found.close()
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30) -> Any:
@@ -139,10 +91,16 @@ def test_a_service_request_traceparent_continues_through_the_worker_and_the_run(
 
         found = wait_for(complete)
         # A request that does not send a traceparent starts a trace of its own.
-        fresh = s.post("s2", "hello")
+        fresh = s.post("s2", "hello", request_id="k2")
         assert fresh.status_code == 202
         assert fresh.json()["trace_id"] not in (None, TRACE_ID)
         assert len(fresh.json()["trace_id"]) == 32
+        # Repeated (same request_id), it names the same run and that run's trace.
+        again = s.post("s2", "hello", request_id="k2")
+        assert (again.json()["run"], again.json()["trace_id"]) == (
+            fresh.json()["run"],
+            fresh.json()["trace_id"],
+        )
 
     assert set(receiver.paths) == {"/v1/traces"}
     assert {res.get("service.name") for res, _ in found} == {"tether-under-test"}
@@ -178,3 +136,94 @@ def test_a_service_request_traceparent_continues_through_the_worker_and_the_run(
     for body in receiver.bodies:
         for planted in (ROW_TEXT, ANSWER, SECRET):
             assert planted.encode() not in body
+
+
+def test_a_run_resumed_by_tether_recover_joins_the_runs_trace(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], receiver: Receiver
+) -> None:
+    # A slow summary: the harness is killed while pi writes it, and `tether recover` resumes
+    # the run on the same pi (DESIGN §3.7). Both processes trace, as the OTEL_* variables say.
+    provider = scripted_provider(route(task=long_task(), summary=[Reply(SUMMARY, delay_s=3)]))
+    (tmp_path / "work").mkdir()
+    config = tmp_path / "tether.toml"
+    config.write_text(
+        f"""
+[ledger]
+url = "sqlite://{tmp_path}/ledger.db"
+[followup]
+budget_bytes = 4000
+[providers.local]
+base_url = "{provider.url}"
+context_window = 64000
+max_tokens = 2048
+[agents.rev]
+provider = "local"
+model = "{provider.model}"
+tools = ["bash"]
+deadline_s = 120
+checkpoint_min_time_s = 0
+workdir = "{tmp_path}/work"
+[harness]
+runs_dir = "{tmp_path}/runs"
+pi_settings = {{ retry = {{ maxRetries = 2, baseDelayMs = 10 }} }}
+"""
+    )
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+    }
+    argv = [sys.executable, "-m", "tether"]
+    proc = subprocess.Popen(
+        [*argv, "run", "--config", str(config), "-s", "s1", "-a", "rev", "--json", "count"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: provider.summary_requests or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, "tether run ended before its checkpoint"
+        # What the first harness ended before it died (the task turn's spans) was sent.
+        first = wait_for(lambda: [sp for _, sp in receiver.spans() if sp.name.startswith("chat")])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    recovered = subprocess.run(
+        [*argv, "recover", "--config", str(config), "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert recovered.returncode == 0, recovered.stderr
+    [item] = [json.loads(line) for line in recovered.stdout.splitlines()]
+    assert item["resolution"] == "resumed", item
+    assert (item["outcome"]["answer"], item["outcome"]["checkpoint"]) == (COUNTED, "written")
+
+    original = first[0].parent_span_id  # the first harness's invoke_agent (never ended)
+    trace = first[0].trace_id
+    found = wait_for(
+        lambda: (
+            [
+                sp
+                for _, sp in receiver.spans()
+                if sp.name in ("invoke_agent rev", "tether.custody.takeover")
+            ]
+            if len([sp for _, sp in receiver.spans() if sp.name == "invoke_agent rev"]) >= 1
+            else []
+        )
+    )
+    [resumed] = [sp for sp in found if sp.name == "invoke_agent rev"]
+    [takeover] = [sp for sp in found if sp.name == "tether.custody.takeover"]
+    assert resumed.trace_id == takeover.trace_id == trace, "one trace across both harnesses"
+    assert resumed.parent_span_id == takeover.parent_span_id == original
+    assert attrs(resumed)["tether.custody.resumed"] is True
+    assert attrs(takeover)["tether.custody.resolution"] == "resumed"
+    assert (attrs(resumed)["tether.checkpoint.decision"], attrs(resumed)["tether.run.status"]) == (
+        "written",
+        "finished",
+    )

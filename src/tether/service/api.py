@@ -21,7 +21,7 @@ from tether.admission import admit_request
 from tether.errors import ConfigError, RecallError, SessionRefusing, UsageError
 from tether.followup import Refusal, RefusalReason, Refused, build_view
 from tether.harness.relay import Deliver
-from tether.harness.traces import queued_context
+from tether.harness.traces import KEY, queued_context
 from tether.ids import id_problem
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
@@ -291,6 +291,8 @@ async def post_request(
     ) as span:
         answer = await _post_request(session, body, who, st, span.traceparent or incoming)
         span.set({"tether.run.id": answer.run, "tether.request.status": answer.status})
+        if answer.trace_id is not None:  # a repeated request: its run's trace
+            return answer
         return answer.model_copy(
             update={"trace_id": telemetry.trace_id_of(span.traceparent or incoming)}
         )
@@ -313,6 +315,10 @@ async def _post_request(
         raise refused(status.HTTP_409_CONFLICT, "session_refusing", str(exc)) from None
     if not created:
         _same_request(run, session, body, who)
+        kept = run.extra.get(KEY)
+        first = telemetry.trace_id_of(kept.get("parent") if isinstance(kept, dict) else None)
+        if first is not None:
+            return _answer(run, body.request_id).model_copy(update={"trace_id": first})
     else:
         traced = queued_context(traceparent)  # the worker's run continues this trace
         if traced:

@@ -11,6 +11,7 @@ once. The SDK reads the rest of the standard variables itself (``OTEL_SERVICE_NA
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -78,8 +79,6 @@ def _build() -> TracerProvider | None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
         # Asked for, but the extra is not installed: say so once, on stderr, and run untraced.
-        import sys
-
         print(
             "tether: OTEL_* variables ask for traces but the otel extra is not installed "
             "(pip install 'tether[otel]'); running without traces",
@@ -100,7 +99,12 @@ def tracer() -> Tracer | None:
         return _state["tracer"]  # type: ignore[no-any-return]
     with _lock:
         if not _state["decided"]:
-            provider = _build() if wanted() else None
+            try:
+                provider = _build() if wanted() else None
+            except ConfigError as exc:
+                # Traces are never worth a run: say what is wrong and run without them.
+                print(f"tether: {exc}; running without traces", file=sys.stderr)
+                provider = None
             _set(provider)
     return _state["tracer"]  # type: ignore[no-any-return]
 

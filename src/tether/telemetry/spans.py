@@ -23,8 +23,6 @@ __all__ = [
     "NO_SPAN",
     "Attr",
     "Span",
-    "activate",
-    "current",
     "now_ns",
     "span",
     "start",
@@ -179,26 +177,3 @@ def span(
         raise
     finally:
         opened.end()
-
-
-def current() -> Span:
-    """The span active in this context (set by :func:`activate`), else ``NO_SPAN``."""
-    if setup.tracer() is None:
-        return NO_SPAN
-    from opentelemetry.trace import get_current_span
-
-    found = get_current_span()
-    return Span(found) if found.get_span_context().is_valid else NO_SPAN
-
-
-@contextlib.contextmanager
-def activate(opened: Span) -> Iterator[Span]:
-    """Make ``opened`` the ambient span of this context for the block (the service's
-    request span, so code that cannot be handed a parent still finds it)."""
-    if not opened:
-        yield opened
-        return
-    from opentelemetry.trace import use_span
-
-    with use_span(opened._span, end_on_exit=False):
-        yield opened
