@@ -289,7 +289,7 @@ def takeover_span(run: Run, epoch: int) -> Span:
     if telemetry.tracer() is None:
         return telemetry.NO_SPAN
     kept = run.extra.get(KEY)
-    parent = kept.get("run") or kept.get("parent") if isinstance(kept, dict) else None
+    parent = (kept.get("run") or kept.get("parent")) if isinstance(kept, dict) else None
     return telemetry.start(
         "tether.custody.takeover",
         {
