@@ -12,6 +12,8 @@ interleaved, repetition by repetition:
 - ``tether run``: the CLI, as a user runs it (config, ledger, follow-up view, mirror, pi in its
   sandbox), and the same with ``sandbox = "none"``: the sandbox's cost per run;
 - in process, ``execute_run`` against the same direct RPC driver run in process.
+- with ``--otel``, ``tether run`` and ``execute_run`` again, traced (DESIGN §3.14): spans sent
+  over OTLP/HTTP to a sink on 127.0.0.1 in this process; printed as tracing on : off, paired.
 
 Each repetition times the ways back to back, so the median of the per-repetition ratios is
 printed beside the ratio of medians (it drifts less with the load of a shared machine).
@@ -23,6 +25,7 @@ sandboxed run's provider calls pass through): a streamed reply timed direct and 
 
     .venv/bin/python bench/harness.py                 # 20 turns, 5 repetitions
     .venv/bin/python bench/harness.py --turns 50 --reps 3 --latency-ms 50
+    .venv/bin/python bench/harness.py --otel          # and tracing on : off
 """
 
 from __future__ import annotations
@@ -141,6 +144,71 @@ def baseline_main(spec_path: str) -> None:
     direct_rpc(spec["argv"], spec["env"], spec["cwd"], spec["prompt"])
 
 
+class Sink:
+    """An OTLP/HTTP receiver on 127.0.0.1 that keeps what it is sent (to count the spans)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        bodies = self.bodies = []  # type: list[bytes]
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                bodies.append(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def traced_run(self, store: Any, cfg: Any, request: Any) -> float:
+        """``execute_run`` with tracing on (as the OTEL_* variables would set it up)."""
+        import anyio
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from tether import telemetry
+        from tether.harness.run import execute_run
+
+        provider = TracerProvider()
+        provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{self.url}/v1/traces"))
+        )
+        telemetry.install(provider)
+        try:
+            t = time.perf_counter()
+            outcome = anyio.run(functools.partial(execute_run, store, cfg, request))
+            took = time.perf_counter() - t
+        finally:
+            telemetry.install(None)
+            provider.shutdown()
+        if outcome.status.value != "finished":
+            raise SystemExit(f"execute_run (traced): {outcome}")
+        return took
+
+    def spans(self) -> int:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        count = 0
+        for body in self.bodies:
+            for res in ExportTraceServiceRequest.FromString(body).resource_spans:
+                count += sum(len(scope.spans) for scope in res.scope_spans)
+        return count
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=20)
@@ -152,7 +220,11 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, help="also time `tether run` from this src/ (before/after, one run)"
     )
+    parser.add_argument(
+        "--otel", action="store_true", help="also time runs traced (OTLP/HTTP to a local sink)"
+    )
     args = parser.parse_args()
+    sink = Sink() if args.otel else None
 
     import anyio
 
@@ -308,6 +380,19 @@ runs_dir = "runs"
                 if other.returncode != 0:
                     raise SystemExit(f"tether run ({args.against}) failed: {other.stderr}")
 
+            if sink is not None:
+                argv = [*done.args[:7], f"cli-otel-{i}", *done.args[8:]]
+                env = {
+                    **os.environ,
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
+                    "OTEL_SERVICE_NAME": "tether-bench",
+                }
+                t = time.perf_counter()
+                traced = subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env)
+                timings.setdefault("cli_otel", []).append(time.perf_counter() - t)
+                if traced.returncode != 0:
+                    raise SystemExit(f"tether run (traced) failed: {traced.stderr}")
+
             # The CLI's fixed cost: interpreter, imports (typer, rich, pydantic …), no run.
             t = time.perf_counter()
             subprocess.run([sys.executable, "-m", "tether", "run", "--help"], capture_output=True)
@@ -335,6 +420,13 @@ runs_dir = "runs"
             for e in events:
                 if isinstance(e, RowsMirrored):
                     lags += [e.written_at - when for when in e.entry_times]
+            if sink is not None:
+                request = RunRequest(
+                    session=f"in-otel-{i}", agent="bench", text=prompt, workdir=tree
+                )
+                before = cpu()
+                timings.setdefault("inproc_otel", []).append(sink.traced_run(store, cfg, request))
+                timings.setdefault("cpu_tether_otel", []).append(cpu()[0] - before[0])
         store.close()
         forwarded = forwarder_latency(provider.url, work, args.replies)
 
@@ -398,6 +490,17 @@ runs_dir = "runs"
         f"({len(added)} replies, each timed direct and through the forwarder's socket): "
         f"p50 {statistics.median(added):.2f} ms, p99 {percentile(added, 0.99):.2f} ms"
     )
+    if sink is not None:
+        print(
+            f"  tracing on : off (OTLP/HTTP to a sink on 127.0.0.1, {sink.spans()} spans "
+            f"received): tether run {med('cli_otel') / med('cli'):.3f} (paired "
+            f"{paired('cli_otel', 'cli'):.3f}), execute_run "
+            f"{med('inproc_otel') / med('inproc'):.3f} "
+            f"(paired {paired('inproc_otel', 'inproc'):.3f}); CPU of this process per "
+            f"execute_run {med('cpu_tether_otel'):.3f} s : {med('cpu_tether'):.3f} s = "
+            f"{med('cpu_tether_otel') / med('cpu_tether'):.3f}"
+        )
+        sink.close()
     lags_ms = sorted(x * 1000 for x in lags)
     p99 = percentile(lags_ms, 0.99)
     print(

@@ -24,6 +24,7 @@ FLOORS: dict[str, int] = {
     "ids": 1,
     "processes": 1,
     "threads": 1,
+    "telemetry": 1,
     # 2: storage and admission
     "ledger": 2,
     "access": 2,

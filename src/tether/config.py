@@ -36,6 +36,7 @@ __all__ = [
     "ProviderConfig",
     "SandboxKind",
     "ServiceConfig",
+    "TelemetryConfig",
     "load_config",
     "parse_config",
 ]
@@ -233,6 +234,14 @@ class ServiceConfig(_Section, frozen=True):
                 )
 
 
+class TelemetryConfig(_Section, frozen=True):
+    """Traces (DESIGN §3.14); where they go is the standard ``OTEL_*`` variables' business."""
+
+    content: bool = False
+    """Put what people and agents wrote (the request, the answer, a tool's arguments) on spans
+    as attributes. Off: spans carry sizes, names, times and tether's decisions only."""
+
+
 class Config(_Section, frozen=True):
     ledger: LedgerConfig = LedgerConfig()
     followup: FollowupConfig = FollowupConfig()
@@ -242,6 +251,7 @@ class Config(_Section, frozen=True):
     harness: HarnessConfig = HarnessConfig()
     custody: CustodyConfig = CustodyConfig()
     service: ServiceConfig = ServiceConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     path: Path | None = None
     """Where this configuration was read from (None for the defaults)."""
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import getopt
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 import msgspec
 
+from tether import telemetry
 from tether.admission import admit_request
 from tether.config import Config, ledger_file, load_config
 from tether.ids import check_id, new_run_id
@@ -99,6 +101,10 @@ def start(args: RunArgs, *, stdin: BinaryIO | None = None) -> Started:
     url = args.ledger or cfg.ledger.url
     run_id = new_run_id()
     launch = _launch(cfg, args, url, run_id, pi)
+    if telemetry.wanted():
+        # OpenTelemetry's SDK and exporter take a while to import: in a thread, while pi loads
+        # and the harness is imported; the run's first span waits for it (setup's lock).
+        threading.Thread(target=telemetry.tracer, daemon=True, name="tether-otel").start()
     try:
         # Imported only now: pi loads meanwhile.
         from tether.ledger import open_ledger

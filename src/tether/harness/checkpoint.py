@@ -23,7 +23,10 @@ refuses further prompts until an operator clears it.
 
 When the harness itself refuses (no time left, a stop arrived, the extension is missing, pi did
 not answer with a receipt), it writes the same receipt with the closest reason of the closed set:
-``cancelled`` — the checkpoint was called off — and says why in the run's ``checkpoint_detail``.
+``cancelled`` — the checkpoint was called off — and says why in the run's ``checkpoint_detail``;
+the result names it as not tried, and why (``NotTried``: too little time left, a stop in
+progress, no extension, pi unreachable), which the run's record keeps as its
+``checkpoint_decision`` beside the label.
 """
 
 from __future__ import annotations
@@ -40,7 +43,12 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from tether.config import AgentConfig, Config
 from tether.errors import LedgerError
 from tether.harness.stops import race_clock
-from tether.harness.turn import NOT_NEEDED, CheckpointResult, CheckpointStatus, SettledTurn
+from tether.harness.turn import (
+    CheckpointResult,
+    CheckpointStatus,
+    NotTried,
+    SettledTurn,
+)
 from tether.ledger import Fence, Ledger, ReceiptReason, Row, RowKind
 from tether.mirror.mirror import Mirror
 from tether.pi.agentdir import pi_settings
@@ -241,27 +249,32 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
     propagate: run.py ends the run as fenced out."""
     client, agent = turn.client, turn.agent
     budget = turn.config.followup.budget_bytes
+    turn.facts.update(budget_bytes=budget, remaining_s=round(turn.remaining(), 3))
     try:
         messages = await client.call(Command.GET_MESSAGES)
         size = view_bytes(messages.get("messages") or [])
+        turn.facts["view_bytes"] = size
         if size <= budget:
-            return NOT_NEEDED
+            return CheckpointResult.not_needed(NotTried.UNDER_BUDGET)
         commands = await client.call(Command.GET_COMMANDS)
     except TransportClosed as exc:
         await _refuse(turn, ReceiptReason.CANCELLED, f"pi went away before the checkpoint: {exc}")
-        return CheckpointResult.refused(ReceiptReason.CANCELLED)
+        return CheckpointResult.skipped(NotTried.PI_UNREACHABLE)
     await in_thread(turn.ledger.update_run_extra, turn.fence, {"working_view_bytes": size})
 
     names = {c.get("name") for c in (commands.get("commands") or []) if isinstance(c, dict)}
     why_not: str | None = None
+    skip = NotTried.STOP_IN_PROGRESS
     if turn.stop.requested:
         why_not = f"a stop ({turn.stop.reason}) was in progress"
     elif turn.remaining() < agent.checkpoint_min_time_s:
+        skip = NotTried.TOO_LITTLE_TIME
         why_not = (
             f"only {turn.remaining():.1f}s of the deadline were left "
             f"(checkpoint_min_time_s = {agent.checkpoint_min_time_s:g})"
         )
     elif PRESENCE_COMMAND not in names:
+        skip = NotTried.NO_EXTENSION
         why_not = (
             f"pi did not load the continuation extension ({EXTENSION_PATH}); pass it in "
             "RunRequest.extensions"
@@ -273,7 +286,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
             f"the working view ({size} bytes) is over "
             f"the budget ({budget}) but no checkpoint was attempted: {why_not}",
         )
-        return CheckpointResult.refused(ReceiptReason.CANCELLED)
+        return CheckpointResult.skipped(skip)
 
     text = marker(
         turn.run_id,
@@ -285,12 +298,14 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
     records = client.subscribe()
     # From here on a cut-off step counts as a refused checkpoint (run.py reads this).
     turn.attempt = CheckpointResult.refused(ReceiptReason.CANCELLED)
+    sent = turn.clock.now()
     try:
         with records:
             try:
                 finished, response = await race_clock(
                     turn.clock, bound, lambda: _compact_or_abort(turn, text)
                 )
+                turn.facts["provider_ms"] = int((turn.clock.now() - sent) * 1000)
             except anyio.get_cancelled_exc_class():
                 # A hard stop (or a fenced-out mirror) cancelled the step: pi is being killed,
                 # and the run's final mirror pass reads pi's session file as pi left it.
@@ -352,4 +367,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
         turn.fence,
         {"checkpoint_seq": row.seq, "needs_recall": False},
     )
+    summary = row.body.get("summary")
+    if isinstance(summary, str):
+        turn.facts["summary_bytes"] = len(summary.encode())
     return CheckpointResult(CheckpointStatus.WRITTEN)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import anyio
 
+from tether import telemetry
+from tether.admission import Refused
 from tether.clock import Clock, SystemClock
 from tether.config import Config
 from tether.errors import LedgerError
@@ -24,6 +26,7 @@ from tether.harness.prepare import followup_view
 from tether.harness.relay import RelayHook
 from tether.harness.rundir import check_workdir, runs_dir
 from tether.harness.stops import StopControl
+from tether.harness.traces import RunTrace, run_trace
 from tether.harness.turn import CheckpointStep, RunOutcome, RunRequest
 from tether.ledger import Fence, Ledger, RunStatus
 from tether.pi.agentdir import provider_keys
@@ -96,10 +99,58 @@ async def run_claimed(
             checkpoint=checkpoint is not None,
         )
     agent = config.agent(request.agent)
+    trace = await run_trace(
+        ledger,
+        fence,
+        run,
+        request,
+        model=agent.model,
+        provider=agent.provider,
+        content=config.telemetry.content,
+    )
+    try:
+        return await _run_claimed(
+            ledger,
+            config,
+            fence,
+            run.id,
+            request,
+            trace,
+            stop,
+            subscribers,
+            checkpoint,
+            clock,
+            pi,
+            relay,
+            launch,
+        )
+    finally:
+        trace.span.end()
+        if trace:
+            with anyio.CancelScope(shield=True):
+                await in_thread(telemetry.flush)
+
+
+async def _run_claimed(
+    ledger: Ledger,
+    config: Config,
+    fence: Fence,
+    run_id: str,
+    request: RunRequest,
+    trace: RunTrace,
+    stop: StopControl | None,
+    subscribers: Sequence[Subscriber],
+    checkpoint: CheckpointStep | None,
+    clock: Clock | None,
+    pi: PiInstall | None,
+    relay: RelayHook | None,
+    launch: PiLaunch | None,
+) -> RunOutcome:
+    agent = config.agent(request.agent)
     clock = clock or SystemClock()
     stop = stop or StopControl()
     bus = EventBus(list(subscribers))
-    run_dir = runs_dir(config) / run.id
+    run_dir = runs_dir(config) / run_id
     # Where the run is held, from the start: a harness lost before pi starts is confirmed
     # gone on this host at once, instead of leaving an unconfirmable lease.
     await in_thread(
@@ -120,9 +171,16 @@ async def run_claimed(
         start_error: OSError | None = None
         if launch is None and config.custody.detached:
             # A worker's run: pi loads while the view is built and the run's files written.
-            launch, start_error = start_pi(config, request, pi=pi, run_id=run.id, workdir=workdir)
-        view = await followup_view(ledger, config, request)
+            launch, start_error = start_pi(config, request, pi=pi, run_id=run_id, workdir=workdir)
+        building = telemetry.now_ns()
+        try:
+            view = await followup_view(ledger, config, request)
+        except Refused as exc:
+            trace.view_refused(exc.reason.value, building)
+            raise
+        trace.view(view, building)
     except BaseException as exc:
+        trace.failed(exc)
         with anyio.CancelScope(shield=True):
             if launch is not None:
                 await in_thread(launch.discard, config.harness.stop_grace_s)
@@ -135,7 +193,7 @@ async def run_claimed(
                 )
         raise
     bus.emit(
-        RunStarted(run=run.id, session=request.session, agent=request.agent, follow_up=bool(view))
+        RunStarted(run=run_id, session=request.session, agent=request.agent, follow_up=bool(view))
     )
     driver = Driver(
         ClaimedRun(
@@ -154,9 +212,20 @@ async def run_claimed(
             bus=bus,
             checkpoint=checkpoint,
             relay=relay,
+            trace=trace,
         ),
         PiStart(keys=keys, launch=launch, start_error=start_error),
     )
-    return await drive_recorded(
-        driver.drive(view), ledger=ledger, fence=fence, bus=bus, answer=lambda: driver.state.answer
-    )
+    try:
+        outcome = await drive_recorded(
+            driver.drive(view),
+            ledger=ledger,
+            fence=fence,
+            bus=bus,
+            answer=lambda: driver.state.answer,
+        )
+    except BaseException as exc:
+        trace.failed(exc)
+        raise
+    trace.ended(outcome)
+    return outcome

@@ -13,6 +13,7 @@ from tether.events import EventBus
 from tether.harness.custody.owner import NewerOwner
 from tether.harness.relay import RelayHook
 from tether.harness.stops import StopControl, Stopped, StopReason
+from tether.harness.traces import RunTrace
 from tether.harness.turn import CheckpointStep, RunRequest
 from tether.ledger import Fence, Ledger
 from tether.mirror.entries import Actors
@@ -62,6 +63,8 @@ class RunControls:
     bus: EventBus
     checkpoint: CheckpointStep | None = None
     relay: RelayHook | None = None
+    trace: RunTrace = field(default_factory=RunTrace)
+    """The run's spans (no-ops when tracing is off)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from tether import telemetry
 from tether.errors import FencedOut, LedgerError, RunNotActive, StorageError
 from tether.events import PiStarted
 from tether.followup import FollowupView
@@ -40,6 +41,7 @@ from tether.harness.tools import ToolServer
 from tether.harness.turn import (
     NOT_NEEDED,
     CheckpointResult,
+    NotTried,
     PiFailed,
     PiSettled,
     RunOutcome,
@@ -260,7 +262,15 @@ class Driver:
             records = client.subscribe()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(
-                    self._guard, follow(records, self.state, bus=c.bus, stop=c.stop, mirror=mirror)
+                    self._guard,
+                    follow(
+                        records,
+                        self.state,
+                        bus=c.bus,
+                        stop=c.stop,
+                        mirror=mirror,
+                        trace=c.trace.on_record if c.trace else None,
+                    ),
                 )
                 tg.start_soon(self._guard, helpers.keep_mirroring(mirror, self.storage))
                 tg.start_soon(self._guard, helpers.heartbeat(run, transport, c.clock, self.storage))
@@ -274,7 +284,8 @@ class Driver:
                 # Nothing more goes into pi once the turn settled (the checkpoint may follow).
                 live.close()
                 relaying.cancel()
-                checkpoint, late = NOT_NEEDED, None
+                checkpoint, late = self._not_tried(task), None
+                stepped = False
                 if self.progress.resuming and self.markers.sent(Marked.COMPACT):
                     # The lost harness may have delivered the summary command: never again.
                     checkpoint, late = await self._lost_checkpoint(client, transport, mirror)
@@ -285,15 +296,29 @@ class Driver:
                     and not c.stop.requested
                 ):
                     if not transport.channel_ok():
-                        checkpoint = CheckpointResult.refused(
-                            ReceiptReason.CANCELLED,
+                        checkpoint = CheckpointResult.skipped(
+                            NotTried.PI_UNREACHABLE,
                             f"pi's command FIFO of run {run.fence.run} is missing: no "
                             "checkpoint and no further prompts until it is checked",
                         )
                     else:
+                        stepped = True
                         checkpoint, late = await self._checkpoint(client, transport, mirror)
+                if not stepped:
+                    c.trace.checkpoint(checkpoint, {}, None)  # the step never ran: say why
                 tg.cancel_scope.cancel()
         return task, checkpoint, late
+
+    def _not_tried(self, task: TaskEnd) -> CheckpointResult:
+        """The checkpoint of a run whose step does not run, and why."""
+        c = self.controls
+        if not (isinstance(task, PiSettled) and task.succeeded):
+            return CheckpointResult.not_needed(NotTried.TURN_NOT_SUCCESSFUL)
+        if c.checkpoint is None:
+            return CheckpointResult.not_needed(NotTried.NO_STEP)
+        if c.stop.requested:
+            return CheckpointResult.not_needed(NotTried.STOP_IN_PROGRESS)
+        return NOT_NEEDED
 
     def _storage_failure(self, exc: StorageError) -> Stopped:
         return Stopped(
@@ -417,12 +442,13 @@ class Driver:
         and kills pi. Returns the result and the stop that landed meanwhile, if any."""
         run, c = self.run, self.controls
         assert c.checkpoint is not None
+        started = telemetry.now_ns()
         try:
             await self.storage.retried(mirror.sync)
         except StorageError:
             # The turn's rows are not all in the ledger: no checkpoint can cover them. The
             # final pass tries the rows again; the checkpoint is cancelled.
-            return CheckpointResult.refused(ReceiptReason.CANCELLED), None
+            return CheckpointResult.skipped(NotTried.ROWS_NOT_STORED), None
         turn = SettledTurn(
             client=client,
             ledger=run.ledger,
@@ -462,6 +488,7 @@ class Driver:
             if not await self._handed_over(transport):
                 await transport.kill()
             result = turn.attempt or NOT_NEEDED
+        c.trace.checkpoint(result, turn.facts, started)
         return result, (c.stop.value() if c.stop.requested else None)
 
     async def _lost_checkpoint(

@@ -85,6 +85,8 @@ class RunEnd(msgspec.Struct, kw_only=True, omit_defaults=True):
     extension_errors: list[str] = []
     mirror_problems: list[str] = []
     storage_retries: int = 0
+    checkpoint_decision: dict[str, str | None] | None = None
+    """``{"decision": written | refused | not_tried, "reason": …}`` (DESIGN §3.14)."""
 
     def to_extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = msgspec.to_builtins(self)
@@ -162,6 +164,7 @@ class RunEnder:
             extension_errors=state.extension_errors[:10],
             mirror_problems=mirror.problems[:10],
             storage_retries=self.storage.retries,
+            checkpoint_decision=checkpoint.record(),
         )
         if found.stop_reason is not StopReason.FENCED_OUT:
             refusing = checkpoint.refuse_session

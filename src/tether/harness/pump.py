@@ -3,6 +3,7 @@ for subscribers, and pokes that tell the mirror something was appended."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -61,9 +62,13 @@ async def follow(
     bus: EventBus,
     stop: StopControl,
     mirror: Mirror,
+    trace: Callable[[Record], None] | None = None,
 ) -> None:
-    """Consume the client's records until the transport ends."""
+    """Consume the client's records until the transport ends; ``trace`` sees each first (the
+    run's ``chat`` and ``execute_tool`` spans, when it is traced)."""
     async for item in records:
+        if trace is not None:
+            trace(item)
         on_record(item, state, bus=bus, stop=stop, mirror=mirror)
     if state.closed_reason is None:
         state.closed_reason = "pi's output ended"

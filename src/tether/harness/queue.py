@@ -23,6 +23,7 @@ from tether.harness.prepare import followup_view
 from tether.harness.relay import RelayHook
 from tether.harness.rundir import check_workdir, runs_dir
 from tether.harness.stops import StopControl
+from tether.harness.traces import queued_context
 from tether.harness.turn import CheckpointStep, RunOutcome, RunRequest
 from tether.ids import new_run_id
 from tether.ledger import Fence, Ledger
@@ -141,6 +142,9 @@ async def _queue(
         run_id=request.run_id,
         waiter=custody_place.placement(pi=None, run_dir=runs_dir(config)),
     )
+    stamp = queued_context(None)  # when it was queued, for the queue wait's span
+    if stamp:
+        await in_thread(ledger.update_queued_extra, run.id, stamp)
     try:
         return await _wait_turn(
             ledger, config, run.id, request.session, bus=bus, wait=wait, stop=stop

@@ -5,7 +5,7 @@ contract (``SettledTurn`` in, ``CheckpointResult`` out), what the task turn ende
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,11 @@ from tether.pi.protocol import PiStopReason
 
 __all__ = [
     "NOT_NEEDED",
+    "CheckpointDecision",
     "CheckpointResult",
     "CheckpointStatus",
     "CheckpointStep",
+    "NotTried",
     "PiFailed",
     "PiSettled",
     "RunOutcome",
@@ -33,6 +35,8 @@ __all__ = [
     "SettledTurn",
     "TaskEnd",
     "Verdict",
+    "decision_text",
+    "recorded_decision",
     "verdict",
 ]
 
@@ -55,6 +59,35 @@ class CheckpointStatus(enum.StrEnum):
     REFUSED = "refused"
 
 
+class CheckpointDecision(enum.StrEnum):
+    """What became of the checkpoint (DESIGN §3.14): written, refused (the summary was tried
+    and did not become one), or not tried (the step decided against sending ``compact``)."""
+
+    WRITTEN = "written"
+    REFUSED = "refused"
+    NOT_TRIED = "not_tried"
+
+
+class NotTried(enum.StrEnum):
+    """Why no checkpoint was tried."""
+
+    UNDER_BUDGET = "under_budget"
+    """The working view fits the follow-up budget: nothing to do."""
+    STOP_IN_PROGRESS = "stop_in_progress"
+    TOO_LITTLE_TIME = "too_little_time"
+    """Less than the agent's ``checkpoint_min_time_s`` of the deadline was left."""
+    NO_EXTENSION = "no_extension"
+    """pi did not load the continuation extension."""
+    TURN_NOT_SUCCESSFUL = "turn_not_successful"
+    """The task turn failed, was stopped or aborted: only a settled, successful turn counts."""
+    NO_STEP = "no_step"
+    """The run was started without a checkpoint step."""
+    PI_UNREACHABLE = "pi_unreachable"
+    """pi went away, or its command FIFO is missing, before ``compact`` could be sent."""
+    ROWS_NOT_STORED = "rows_not_stored"
+    """The turn's rows are not all in the ledger, so no checkpoint could cover them."""
+
+
 class CheckpointResult(msgspec.Struct, frozen=True):
     status: CheckpointStatus
     reason: ReceiptReason | None = None
@@ -62,10 +95,45 @@ class CheckpointResult(msgspec.Struct, frozen=True):
     refuse_session: str | None = None
     """When set, the session refuses further prompts with this reason (pi's idle was not
     confirmed, or the checkpoint's delivery is unknown)."""
+    not_tried: NotTried | None = None
+    """Set when ``compact`` was never sent, and why (the label keeps saying ``not_needed`` or
+    ``refused:cancelled`` as it always did)."""
 
     @classmethod
     def refused(cls, reason: ReceiptReason, refuse_session: str | None = None) -> CheckpointResult:
         return cls(CheckpointStatus.REFUSED, reason, refuse_session)
+
+    @classmethod
+    def skipped(cls, why: NotTried, refuse_session: str | None = None) -> CheckpointResult:
+        """Not tried by the step although the view is over the budget: refused (its receipt
+        says ``cancelled``), and why."""
+        return cls(CheckpointStatus.REFUSED, ReceiptReason.CANCELLED, refuse_session, why)
+
+    @classmethod
+    def not_needed(cls, why: NotTried) -> CheckpointResult:
+        """Not tried, and nothing is owed: under the budget, or no step ran at all."""
+        return cls(CheckpointStatus.NOT_NEEDED, not_tried=why)
+
+    @property
+    def decision(self) -> CheckpointDecision:
+        if self.status is CheckpointStatus.WRITTEN:
+            return CheckpointDecision.WRITTEN
+        if self.status is CheckpointStatus.NOT_NEEDED or self.not_tried is not None:
+            return CheckpointDecision.NOT_TRIED
+        return CheckpointDecision.REFUSED
+
+    @property
+    def why(self) -> str | None:
+        """The decision's reason: a ``NotTried`` value, or the receipt's reason."""
+        if self.decision is CheckpointDecision.NOT_TRIED:
+            return (self.not_tried or NotTried.UNDER_BUDGET).value
+        if self.status is CheckpointStatus.REFUSED:
+            return (self.reason or ReceiptReason.CANCELLED).value
+        return None
+
+    def record(self) -> dict[str, str | None]:
+        """What the run's record keeps of it (``extra["checkpoint_decision"]``)."""
+        return {"decision": self.decision.value, "reason": self.why}
 
     @property
     def label(self) -> str:
@@ -110,12 +178,37 @@ class SettledTurn(msgspec.Struct):
     """Set when pi answered the ``abort`` a soft stop or the deadline sent: pi is idle, so the
     wait for the ``compact`` answer may end (DESIGN §3.6: the compaction's answer or a
     correlated abort answer)."""
+    facts: dict[str, Any] = msgspec.field(default_factory=dict)
+    """What the step measured, for the checkpoint's span: ``view_bytes``, ``budget_bytes``,
+    ``remaining_s``, ``provider_ms`` (``compact`` sent to answered), ``summary_bytes``."""
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - self.clock.now())
 
 
 CheckpointStep = Callable[[SettledTurn], Awaitable[CheckpointResult]]
+
+
+def recorded_decision(extra: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """The checkpoint decision and its reason a run's record keeps (``tether log``, the session
+    page); None for a run that has none (not ended, or ended before it was recorded)."""
+    found = extra.get("checkpoint_decision")
+    if not isinstance(found, dict) or not isinstance(found.get("decision"), str):
+        return None
+    reason = found.get("reason")
+    return found["decision"], reason if isinstance(reason, str) else None
+
+
+def decision_text(extra: Mapping[str, Any]) -> str | None:
+    """``written``, ``refused (<reason>)`` or ``not tried (<reason>)``, with the run's
+    ``checkpoint_detail`` when it has one; None when the run has no decision recorded."""
+    found = recorded_decision(extra)
+    if found is None:
+        return None
+    decision, reason = found
+    text = decision.replace("_", " ") + (f" ({reason.replace('_', ' ')})" if reason else "")
+    detail = extra.get("checkpoint_detail")
+    return f"{text}: {detail}" if isinstance(detail, str) and detail else text
 
 
 # -- what the task turn ended with --------------------------------------------------------------

@@ -16,10 +16,12 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from tether import telemetry
 from tether.admission import admit_request
 from tether.errors import ConfigError, RecallError, SessionRefusing, UsageError
 from tether.followup import Refusal, RefusalReason, Refused, build_view
 from tether.harness.relay import Deliver
+from tether.harness.traces import KEY, queued_context
 from tether.ids import id_problem
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
@@ -95,6 +97,9 @@ class RequestOut(BaseModel):
     run: str
     status: Literal["queued", "delivered"]
     request_id: str | None
+    trace_id: str | None = None
+    """The trace the run's spans join (DESIGN §3.14): the request's ``traceparent`` continued,
+    or a new trace; None when the service does not trace and no ``traceparent`` came."""
 
 
 class RunOut(BaseModel):
@@ -270,7 +275,31 @@ def _answer(run: Run, request_id: str | None) -> RequestOut:
     summary="Queue a request on a session, or deliver it into its live run",
 )
 async def post_request(
-    session: SessionId, body: RequestIn, who: CallerDep, st: StateDep
+    session: SessionId, body: RequestIn, who: CallerDep, st: StateDep, request: Request
+) -> RequestOut:
+    incoming = request.headers.get("traceparent")
+    with telemetry.span(
+        "POST /v1/sessions/{session}/requests",
+        {
+            "http.request.method": "POST",
+            "http.route": "/v1/sessions/{session}/requests",
+            "gen_ai.conversation.id": session,
+            "gen_ai.agent.name": body.agent,
+        },
+        parent=incoming,
+        kind="server",
+    ) as span:
+        answer = await _post_request(session, body, who, st, span.traceparent or incoming)
+        span.set({"tether.run.id": answer.run, "tether.request.status": answer.status})
+        if answer.trace_id is not None:  # a repeated request: its run's trace
+            return answer
+        return answer.model_copy(
+            update={"trace_id": telemetry.trace_id_of(span.traceparent or incoming)}
+        )
+
+
+async def _post_request(
+    session: str, body: RequestIn, who: Caller, st: ServiceState, traceparent: str | None
 ) -> RequestOut:
     await blocking(_admit_request, st, session, body, who)
     try:
@@ -286,6 +315,14 @@ async def post_request(
         raise refused(status.HTTP_409_CONFLICT, "session_refusing", str(exc)) from None
     if not created:
         _same_request(run, session, body, who)
+        kept = run.extra.get(KEY)
+        first = telemetry.trace_id_of(kept.get("parent") if isinstance(kept, dict) else None)
+        if first is not None:
+            return _answer(run, body.request_id).model_copy(update={"trace_id": first})
+    else:
+        traced = queued_context(traceparent)  # the worker's run continues this trace
+        if traced:
+            await blocking(st.ledger.update_queued_extra, run.id, traced)
     if not created or body.deliver is Deliver.QUEUE:
         return _answer(run, body.request_id)
     return await _relay(st, run, body)

@@ -61,6 +61,13 @@ class RunHeader:
     actor: str | None = doc("Who asked (the request's actor); null when details are withheld.")
     stop_reason: str | None = doc("Why it stopped, when it did not end on its own; or null.")
     checkpoint: str | None = doc("written, refused:<reason> or not_needed; or null.")
+    checkpoint_decision: str | None = doc(
+        "written, refused or not_tried (DESIGN §3.14); null before the run ended."
+    )
+    checkpoint_reason: str | None = doc(
+        "Why it was refused (the receipt's reason) or not tried (under_budget, "
+        "stop_in_progress, too_little_time, …); or null."
+    )
     error: str | None = doc("What failed, for a failed run; or null.")
     details_withheld: bool = doc(
         "The caller is not admitted to the run's answer: only status and times are shown (as the "

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psutil
 
+from tether import telemetry
 from tether.clock import Clock, SystemClock
 from tether.config import Config
 from tether.errors import FencedOut, RunNotActive
@@ -43,6 +45,7 @@ from tether.harness.ending import drive_recorded, last_answer
 from tether.harness.relay import RelayHook
 from tether.harness.stops import StopControl
 from tether.harness.stranded import record_stranded_ends
+from tether.harness.traces import run_trace, takeover_span
 from tether.harness.turn import RunOutcome
 from tether.ledger import Fence, Ledger, Run, RunStatus
 from tether.mirror.entries import Actors
@@ -168,7 +171,32 @@ async def _reconcile_one(
     )
     if fence is None:
         return None  # another reconciler (or the holder) got there first
-    where = lease.placement
+    taken = takeover_span(run, lease.epoch)
+    try:
+        found = await _taken_over(
+            ledger, config, run, fence, lease.placement, subscribers, pi, clock, relay
+        )
+        taken.set({"tether.custody.resolution": found.resolution.value if found else None})
+    except BaseException as exc:
+        taken.fail(type(exc).__name__)
+        raise
+    finally:
+        taken.end()
+    return found
+
+
+async def _taken_over(
+    ledger: Ledger,
+    config: Config,
+    run: Run,
+    fence: Fence,
+    where: dict[str, Any] | None,
+    subscribers: Sequence[Subscriber],
+    pi: PiInstall | None,
+    clock: Clock | None,
+    relay: RelayHook | None,
+) -> Reconciled | None:
+    """What becomes of a run taken over: resumed, ended as lost, or ended unconfirmed."""
     run_dir = Path(where["run_dir"]) if where and where.get("run_dir") else None
     if where is None or where.get("host") != place.host_id() or run_dir is None:
         why = (
@@ -325,6 +353,18 @@ async def _resume(
     clock = clock or SystemClock()
     remaining = max(0.0, saved.deadline_at - _now())
     bus = EventBus(list(subscribers))
+    agent = config.agent(run.agent)
+    # The resumed run's spans join the run's trace, under the span its first harness opened.
+    trace = await run_trace(
+        ledger,
+        fence,
+        run,
+        request,
+        model=agent.model,
+        provider=agent.provider,
+        content=config.telemetry.content,
+        resumed=True,
+    )
     driver = Driver(
         ClaimedRun(
             ledger=ledger,
@@ -342,17 +382,28 @@ async def _resume(
             bus=bus,
             checkpoint=continuation_checkpoint,
             relay=relay,
+            trace=trace,
         ),
         PiStart(),  # pi runs already: it read its key at start
     )
     bus.emit(Resumed(run=run.id, session=run.session, pi_pid=int(where["pi_pid"])))
-    outcome = await drive_recorded(
-        driver.resume(where),
-        ledger=ledger,
-        fence=fence,
-        bus=bus,
-        answer=lambda: driver.state.answer,
-    )
+    try:
+        outcome = await drive_recorded(
+            driver.resume(where),
+            ledger=ledger,
+            fence=fence,
+            bus=bus,
+            answer=lambda: driver.state.answer,
+        )
+        trace.ended(outcome)
+    except BaseException as exc:
+        trace.failed(exc)
+        raise
+    finally:
+        trace.span.end()
+        if trace:
+            with anyio.CancelScope(shield=True):
+                await in_thread(telemetry.flush)
     return Reconciled(run.id, run.session, Resolution.RESUMED, outcome=outcome)
 
 

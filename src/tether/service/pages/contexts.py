@@ -9,6 +9,7 @@ from typing import Any
 
 from tether.followup import Refusal, build_view
 from tether.followup.messages import ANCHORS_TYPE, CHECKPOINT_TYPE, NOTES_TYPE
+from tether.harness.turn import recorded_decision
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.service.api import known_agent, sees_session, session_or_404
 from tether.service.auth import Caller
@@ -70,6 +71,7 @@ def run_header(ledger: Ledger, run: Run, who: Caller) -> RunHeader:
     """A run's line on the timeline. Its details only where the API's ``GET /v1/runs/{run}``
     shows them: that refuses a caller not admitted to the run's answer row."""
     request = run.extra.get("request") or {}
+    decided = recorded_decision(run.extra)
     withheld = False
     if run.extra.get("answer") is not None:
         row = answer_row(ledger, run)
@@ -84,6 +86,8 @@ def run_header(ledger: Ledger, run: Run, who: Caller) -> RunHeader:
         actor=None if withheld else request.get("actor"),
         stop_reason=None if withheld else run.extra.get("stop_reason"),
         checkpoint=None if withheld else run.extra.get("checkpoint"),
+        checkpoint_decision=None if withheld or decided is None else decided[0],
+        checkpoint_reason=None if withheld or decided is None else decided[1],
         error=None if withheld else run.extra.get("error"),
         details_withheld=withheld,
     )

@@ -1,0 +1,136 @@
+"""Whether runs are traced, and the tracer provider when they are (DESIGN §3.14).
+
+Tracing is on when the standard variables name somewhere to send spans
+(``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, or
+``OTEL_TRACES_EXPORTER`` other than ``none``) and ``OTEL_SDK_DISABLED`` is not ``true``. Off,
+nothing of OpenTelemetry is imported: every call of :mod:`tether.telemetry.spans` returns at
+once. The SDK reads the rest of the standard variables itself (``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``, ``OTEL_EXPORTER_OTLP_HEADERS``, …).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from tether.errors import ConfigError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Tracer
+
+__all__ = ["flush", "install", "reset", "tracer", "wanted"]
+
+_EXPORT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+SCOPE = "tether"
+"""The instrumentation scope every span of tether carries."""
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"decided": False, "provider": None, "tracer": None}
+
+
+def wanted(environ: dict[str, str] | None = None) -> bool:
+    """Whether the environment asks for traces (cheap: reads variables only)."""
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter == "none":
+        return False
+    return bool(exporter) or any(env.get(name) for name in _EXPORT_VARS)
+
+
+def _exporters(names: str) -> list[Any]:
+    out: list[Any] = []
+    for name in [n.strip().lower() for n in names.split(",") if n.strip()] or ["otlp"]:
+        if name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            # The HTTP exporter ships with tether[otel]; an OTEL_EXPORTER_OTLP_PROTOCOL of grpc
+            # would need another package, so it is refused rather than ignored.
+            protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+                "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+            )
+            if protocol.strip() != "http/protobuf":
+                raise ConfigError(
+                    f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: tether sends traces over "
+                    "OTLP/HTTP only; set it to http/protobuf (or unset it) and point "
+                    "OTEL_EXPORTER_OTLP_ENDPOINT at the collector's HTTP port (4318)"
+                )
+            out.append(OTLPSpanExporter())
+        elif name == "console":
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            out.append(ConsoleSpanExporter())
+        else:
+            raise ConfigError(
+                f"OTEL_TRACES_EXPORTER={name!r} is not one tether can send to; use otlp, "
+                "console or none"
+            )
+    return out
+
+
+def _build() -> TracerProvider | None:
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        # Asked for, but the extra is not installed: say so once, on stderr, and run untraced.
+        print(
+            "tether: OTEL_* variables ask for traces but the otel extra is not installed "
+            "(pip install 'tether[otel]'); running without traces",
+            file=sys.stderr,
+        )
+        return None
+    # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; "tether" unless set.
+    attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "tether"}
+    provider = TracerProvider(resource=Resource.create(attrs))
+    for exporter in _exporters(os.environ.get("OTEL_TRACES_EXPORTER", "")):
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def tracer() -> Tracer | None:
+    """The tracer of this process, None when tracing is off (decided once, on first use)."""
+    if _state["decided"]:
+        return _state["tracer"]  # type: ignore[no-any-return]
+    with _lock:
+        if not _state["decided"]:
+            try:
+                provider = _build() if wanted() else None
+            except ConfigError as exc:
+                # Traces are never worth a run: say what is wrong and run without them.
+                print(f"tether: {exc}; running without traces", file=sys.stderr)
+                provider = None
+            _set(provider)
+    return _state["tracer"]  # type: ignore[no-any-return]
+
+
+def _set(provider: TracerProvider | None) -> None:
+    _state["provider"] = provider
+    _state["tracer"] = provider.get_tracer(SCOPE) if provider is not None else None
+    _state["decided"] = True
+
+
+def install(provider: TracerProvider | None) -> None:
+    """Use ``provider`` from now on, whatever the environment says (tests, embedding
+    programs); None turns tracing off."""
+    with _lock:
+        _set(provider)
+
+
+def reset() -> None:
+    """Forget the decision: the next span reads the environment again."""
+    with _lock:
+        _state.update(decided=False, provider=None, tracer=None)
+
+
+def flush(timeout_s: float = 5.0) -> None:
+    """Send what is buffered (the end of a run; ``tether`` exits without the interpreter's
+    teardown, which would otherwise drop it)."""
+    provider = _state["provider"]
+    if provider is not None:
+        provider.force_flush(int(timeout_s * 1000))

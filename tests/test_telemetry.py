@@ -1,0 +1,361 @@
+"""Traces (DESIGN §3.14) with the SDK's in-memory exporter over runs of the real pi against the
+scripted provider: the span tree, its names and attributes per the GenAI conventions, the
+checkpoint decision for each reason it was not tried, and nothing a person or the agent wrote
+(nor the provider's key) on any span unless ``[telemetry] content = true``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from checkpoint_support import AGENT, ANSWER, SUMMARY, config, long_task, run
+from provider import Reply, route
+from tether import telemetry
+from tether.config import TelemetryConfig
+from tether.harness.checkpoint import continuation_checkpoint
+from tether.harness.turn import CheckpointResult, SettledTurn, decision_text
+from tether.ledger import Ledger, open_ledger
+
+pytestmark = pytest.mark.slow
+
+SECRET = "sk-PLANTED-SECRET-9d41c2"
+ROW_TEXT = "PLANTED-ROW-TEXT-77ab: count to 2000, then tell me the answer."
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.install(provider)
+    yield exporter
+    telemetry.reset()
+    provider.shutdown()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Ledger]:
+    ledger = open_ledger(f"sqlite://{tmp_path}/ledger.db")
+    yield ledger
+    ledger.close()
+
+
+def by_name(found: tuple[ReadableSpan, ...], prefix: str) -> list[ReadableSpan]:
+    return [s for s in found if s.name == prefix or s.name.startswith(prefix + " ")]
+
+
+def one(found: tuple[ReadableSpan, ...], prefix: str) -> ReadableSpan:
+    [span] = by_name(found, prefix)
+    return span
+
+
+def attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def keyed(cfg: Any) -> Any:
+    """The config with the provider's key read from a variable holding the planted secret."""
+    local = cfg.providers["local"]
+    providers = {"local": msgspec.structs.replace(local, api_key_env="TETHER_TEST_PLANTED_KEY")}
+    return msgspec.structs.replace(cfg, providers=providers)
+
+
+def test_off_without_otel_variables_and_nothing_imported() -> None:
+    assert not telemetry.wanted({})
+    assert not telemetry.wanted({"OTEL_SERVICE_NAME": "x"})  # a name alone sends nothing
+    assert telemetry.wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    assert telemetry.wanted({"OTEL_TRACES_EXPORTER": "console"})
+    assert not telemetry.wanted({"OTEL_TRACES_EXPORTER": "none"})
+    assert not telemetry.wanted(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_SDK_DISABLED": "true"}
+    )
+    # A fresh interpreter that runs a span without OTEL_* variables loads no OpenTelemetry.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    code = (
+        "import sys; from tether import telemetry\n"
+        "with telemetry.span('x') as s: s.set({'a': 1})\n"
+        "assert not s and telemetry.tracer() is None\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_an_exporter_tether_does_not_ship_is_named_and_the_run_goes_on_untraced(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    telemetry.reset()
+    try:
+        assert telemetry.tracer() is None
+        assert not telemetry.start("x")
+    finally:
+        telemetry.reset()
+    err = capsys.readouterr().err
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL='grpc'" in err
+    assert "http/protobuf" in err
+    assert "running without traces" in err
+
+
+def test_span_tree_of_a_run_with_a_tool_and_a_written_checkpoint(
+    scripted_provider: Any,
+    store: Ledger,
+    tmp_path: Path,
+    spans: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TETHER_TEST_PLANTED_KEY", SECRET)
+    provider = scripted_provider(route(task=long_task(), summary=[Reply(SUMMARY)]))
+    cfg = keyed(config(tmp_path, provider))
+    outcome = run(store, cfg, tmp_path, text=ROW_TEXT)
+    assert (outcome.checkpoint.label, outcome.answer) == ("written", ANSWER)
+    found = spans.get_finished_spans()
+
+    agent = one(found, "invoke_agent")
+    assert agent.name == f"invoke_agent {AGENT}"
+    assert agent.parent is None
+    a = attrs(agent)
+    assert a["gen_ai.operation.name"] == "invoke_agent"
+    assert a["gen_ai.agent.name"] == AGENT
+    assert a["gen_ai.conversation.id"] == "s1"
+    assert a["gen_ai.request.model"] == provider.model
+    assert a["tether.run.id"] == outcome.run
+    assert a["tether.run.status"] == "finished"
+    assert a["tether.checkpoint.decision"] == "written"
+    assert "tether.checkpoint.reason" not in a
+    assert agent.status.status_code is not StatusCode.ERROR
+
+    trace_id = agent.context.trace_id
+    assert {s.context.trace_id for s in found} == {trace_id}, "one trace for the whole run"
+    children = {s.name.split(" ")[0] for s in found if s.parent is not None}
+    assert all(s.parent.span_id == agent.context.span_id for s in found if s.parent), children
+    assert children >= {
+        "chat",
+        "execute_tool",
+        "tether.queue.wait",
+        "tether.followup.view",
+        "tether.checkpoint",
+    }
+
+    # Two provider calls in the task turn: the tool call, then the answer.
+    chats = by_name(found, "chat")
+    assert len(chats) == 2
+    for chat in chats:
+        c = attrs(chat)
+        assert chat.name == f"chat {provider.model}"
+        assert c["gen_ai.operation.name"] == "chat"
+        assert c["gen_ai.conversation.id"] == "s1"
+        assert c["gen_ai.usage.input_tokens"] > 0
+        assert c["gen_ai.usage.output_tokens"] > 0
+        assert chat.start_time <= chat.end_time
+    assert [attrs(c)["gen_ai.response.finish_reasons"] for c in chats] == ["toolUse", "stop"]
+
+    tool = one(found, "execute_tool")
+    t = attrs(tool)
+    assert tool.name == "execute_tool bash"
+    assert (t["gen_ai.tool.name"], t["gen_ai.operation.name"]) == ("bash", "execute_tool")
+    assert t["gen_ai.tool.call.id"]
+    assert t["tether.tool.duration_ms"] >= 0
+    assert "error.type" not in t
+    # The tool ran between the two provider calls.
+    assert chats[0].end_time <= tool.start_time <= tool.end_time <= chats[1].end_time
+
+    view = attrs(one(found, "tether.followup.view"))
+    assert view["tether.view.follow_up"] is False  # the session's first run
+
+    step = one(found, "tether.checkpoint")
+    s = attrs(step)
+    assert (s["tether.checkpoint.decision"], s["tether.checkpoint.label"]) == ("written", "written")
+    assert s["tether.checkpoint.view_bytes"] > s["tether.checkpoint.budget_bytes"] == 4000
+    assert s["tether.checkpoint.summary_bytes"] == len(SUMMARY.encode())
+    assert s["tether.checkpoint.provider_ms"] >= 0
+    assert "tether.checkpoint.receipt_reason" not in s
+
+    assert store.get_run(outcome.run).extra["checkpoint_decision"] == {
+        "decision": "written",
+        "reason": None,
+    }
+    assert_no_content(found, ROW_TEXT, ANSWER)
+
+    # The next run of the session: its view has a checkpoint and parts to show, in a new trace.
+    spans.clear()
+    provider._pick = route(task=[Reply("SECOND ANSWER")], summary=[Reply(SUMMARY)])
+    second = run(store, cfg, tmp_path, text="and now?")
+    found = spans.get_finished_spans()
+    view = attrs(one(found, "tether.followup.view"))
+    assert view["tether.view.follow_up"] is True
+    assert view["tether.view.checkpoint_bytes"] > 0
+    assert (
+        view["tether.view.bytes"]
+        == (
+            view["tether.view.checkpoint_bytes"]
+            + view["tether.view.notice_bytes"]
+            + view["tether.view.message_bytes"]
+        )
+        <= view["tether.view.budget_bytes"]
+    )
+    assert view["tether.view.gaps"] >= 0
+    assert one(found, "invoke_agent").context.trace_id != trace_id
+    decided = attrs(one(found, "tether.checkpoint"))
+    assert (decided["tether.checkpoint.decision"], decided["tether.checkpoint.reason"]) == (
+        "not_tried",
+        "under_budget",
+    )
+    assert store.get_run(second.run).extra["checkpoint_decision"] == {
+        "decision": "not_tried",
+        "reason": "under_budget",
+    }
+
+
+def assert_no_content(found: tuple[ReadableSpan, ...], *texts: str) -> None:
+    """No attribute, event or status of any span holds the planted secret or any of ``texts``."""
+    planted = (SECRET, *texts)
+    for span in found:
+        seen = [span.name, str(span.status.description or "")]
+        seen += [f"{k}={v}" for k, v in (span.attributes or {}).items()]
+        for event in span.events:
+            seen += [event.name, *(f"{k}={v}" for k, v in (event.attributes or {}).items())]
+        for item in seen:
+            for text in planted:
+                assert text not in item, f"{text!r} leaked into span {span.name}: {item!r}"
+
+
+def test_content_goes_on_spans_only_when_configured(
+    scripted_provider: Any, store: Ledger, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    provider = scripted_provider(route(task=[Reply(ANSWER)], summary=[Reply(SUMMARY)]))
+    cfg = msgspec.structs.replace(
+        config(tmp_path, provider, budget=100_000), telemetry=TelemetryConfig(content=True)
+    )
+    run(store, cfg, tmp_path, text=ROW_TEXT)
+    a = attrs(one(spans.get_finished_spans(), "invoke_agent"))
+    assert (a["tether.request"], a["tether.answer"]) == (ROW_TEXT, ANSWER)
+
+
+# -- the checkpoint not tried, for each reason ---------------------------------------------------
+
+
+def decision(store: Ledger, found: tuple[ReadableSpan, ...], run_id: str) -> tuple[str, str]:
+    s = attrs(one(found, "tether.checkpoint"))
+    recorded = store.get_run(run_id).extra["checkpoint_decision"]
+    assert (recorded["decision"], recorded["reason"]) == (
+        s["tether.checkpoint.decision"],
+        s.get("tether.checkpoint.reason"),
+    ), "the span and the run's record say the same"
+    a = attrs(one(found, "invoke_agent"))
+    assert (a["tether.checkpoint.decision"], a["tether.checkpoint.reason"]) == (
+        recorded["decision"],
+        recorded["reason"],
+    )
+    return recorded["decision"], recorded["reason"]
+
+
+def test_not_tried_under_budget(
+    scripted_provider: Any, store: Ledger, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    provider = scripted_provider(route(task=long_task(), summary=[Reply(SUMMARY)]))
+    outcome = run(store, config(tmp_path, provider, budget=100_000), tmp_path)
+    assert outcome.checkpoint.label == "not_needed"
+    found = spans.get_finished_spans()
+    assert decision(store, found, outcome.run) == ("not_tried", "under_budget")
+    s = attrs(one(found, "tether.checkpoint"))
+    assert s["tether.checkpoint.view_bytes"] <= 100_000 == s["tether.checkpoint.budget_bytes"]
+    assert provider.summary_requests == []
+
+
+def test_not_tried_with_too_little_time_left(
+    scripted_provider: Any, store: Ledger, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    provider = scripted_provider(route(task=long_task(), summary=[Reply(SUMMARY)]))
+    cfg = config(tmp_path, provider, deadline_s=100, min_time_s=150)
+    outcome = run(store, cfg, tmp_path)
+    assert outcome.checkpoint.label == "refused:cancelled"  # the label as it always was
+    found = spans.get_finished_spans()
+    assert decision(store, found, outcome.run) == ("not_tried", "too_little_time")
+    s = attrs(one(found, "tether.checkpoint"))
+    assert s["tether.checkpoint.remaining_s"] < 150
+    assert s["tether.checkpoint.receipt_reason"] == "cancelled"
+    text = decision_text(store.get_run(outcome.run).extra)
+    assert text is not None
+    assert text.startswith("not tried (too little time): ")
+    assert provider.summary_requests == []
+
+
+def test_not_tried_with_a_stop_in_progress(
+    scripted_provider: Any, store: Ledger, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    provider = scripted_provider(route(task=long_task(), summary=[Reply(SUMMARY)]))
+
+    async def stopped_first(turn: SettledTurn) -> CheckpointResult:
+        turn.stop.soft()  # a soft stop (Ctrl-C) lands as the step begins
+        return await continuation_checkpoint(turn)
+
+    outcome = run(store, config(tmp_path, provider), tmp_path, checkpoint=stopped_first)
+    assert outcome.answer == ANSWER
+    found = spans.get_finished_spans()
+    assert decision(store, found, outcome.run) == ("not_tried", "stop_in_progress")
+    assert provider.summary_requests == []
+
+
+def test_not_tried_after_a_failed_turn(
+    scripted_provider: Any, store: Ledger, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    from provider import Fail
+
+    provider = scripted_provider(route(task=[Fail(400, "bad request")] * 5, summary=[]))
+    outcome = run(store, config(tmp_path, provider), tmp_path)
+    assert outcome.status.value == "failed"
+    found = spans.get_finished_spans()
+    assert decision(store, found, outcome.run) == ("not_tried", "turn_not_successful")
+    agent = one(found, "invoke_agent")
+    assert agent.status.status_code is StatusCode.ERROR
+    assert [attrs(c).get("error.type") for c in by_name(found, "chat")] == ["provider_error"]
+
+
+def test_refused_summary_names_the_receipt_reason(
+    scripted_provider: Any, store: Ledger, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    provider = scripted_provider(route(task=long_task(), summary=[Reply("")] * 4))
+    outcome = run(store, config(tmp_path, provider), tmp_path)
+    assert outcome.checkpoint.label.startswith("refused:")
+    reason = outcome.checkpoint.label.split(":", 1)[1]
+    found = spans.get_finished_spans()
+    assert decision(store, found, outcome.run) == ("refused", reason)
+    s = attrs(one(found, "tether.checkpoint"))
+    assert s["tether.checkpoint.receipt_reason"] == reason
+    assert "tether.checkpoint.summary_bytes" not in s
+
+
+def test_no_span_kind_is_left_unset(spans: InMemorySpanExporter) -> None:
+    async def go() -> None:
+        with telemetry.span("outer", {"a": 1}, kind="server") as outer:
+            inner = telemetry.start("inner", parent=outer)
+            inner.end()
+            assert telemetry.trace_id_of(outer.traceparent) == outer.trace_id
+
+    anyio.run(go)
+    found = spans.get_finished_spans()
+    assert [(s.name, s.kind) for s in found] == [
+        ("inner", SpanKind.INTERNAL),
+        ("outer", SpanKind.SERVER),
+    ]
+    assert found[0].parent is not None
+    assert found[0].parent.span_id == found[1].context.span_id
+    assert telemetry.trace_id_of("00-" + "0" * 32 + "-" + "1" * 16 + "-01") is None
+    assert telemetry.trace_id_of("garbage") is None
