@@ -137,6 +137,16 @@ MIGRATIONS: list[str] = [
     DROP INDEX rows_fts;
     CREATE INDEX rows_fts ON rows USING gin ({FTS_SESSION_DOCUMENT});
     """,
+    # 8: erasure receipts (DESIGN §3.15): when, by whom, the selector, the counts; no content.
+    """
+    CREATE TABLE erasures (
+        id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at        TEXT COLLATE "C" NOT NULL,
+        actor     TEXT COLLATE "C" NOT NULL,
+        selector  TEXT COLLATE "C" NOT NULL,
+        counts    TEXT COLLATE "C" NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -208,4 +218,11 @@ SCHEMA = f"""
         sources  TEXT COLLATE "C" NOT NULL DEFAULT '[]'
     );
     CREATE INDEX notes_by_agent ON notes (session, agent, id);
+    CREATE TABLE erasures (
+        id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at        TEXT COLLATE "C" NOT NULL,
+        actor     TEXT COLLATE "C" NOT NULL,
+        selector  TEXT COLLATE "C" NOT NULL,
+        counts    TEXT COLLATE "C" NOT NULL
+    );
 """

@@ -140,6 +140,16 @@ MIGRATIONS: list[str] = [
     CREATE INDEX rows_heads ON rows (session, seq, bytes, sources);
     DROP INDEX rows_sizes;
     """,
+    # 9: erasure receipts (DESIGN §3.15): when, by whom, the selector, the counts; no content.
+    """
+    CREATE TABLE erasures (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        at        TEXT NOT NULL,
+        actor     TEXT NOT NULL,
+        selector  TEXT NOT NULL,
+        counts    TEXT NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -228,4 +238,11 @@ SCHEMA = """
         sources  TEXT NOT NULL DEFAULT '[]'
     );
     CREATE INDEX notes_by_agent ON notes (session, agent, id);
+    CREATE TABLE erasures (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        at        TEXT NOT NULL,
+        actor     TEXT NOT NULL,
+        selector  TEXT NOT NULL,
+        counts    TEXT NOT NULL
+    );
 """
