@@ -22,11 +22,14 @@ the FTS5 index (``optimize``: deleted entries leave its segments) and truncates 
 
 from __future__ import annotations
 
+import datetime
 import enum
 import json
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tether.errors import NotFound, SessionBusy
 from tether.ids import check_id
@@ -36,7 +39,20 @@ from tether.ledger.codec import Cursor
 from tether.ledger.models import now_iso
 from tether.sizes import canonical_json
 
-__all__ = ["SCRUBBED_RUN_KEYS", "ErasePlan", "Erasure", "LifecycleSql", "Selector", "SelectorKind"]
+if TYPE_CHECKING:
+    from tether.ledger.roles import Lifecycle
+
+__all__ = [
+    "SCRUBBED_RUN_KEYS",
+    "ErasePlan",
+    "Erased",
+    "Erasure",
+    "LifecycleSql",
+    "Selector",
+    "SelectorKind",
+    "apply_retention",
+    "erase_selected",
+]
 
 # What a run's record may hold of its rows' text: dropped when the rows go.
 SCRUBBED_RUN_KEYS = ("answer", "view", "error", "request")
@@ -327,3 +343,87 @@ class LifecycleSql(SqlBase):
                 (before, before, before, before, limit),
             )
             return [r[0] for r in c.fetchall()]
+
+
+@dataclass(frozen=True, slots=True)
+class Erased:
+    """An erasure done (or, with ``dry_run``, what it would do): the plan, the receipt (None
+    on a dry run) and the run directories removed (or to remove)."""
+
+    plan: ErasePlan
+    receipt: Erasure | None
+    run_dirs: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.plan.to_json()
+        out["dry_run"] = self.receipt is None
+        out["run_dirs"] = self.run_dirs
+        out["counts"] = {**out["counts"], "run_dirs": len(self.run_dirs)}
+        if self.receipt is not None:
+            out["receipt"] = self.receipt.to_json()
+        return out
+
+
+def _run_files(runs_dir: Path, run_id: str) -> list[Path]:
+    # A run's directory (pi's session file, its events, its log) and an end kept on disk for
+    # the next reconcile (RUNS_DIR/unrecorded/RUN.json), which holds its answer.
+    check_id("run", run_id)
+    return [
+        p for p in (runs_dir / run_id, runs_dir / "unrecorded" / f"{run_id}.json") if p.exists()
+    ]
+
+
+def erase_selected(
+    ledger: Lifecycle,
+    selector: Selector,
+    *,
+    actor: str,
+    runs_dir: Path,
+    dry_run: bool = False,
+) -> Erased:
+    """Erase ``selector`` in the ledger and the run directories of the runs it touches (or,
+    with ``dry_run``, say exactly that without doing it)."""
+    if dry_run:
+        plan = ledger.plan_erasure(selector)
+        return Erased(plan, None, [r for r in plan.run_dirs if _run_files(runs_dir, r)])
+    receipt, plan = ledger.erase(selector, actor=actor)
+    dirs: list[str] = []
+    for run_id in plan.run_dirs:
+        found = _run_files(runs_dir, run_id)
+        for path in found:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        if found:
+            dirs.append(run_id)
+    return Erased(plan, receipt, dirs)
+
+
+def apply_retention(
+    ledger: Lifecycle,
+    idle_days: int,
+    *,
+    actor: str,
+    runs_dir: Path,
+    now: datetime.datetime | None = None,
+    dry_run: bool = False,
+) -> list[Erased]:
+    """Erase every session idle for ``idle_days`` (DESIGN §3.15), one receipt each."""
+    moment = now or datetime.datetime.now(datetime.UTC)
+    cutoff = (moment - datetime.timedelta(days=idle_days)).isoformat().replace("+00:00", "Z")
+    done: list[Erased] = []
+    for session in ledger.idle_sessions(cutoff):
+        try:
+            done.append(
+                erase_selected(
+                    ledger,
+                    Selector(SelectorKind.SESSION, session),
+                    actor=actor,
+                    runs_dir=runs_dir,
+                    dry_run=dry_run,
+                )
+            )
+        except (SessionBusy, NotFound):
+            continue  # it became busy (or went) since it was listed: not idle any more
+    return done
