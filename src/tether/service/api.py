@@ -17,12 +17,21 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tether.admission import admit_request
-from tether.errors import ConfigError, RecallError, SessionRefusing, UsageError
+from tether.errors import (
+    ConfigError,
+    NotFound,
+    RecallError,
+    SessionBusy,
+    SessionRefusing,
+    UsageError,
+)
 from tether.followup import Refusal, RefusalReason, Refused, build_view
 from tether.harness.relay import Deliver
 from tether.ids import id_problem
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
+from tether.ledger.lifecycle import Selector, SelectorKind, erase_selected
+from tether.pi.launch import runs_dir
 from tether.recall import add_note
 from tether.service.auth import Caller, caller
 from tether.service.state import ServiceState, service_of
@@ -432,3 +441,64 @@ async def post_note(
         "actor": note.actor,
         "run": note.run,
     }
+
+
+# -- lifecycle (DESIGN §3.15) ------------------------------------------------------------------
+
+
+class EraseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session: SessionId | None = None
+    """Erase this session whole, or"""
+    source: str | None = Field(None, min_length=1, max_length=1000, pattern=r"^[^\n\r]+$")
+    """every row carrying this source, and what derives from them."""
+    dry_run: bool = False
+    """List exactly what would be erased; erase nothing."""
+
+
+def admin_or_403(st: ServiceState, who: Caller) -> None:
+    if who.actor not in st.config.service.admins:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{who.actor} may not erase: only the actors in [service] admins may",
+        )
+
+
+@router.post("/erasures", summary="Erase a session or a source, keeping a receipt (admins)")
+async def post_erasure(body: EraseIn, who: CallerDep, st: StateDep) -> dict[str, Any]:
+    admin_or_403(st, who)
+    if (body.session is None) == (body.source is None):
+        raise HTTPException(UNPROCESSABLE, "give exactly one of session or source")
+    selector = (
+        Selector(SelectorKind.SESSION, body.session)
+        if body.session is not None
+        else Selector(SelectorKind.SOURCE, body.source or "")
+    )
+    try:
+        done = await blocking(
+            lambda: erase_selected(
+                st.ledger,
+                selector,
+                actor=who.actor,
+                runs_dir=runs_dir(st.config),
+                dry_run=body.dry_run,
+            )
+        )
+    except NotFound:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {body.session}") from None
+    except SessionBusy as exc:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"{exc}; nothing was erased: stop the run (or let it end) and erase again",
+        ) from None
+    return done.to_json()
+
+
+@router.get("/erasures", summary="Erasure receipts, newest first (admins)")
+async def get_erasures(
+    who: CallerDep, st: StateDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> dict[str, Any]:
+    admin_or_403(st, who)
+    found = await blocking(st.ledger.erasures, limit=limit)
+    return {"erasures": [e.to_json() for e in found]}
