@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tether.errors import NotFound, SessionBusy
+from tether.errors import AlreadyExists, NotFound, SessionBusy, UsageError
 from tether.ids import check_id
 from tether.ledger import codec
 from tether.ledger.base import Engine, SqlBase
 from tether.ledger.codec import Cursor
-from tether.ledger.models import now_iso
+from tether.ledger.lineage import MAX_DEPTH, lineage
+from tether.ledger.models import ENDED_STATUSES, Session, now_iso
 from tether.sizes import canonical_json
 
 if TYPE_CHECKING:
@@ -153,7 +154,75 @@ def _holds(sources_json: str, source: str) -> bool:
 
 
 class LifecycleSql(SqlBase):
-    """Erasure, its receipts, and the idle sessions retention erases."""
+    """Forks, erasure, its receipts, and the idle sessions retention erases."""
+
+    def fork_session(
+        self, session_id: str, at_run: str, new_id: str, *, created: str | None = None
+    ) -> Session:
+        """A new session ``new_id`` that begins as ``session_id`` up to the end of ``at_run``,
+        by reference (:mod:`tether.ledger.lineage`): a few indexed reads and one insert,
+        whatever the session's length. The fork's custody, checkpoints and notes are its own
+        from then on; the session forked is unchanged."""
+        check_id("session", new_id)
+        made = Session(id=new_id, created=created or now_iso())
+        try:
+            with self._tx() as c:
+                self._fork(c, session_id, at_run, made)
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise AlreadyExists(f"session {new_id!r} already exists") from exc
+            raise
+        return made
+
+    def _fork(self, c: Cursor, session_id: str, at_run: str, made: Session) -> None:
+        c.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,))
+        if c.fetchone() is None:
+            raise NotFound(f"no session {session_id!r}; `tether sessions` lists them")
+        segments = lineage(c, session_id)
+        if segments[-1].depth >= MAX_DEPTH:
+            raise UsageError(
+                f"session {session_id!r} is a fork {MAX_DEPTH} levels deep; fork a session "
+                "nearer its origin, or copy it (`tether ledger copy`)"
+            )
+        c.execute("SELECT session, ord, status, ended FROM runs WHERE id = ?", (at_run,))
+        run = c.fetchone()
+        if run is None:
+            raise NotFound(f"no run {at_run!r}; `tether log --session {session_id}` lists them")
+        seg = next((s for s in segments if s.session == run[0] and int(run[1]) <= s.max_ord), None)
+        if seg is None:
+            raise UsageError(f"run {at_run} is not a run of session {session_id}")
+        if run[2] not in {s.value for s in ENDED_STATUSES}:
+            raise UsageError(f"run {at_run} is {run[2]}; fork at a run that has ended")
+        c.execute("SELECT seq FROM rows WHERE run = ? ORDER BY seq DESC LIMIT 1", (at_run,))
+        last = c.fetchone()
+        if last is None:
+            raise UsageError(f"run {at_run} wrote no rows; fork at a run that did")
+        fork_seq = int(last[0])
+        # The notes written by the end of the run (note ids grow with time, as runs' ords do).
+        c.execute("SELECT max(id) FROM notes WHERE session = ? AND at <= ?", (run[0], run[3] or ""))
+        found = c.fetchone()
+        fork_note = min(int(found[0]) if found and found[0] is not None else 0, seg.max_note)
+        c.execute(
+            "INSERT INTO sessions (id, created, extra, last_seq, parent, fork_seq, fork_ord, "
+            "fork_note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                made.id,
+                made.created,
+                canonical_json(made.extra),
+                fork_seq,
+                session_id,
+                fork_seq,
+                int(run[1]),
+                fork_note,
+            ),
+        )
+
+    def fork_of(self, session_id: str) -> tuple[str, int] | None:
+        """The session a fork was made from and the last seq it inherits (None: not a fork)."""
+        with self._read() as c:
+            c.execute("SELECT parent, fork_seq FROM sessions WHERE id = ?", (session_id,))
+            r = c.fetchone()
+        return (r[0], int(r[1])) if r and r[0] is not None else None
 
     def _source_filter(self) -> str:
         # A cheap prefilter on the stored JSON (the exact test is _holds, in Python): a source
@@ -187,6 +256,16 @@ class LifecycleSql(SqlBase):
             runs = c.fetchall()
             plan.runs = [r[0] for r in runs]
             plan.queued = [r[0] for r in runs if r[1] == "queued"]
+            # Forks of it lose what they inherit of its own rows, and their checkpoints over
+            # those rows.
+            own_lo = lineage(c, s)[0].lo
+            writers: set[str] = set()
+            for child, low in self._descendants(c, s, own_lo):
+                self._covering(c, child, low, plan.checkpoints, writers)
+            for child, seqs in plan.checkpoints.items():
+                if child != s:
+                    plan.rows[child] = seqs
+            plan.scrubbed_runs = sorted(writers)
             return plan
         return self._plan_source(c, plan, selector.value)
 
@@ -215,34 +294,72 @@ class LifecycleSql(SqlBase):
             c.execute("SELECT session, seq FROM rows WHERE run = ?", (run_id,))
             for session, seq in c.fetchall():
                 chosen.setdefault(session, set()).add(int(seq))
-        # A compaction that covers an erased row summarizes it: it goes (and so is every
-        # compaction among the rows chosen, by its sources or by its run, counted).
-        checkpoints: dict[str, set[int]] = {}
-        for session, seqs in chosen.items():
+        # A compaction that covers an erased row summarizes it: it goes, in the session and
+        # in every fork that inherits the row (and every compaction among the rows chosen, by
+        # its sources or by its run, counts as a checkpoint).
+        checkpoints: dict[str, list[int]] = {}
+        for session, seqs in list(chosen.items()):
             low = min(seqs)
-            c.execute(
-                f"SELECT seq, body, run FROM rows {self._compactions_hint} "
-                "WHERE session = ? AND kind = 'compaction' ORDER BY seq",
-                (session,),
-            )
-            for seq, body, run in c.fetchall():
-                covers = json.loads(body).get("covers_to")
-                covering = isinstance(covers, int) and not isinstance(covers, bool)
-                if int(seq) in seqs or (covering and covers >= low):
-                    checkpoints.setdefault(session, set()).add(int(seq))
-                    if run is not None:
-                        writers.add(run)
-        for session, seqs in checkpoints.items():
-            chosen[session].update(seqs)
+            self._covering(c, session, low, checkpoints, writers, also=seqs)
+            for child, child_low in self._descendants(c, session, low):
+                self._covering(c, child, child_low, checkpoints, writers)
+        for session, comps in checkpoints.items():
+            chosen.setdefault(session, set()).update(comps)
         c.execute(
             f"SELECT id, sources FROM notes WHERE {self._source_filter()} ORDER BY id", (needle,)
         )
         plan.notes = [int(i) for i, s in c.fetchall() if _holds(s, source)]
         plan.rows = {s: sorted(v) for s, v in sorted(chosen.items())}
-        plan.checkpoints = {s: sorted(v) for s, v in sorted(checkpoints.items())}
+        plan.checkpoints = {s: sorted(set(v)) for s, v in sorted(checkpoints.items())}
         plan.runs = sorted(dropped_runs)
         plan.scrubbed_runs = sorted(writers - dropped_runs)
         return plan
+
+    def _covering(
+        self,
+        c: Cursor,
+        session: str,
+        low: int,
+        into: dict[str, list[int]],
+        writers: set[str],
+        *,
+        also: set[int] | None = None,
+    ) -> None:
+        """The compaction rows of ``session`` that cover seq ``low`` or later (or are among
+        ``also``) join ``into``; the runs that wrote them join ``writers``."""
+        c.execute(
+            f"SELECT seq, body, run FROM rows {self._compactions_hint} "
+            "WHERE session = ? AND kind = 'compaction' ORDER BY seq",
+            (session,),
+        )
+        for seq, body, run in c.fetchall():
+            covers = json.loads(body).get("covers_to")
+            covering = isinstance(covers, int) and not isinstance(covers, bool) and covers >= low
+            if covering or (also is not None and int(seq) in also):
+                into.setdefault(session, []).append(int(seq))
+                if run is not None:
+                    writers.add(run)
+
+    @staticmethod
+    def _descendants(c: Cursor, session: str, low: int) -> list[tuple[str, int]]:
+        """The forks (of forks…) of ``session`` that inherit its seq ``low``, each with the
+        lowest seq of it they inherit."""
+        out: list[tuple[str, int]] = []
+        todo = [session]
+        for _ in range(MAX_DEPTH):
+            if not todo:
+                break
+            nxt: list[str] = []
+            for parent in todo:
+                c.execute(
+                    "SELECT id, fork_seq FROM sessions WHERE parent = ? ORDER BY id", (parent,)
+                )
+                for child, fork_seq in c.fetchall():
+                    if int(fork_seq) >= low:
+                        out.append((child, low))
+                        nxt.append(child)
+            todo = nxt
+        return out
 
     @staticmethod
     def _runs_requesting(c: Cursor, session: str, seqs: Iterable[int]) -> list[str]:
@@ -312,7 +429,35 @@ class LifecycleSql(SqlBase):
         for run_id in plan.runs:
             c.execute("DELETE FROM runs WHERE id = ?", (run_id,))
         for session in plan.sessions:
+            self._unfork_children(c, session)
             c.execute("DELETE FROM sessions WHERE id = ?", (session,))
+
+    @staticmethod
+    def _unfork_children(c: Cursor, session: str) -> None:
+        """Before a session goes, its forks inherit from its parent instead (within both
+        bounds), or from nothing: its own rows are a gap in their views."""
+        c.execute(
+            "SELECT parent, fork_seq, fork_ord, fork_note FROM sessions WHERE id = ?", (session,)
+        )
+        up = c.fetchone()
+        c.execute(
+            "SELECT id, fork_seq, fork_ord, fork_note FROM sessions WHERE parent = ?", (session,)
+        )
+        for child, fseq, ford, fnote in c.fetchall():
+            if up is None or up[0] is None:
+                c.execute("UPDATE sessions SET parent = NULL WHERE id = ?", (child,))
+                continue
+            c.execute(
+                "UPDATE sessions SET parent = ?, fork_seq = ?, fork_ord = ?, fork_note = ? "
+                "WHERE id = ?",
+                (
+                    up[0],
+                    min(int(fseq), int(up[1])),
+                    min(int(ford), int(up[2])),
+                    min(int(fnote), int(up[3])),
+                    child,
+                ),
+            )
 
     def _after_erase(self) -> None:
         """The engine's part after an erasure commits (SQLite: merge the text index, truncate
