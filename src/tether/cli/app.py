@@ -57,6 +57,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "worker",
         "Claim queued runs (oldest first, one live run per session) and execute them.",
     ),
+    "fork": (
+        "lifecycle_cmd",
+        "fork",
+        "Begin a new session as SESSION up to the end of a run, by reference (nothing copied).",
+    ),
     "erase": (
         "lifecycle_cmd",
         "erase",

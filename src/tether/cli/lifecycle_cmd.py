@@ -1,4 +1,4 @@
-"""``tether erase`` and ``tether retention apply`` (DESIGN §3.15)."""
+"""``tether fork``, ``tether erase`` and ``tether retention apply`` (DESIGN §3.15)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tether.ledger.lifecycle import (
 )
 from tether.pi.launch import runs_dir
 
-__all__ = ["erase", "retention_app"]
+__all__ = ["erase", "fork", "retention_app"]
 
 retention_app = typer.Typer(
     rich_markup_mode=None,  # help text is plain: "[retention]" is not markup
@@ -64,6 +64,32 @@ def _ranges(seqs: list[int]) -> str:
         prev = s
     parts.append(f"{start}..{prev}" if prev != start else str(start))
     return ", ".join(parts)
+
+
+@command
+def fork(
+    session: Annotated[str, typer.Option("--session", "-s", help="The session to fork.")],
+    at: Annotated[str, typer.Option("--at", help="The run whose end the fork begins at.")],
+    new: Annotated[str, typer.Option("--new", "-n", help="The new session's id.")],
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Begin a new session as SESSION up to the end of a run, by reference (nothing copied).
+
+    Views, recall and exports of the new session see those rows and its own; its runs,
+    checkpoints and notes are its own; SESSION is unchanged.
+
+    Example: tether fork -s s1 --at r-1a2b3c -n s1-retry
+    """
+    _, store = open_configured_ledger(config, ledger)
+    with store:
+        made = store.fork_session(session, at, new)
+        inherited = store.last_seq(made.id)
+    if as_json:
+        print(json.dumps({"session": made.id, "from": session, "at_run": at, "seq": inherited}))
+    else:
+        print(f"session {made.id}: {session} up to row {inherited} (the end of run {at})")
 
 
 @command

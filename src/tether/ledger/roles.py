@@ -237,7 +237,12 @@ class Interchange(Protocol):
 
 
 class Lifecycle(Protocol):
-    """Erasure and its receipts, and the sessions retention erases (DESIGN §3.15)."""
+    """Forks, erasure and its receipts, and the sessions retention erases (DESIGN §3.15)."""
+
+    def fork_session(
+        self, session_id: str, at_run: str, new_id: str, *, created: str | None = ...
+    ) -> Session: ...
+    def fork_of(self, session_id: str) -> tuple[str, int] | None: ...
 
     def plan_erasure(self, selector: Selector) -> ErasePlan: ...
     def erase(

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tether.admission import admit_request
 from tether.errors import (
+    AlreadyExists,
     ConfigError,
     NotFound,
     RecallError,
@@ -444,6 +445,40 @@ async def post_note(
 
 
 # -- lifecycle (DESIGN §3.15) ------------------------------------------------------------------
+
+
+class ForkIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    at_run: RunId
+    """The run whose end the fork begins at."""
+    session: SessionId
+    """The new session's id."""
+
+
+@router.post(
+    "/sessions/{session}/fork",
+    status_code=status.HTTP_201_CREATED,
+    summary="Begin a new session as this one up to the end of a run, by reference",
+)
+async def post_fork(
+    session: SessionId, body: ForkIn, who: CallerDep, st: StateDep
+) -> dict[str, Any]:
+    """The caller must be admitted to the session; the fork's inherited rows are admitted to
+    whoever may read them in the session, no more (their sources are the same)."""
+    await blocking(session_or_404, st.ledger, session, who)
+    try:
+        made = await blocking(st.ledger.fork_session, session, body.at_run, body.session)
+    except AlreadyExists:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"session {body.session} already exists; pick another id"
+        ) from None
+    except NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    except UsageError as exc:
+        raise HTTPException(UNPROCESSABLE, str(exc)) from None
+    last = await blocking(st.ledger.last_seq, made.id)
+    return {"session": made.id, "from": session, "at_run": body.at_run, "seq": last}
 
 
 class EraseIn(BaseModel):
