@@ -198,10 +198,17 @@ class LifecycleSql(SqlBase):
         if last is None:
             raise UsageError(f"run {at_run} wrote no rows; fork at a run that did")
         fork_seq = int(last[0])
-        # The notes written by the end of the run (note ids grow with time, as runs' ords do).
-        c.execute("SELECT max(id) FROM notes WHERE session = ? AND at <= ?", (run[0], run[3] or ""))
-        found = c.fetchone()
-        fork_note = min(int(found[0]) if found and found[0] is not None else 0, seg.max_note)
+        # The notes of the view written by the end of the run: note ids grow with time (as
+        # runs' ords do), so the newest of them is a bound on ids for every level.
+        fork_note = 0
+        for s in segments:
+            c.execute(
+                "SELECT max(id) FROM notes WHERE session = ? AND id <= ? AND at <= ?",
+                (s.session, s.max_note, run[3] or ""),
+            )
+            found = c.fetchone()
+            if found and found[0] is not None:
+                fork_note = max(fork_note, int(found[0]))
         c.execute(
             "INSERT INTO sessions (id, created, extra, last_seq, parent, fork_seq, fork_ord, "
             "fork_note) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
