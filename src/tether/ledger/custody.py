@@ -13,7 +13,7 @@ from tether.errors import AlreadyExists, NotFound, RunNotActive
 from tether.ids import check_id, new_run_id
 from tether.ledger import codec
 from tether.ledger.codec import Cursor
-from tether.ledger.lineage import lineage
+from tether.ledger.lineage import NO_BOUND, lineage
 from tether.ledger.models import (
     ENDED_STATUSES,
     Fence,
@@ -75,10 +75,11 @@ class CustodySql(SessionsSql):
             found: list[Run] = []
             # A fork's inherited runs come first (older), then its own.
             for seg in reversed(lineage(c, session_id)):
+                bound, params = _ord_bound(seg.max_ord)
                 c.execute(
-                    f"SELECT {codec.RUN_COLS} FROM runs WHERE session = ? AND ord <= ? "
+                    f"SELECT {codec.RUN_COLS} FROM runs WHERE session = ?{bound} "
                     "ORDER BY ord LIMIT ?",
-                    (seg.session, seg.max_ord, limit - len(found)),
+                    (seg.session, *params, limit - len(found)),
                 )
                 found += [_as(session_id, codec.run_of(r)) for r in c.fetchall()]
                 if len(found) >= limit:
@@ -433,10 +434,13 @@ class CustodySql(SessionsSql):
             found: list[Run] = []
             # The session's own runs first (the newest), then a fork's inherited ones.
             for seg in lineage(c, session_id):
+                # The bound only where there is one: PostgreSQL's planner would otherwise walk
+                # the primary key instead of runs_ended.
+                bound, params = _ord_bound(seg.max_ord)
                 c.execute(
                     f"SELECT {codec.RUN_COLS} FROM runs WHERE session = ? AND agent = ? "
-                    f"AND status IN {codec.ENDED_IN} AND ord <= ? ORDER BY ord DESC LIMIT ?",
-                    (seg.session, agent, seg.max_ord, limit - len(found)),
+                    f"AND status IN {codec.ENDED_IN}{bound} ORDER BY ord DESC LIMIT ?",
+                    (seg.session, agent, *params, limit - len(found)),
                 )
                 found += [_as(session_id, codec.run_of(r)) for r in c.fetchall()]
                 if len(found) >= limit:
@@ -447,3 +451,7 @@ class CustodySql(SessionsSql):
 def _as(session_id: str, run: Run) -> Run:
     """A run as the session read sees it: an inherited run (a fork's) names the fork."""
     return run if run.session == session_id else dataclasses.replace(run, session=session_id)
+
+
+def _ord_bound(max_ord: int) -> tuple[str, tuple[int, ...]]:
+    return ("", ()) if max_ord >= NO_BOUND else (" AND ord <= ?", (max_ord,))

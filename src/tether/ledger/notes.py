@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from tether.ids import check_id
 from tether.ledger import codec
 from tether.ledger.base import SqlBase
-from tether.ledger.lineage import lineage
+from tether.ledger.lineage import NO_BOUND, lineage
 from tether.ledger.models import (
     Note,
     now_iso,
@@ -63,10 +63,11 @@ class NotesSql(SqlBase):
             total = 0
             # The session's own notes first (the newest), then a fork's inherited ones.
             for seg in lineage(c, session_id):
+                bound, params = _id_bound(seg.max_note)
                 c.execute(
-                    f"SELECT {codec.NOTE_COLS}, bytes FROM notes WHERE session = ? AND agent = ? "
-                    "AND id <= ? ORDER BY id DESC LIMIT ?",
-                    (seg.session, agent, seg.max_note, max_count - len(picked)),
+                    f"SELECT {codec.NOTE_COLS}, bytes FROM notes WHERE session = ? AND agent = ?"
+                    f"{bound} ORDER BY id DESC LIMIT ?",
+                    (seg.session, agent, *params, max_count - len(picked)),
                 )
                 for r in c.fetchall():
                     if total + r[-1] > max_bytes:
@@ -83,10 +84,16 @@ class NotesSql(SqlBase):
         with self._read() as c:
             found: list[Note] = []
             for seg in reversed(lineage(c, session_id)):
+                bound, params = _id_bound(seg.max_note)
                 c.execute(
-                    f"SELECT {codec.NOTE_COLS} FROM notes WHERE session = ? AND id <= ? "
-                    "ORDER BY id",
-                    (seg.session, seg.max_note),
+                    f"SELECT {codec.NOTE_COLS} FROM notes WHERE session = ?{bound} ORDER BY id",
+                    (seg.session, *params),
                 )
                 found += [codec.note_of(session_id, r) for r in c.fetchall()]
             return found
+
+
+def _id_bound(max_note: int) -> tuple[str, tuple[int, ...]]:
+    # The bound only where there is one (a fork's inherited notes): the plain read is the one
+    # the notes_by_agent index serves.
+    return ("", ()) if max_note >= NO_BOUND else (" AND id <= ?", (max_note,))
