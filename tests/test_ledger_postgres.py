@@ -321,7 +321,14 @@ def test_concurrent_first_opens_migrate_once() -> None:
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
                 "ORDER BY tablename"
             ).fetchall()
-        assert [t for (t,) in tables] == ["notes", "rows", "runs", "sessions", "tether_schema"]
+        assert [t for (t,) in tables] == [
+            "erasures",
+            "notes",
+            "rows",
+            "runs",
+            "sessions",
+            "tether_schema",
+        ]
 
 
 def test_a_newer_schema_is_refused() -> None:

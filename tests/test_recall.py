@@ -173,7 +173,12 @@ def test_the_index_follows_imports_and_dumps(ledger: Ledger, tmp_path: Path) -> 
 
 
 def _drop_session_keys(conn: sqlite3.Connection) -> None:
-    """Undo schema 8's index of row heads and schema 7's session numbers and row keys."""
+    """Undo schema 9's forks and erasure receipts, schema 8's index of row heads and schema
+    7's session numbers and row keys."""
+    conn.execute("DROP TABLE erasures")
+    conn.execute("DROP INDEX sessions_by_parent")
+    for col in ("parent", "fork_seq", "fork_ord", "fork_note"):
+        conn.execute(f"ALTER TABLE sessions DROP COLUMN {col}")
     conn.execute("DROP INDEX rows_heads")
     conn.execute("CREATE INDEX rows_sizes ON rows (session, seq, bytes)")
     conn.execute("DROP TRIGGER sessions_num")

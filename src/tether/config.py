@@ -34,6 +34,7 @@ __all__ = [
     "LimitsConfig",
     "NetworkKind",
     "ProviderConfig",
+    "RetentionConfig",
     "SandboxKind",
     "ServiceConfig",
     "TelemetryConfig",
@@ -221,6 +222,8 @@ class ServiceConfig(_Section, frozen=True):
     relay_wait_s: NonNegativeSeconds = 5.0
     """How long a ``steer``/``follow_up`` request waits for the worker holding the live run to
     take it before it is answered as queued (it then becomes the session's next run)."""
+    admins: list[str] = []
+    """Actors that may erase over the API (``POST /v1/erasures``; DESIGN §3.15)."""
     max_body_bytes: Positive | None = None
     """The largest request body the service reads; a larger one is refused with 413 before it
     is read (default: :meth:`Config.body_limit`, room for the largest admissible request)."""
@@ -242,6 +245,15 @@ class TelemetryConfig(_Section, frozen=True):
     as attributes. Off: spans carry sizes, names, times and tether's decisions only."""
 
 
+class RetentionConfig(_Section, frozen=True):
+    """Retention (DESIGN §3.15): sessions idle this long are erased."""
+
+    idle_days: Positive | None = None
+    """Erase a session when its newest activity (created, a run started or ended, a note) is
+    this many days old; unset keeps every session. ``tether retention apply`` applies it, and
+    the service's workers once a day."""
+
+
 class Config(_Section, frozen=True):
     ledger: LedgerConfig = LedgerConfig()
     followup: FollowupConfig = FollowupConfig()
@@ -252,6 +264,7 @@ class Config(_Section, frozen=True):
     custody: CustodyConfig = CustodyConfig()
     service: ServiceConfig = ServiceConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    retention: RetentionConfig = RetentionConfig()
     path: Path | None = None
     """Where this configuration was read from (None for the defaults)."""
 

@@ -59,6 +59,21 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "worker",
         "Claim queued runs (oldest first, one live run per session) and execute them.",
     ),
+    "fork": (
+        "lifecycle_cmd",
+        "fork",
+        "Begin a new session as SESSION up to the end of a run, by reference (nothing copied).",
+    ),
+    "erase": (
+        "lifecycle_cmd",
+        "erase",
+        "Erase a session, or a source and everything derived from it, keeping a receipt.",
+    ),
+    "retention": (
+        "lifecycle_cmd",
+        "retention_app",
+        "Erase sessions idle longer than [retention] idle_days.",
+    ),
     "setup": (
         "setup_cmd",
         "setup",

@@ -4,6 +4,7 @@ reads (the newest ended runs of an agent)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -12,6 +13,7 @@ from tether.errors import AlreadyExists, NotFound, RunNotActive
 from tether.ids import check_id, new_run_id
 from tether.ledger import codec
 from tether.ledger.codec import Cursor
+from tether.ledger.lineage import NO_BOUND, lineage
 from tether.ledger.models import (
     ENDED_STATUSES,
     Fence,
@@ -70,11 +72,19 @@ class CustodySql(SessionsSql):
 
     def runs(self, session_id: str, *, limit: int = 100_000) -> list[Run]:
         with self._read() as c:
-            c.execute(
-                f"SELECT {codec.RUN_COLS} FROM runs WHERE session = ? ORDER BY ord LIMIT ?",
-                (session_id, limit),
-            )
-            return [codec.run_of(r) for r in c.fetchall()]
+            found: list[Run] = []
+            # A fork's inherited runs come first (older), then its own.
+            for seg in reversed(lineage(c, session_id)):
+                bound, params = _ord_bound(seg.max_ord)
+                c.execute(
+                    f"SELECT {codec.RUN_COLS} FROM runs WHERE session = ?{bound} "
+                    "ORDER BY ord LIMIT ?",
+                    (seg.session, *params, limit - len(found)),
+                )
+                found += [_as(session_id, codec.run_of(r)) for r in c.fetchall()]
+                if len(found) >= limit:
+                    break
+            return found
 
     def update_queued_extra(self, run_id: str, extra: dict[str, Any]) -> bool:
         """Merge fields into a run's record while it is still queued; False once it was
@@ -415,21 +425,33 @@ class CustodySql(SessionsSql):
 
     def last_ended_run(self, session_id: str, agent: str) -> Run | None:
         """The newest finished, failed or interrupted run of an agent on a session."""
-        with self._read() as c:
-            c.execute(
-                f"SELECT {codec.RUN_COLS} FROM runs WHERE session = ? AND agent = ? "
-                f"AND status IN {codec.ENDED_IN} ORDER BY ord DESC LIMIT 1",
-                (session_id, agent),
-            )
-            r = c.fetchone()
-        return codec.run_of(r) if r else None
+        found = self.ended_runs(session_id, agent, limit=1)
+        return found[0] if found else None
 
     def ended_runs(self, session_id: str, agent: str, *, limit: int = 32) -> list[Run]:
         """The newest finished, failed or interrupted runs of an agent, newest first."""
         with self._read() as c:
-            c.execute(
-                f"SELECT {codec.RUN_COLS} FROM runs WHERE session = ? AND agent = ? "
-                f"AND status IN {codec.ENDED_IN} ORDER BY ord DESC LIMIT ?",
-                (session_id, agent, limit),
-            )
-            return [codec.run_of(r) for r in c.fetchall()]
+            found: list[Run] = []
+            # The session's own runs first (the newest), then a fork's inherited ones.
+            for seg in lineage(c, session_id):
+                # The bound only where there is one: PostgreSQL's planner would otherwise walk
+                # the primary key instead of runs_ended.
+                bound, params = _ord_bound(seg.max_ord)
+                c.execute(
+                    f"SELECT {codec.RUN_COLS} FROM runs WHERE session = ? AND agent = ? "
+                    f"AND status IN {codec.ENDED_IN}{bound} ORDER BY ord DESC LIMIT ?",
+                    (seg.session, agent, *params, limit - len(found)),
+                )
+                found += [_as(session_id, codec.run_of(r)) for r in c.fetchall()]
+                if len(found) >= limit:
+                    break
+            return found
+
+
+def _as(session_id: str, run: Run) -> Run:
+    """A run as the session read sees it: an inherited run (a fork's) names the fork."""
+    return run if run.session == session_id else dataclasses.replace(run, session=session_id)
+
+
+def _ord_bound(max_ord: int) -> tuple[str, tuple[int, ...]]:
+    return ("", ()) if max_ord >= NO_BOUND else (" AND ord <= ?", (max_ord,))

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from tether.ids import check_id
 from tether.ledger import codec
 from tether.ledger.base import SqlBase
+from tether.ledger.lineage import NO_BOUND, lineage
 from tether.ledger.models import (
     Note,
     now_iso,
@@ -58,24 +59,41 @@ class NotesSql(SqlBase):
     ) -> list[Note]:
         """The newest notes of an agent on a session that fit both bounds, oldest first."""
         with self._read() as c:
-            c.execute(
-                f"SELECT {codec.NOTE_COLS}, bytes FROM notes WHERE session = ? AND agent = ? "
-                "ORDER BY id DESC LIMIT ?",
-                (session_id, agent, max_count),
-            )
             picked: list[Note] = []
             total = 0
-            for r in c.fetchall():
-                if total + r[-1] > max_bytes:
+            # The session's own notes first (the newest), then a fork's inherited ones.
+            for seg in lineage(c, session_id):
+                bound, params = _id_bound(seg.max_note)
+                c.execute(
+                    f"SELECT {codec.NOTE_COLS}, bytes FROM notes WHERE session = ? AND agent = ?"
+                    f"{bound} ORDER BY id DESC LIMIT ?",
+                    (seg.session, agent, *params, max_count - len(picked)),
+                )
+                for r in c.fetchall():
+                    if total + r[-1] > max_bytes:
+                        picked.reverse()
+                        return picked
+                    total += r[-1]
+                    picked.append(codec.note_of(session_id, r))
+                if len(picked) >= max_count:
                     break
-                total += r[-1]
-                picked.append(codec.note_of(session_id, r))
         picked.reverse()
         return picked
 
     def all_notes(self, session_id: str) -> list[Note]:
         with self._read() as c:
-            c.execute(
-                f"SELECT {codec.NOTE_COLS} FROM notes WHERE session = ? ORDER BY id", (session_id,)
-            )
-            return [codec.note_of(session_id, r) for r in c.fetchall()]
+            found: list[Note] = []
+            for seg in reversed(lineage(c, session_id)):
+                bound, params = _id_bound(seg.max_note)
+                c.execute(
+                    f"SELECT {codec.NOTE_COLS} FROM notes WHERE session = ?{bound} ORDER BY id",
+                    (seg.session, *params),
+                )
+                found += [codec.note_of(session_id, r) for r in c.fetchall()]
+            return found
+
+
+def _id_bound(max_note: int) -> tuple[str, tuple[int, ...]]:
+    # The bound only where there is one (a fork's inherited notes): the plain read is the one
+    # the notes_by_agent index serves.
+    return ("", ()) if max_note >= NO_BOUND else (" AND id <= ?", (max_note,))

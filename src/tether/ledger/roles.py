@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tether.ledger.lifecycle import ErasePlan, Erasure, Selector
 from tether.ledger.models import (
     Fence,
     Lease,
@@ -36,6 +37,7 @@ __all__ = [
     "Custody",
     "Interchange",
     "Ledger",
+    "Lifecycle",
     "NoteReads",
     "Notes",
     "RowReads",
@@ -234,6 +236,22 @@ class Interchange(Protocol):
     ) -> None: ...
 
 
+class Lifecycle(Protocol):
+    """Forks, erasure and its receipts, and the sessions retention erases (DESIGN §3.15)."""
+
+    def fork_session(
+        self, session_id: str, at_run: str, new_id: str, *, created: str | None = ...
+    ) -> Session: ...
+    def fork_of(self, session_id: str) -> tuple[str, int] | None: ...
+
+    def plan_erasure(self, selector: Selector) -> ErasePlan: ...
+    def erase(
+        self, selector: Selector, *, actor: str, at: str | None = ...
+    ) -> tuple[Erasure, ErasePlan]: ...
+    def erasures(self, *, limit: int = ...) -> list[Erasure]: ...
+    def idle_sessions(self, before: str, *, limit: int = ...) -> list[str]: ...
+
+
 class ViewReads(Protocol):
     """The bounded reads the follow-up view is built from (DESIGN invariant 9): one session
     record, one latest compaction (by index), one or a few run records, one exact row, a byte-
@@ -280,7 +298,7 @@ class ViewReads(Protocol):
         ...
 
 
-class Ledger(Sessions, Custody, Rows, Notes, Search, Interchange, Protocol):
+class Ledger(Sessions, Custody, Rows, Notes, Search, Interchange, Lifecycle, Protocol):
     """The whole ledger: every role, and the ledger's own handle (its URL, its file, closing
     it). Open one with :func:`tether.ledger.open_ledger`."""
 

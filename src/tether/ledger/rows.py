@@ -13,6 +13,7 @@ from tether.ids import check_id
 from tether.ledger import codec
 from tether.ledger.base import SqlBase
 from tether.ledger.codec import Cursor, encode_row
+from tether.ledger.lineage import NO_BOUND, Segment, lineage, seq_filter
 from tether.ledger.models import (
     Fence,
     NewRow,
@@ -126,21 +127,17 @@ class RowsSql(SqlBase):
             stored_to = min(covers, first - 1)
             if stored_to >= 1:
                 start = 1
-                c.execute(
-                    f"SELECT seq, body FROM rows {self._compactions_hint} "
-                    "WHERE session = ? AND kind = 'compaction' "
-                    "AND seq <= ? ORDER BY seq DESC LIMIT 1",
-                    (session_id, stored_to),
+                segments = lineage(c, session_id)
+                prev = _newest_compaction(
+                    c, self._compactions_hint, segments, stored_to, "seq, body"
                 )
-                prev = c.fetchone()
                 if prev is not None:
                     below = json.loads(prev[1]).get("covers_to")
                     if isinstance(below, int) and not isinstance(below, bool):
                         start = max(1, min(below, int(prev[0]) - 1) + 1)
+                where, params = seq_filter(segments, start, stored_to)
                 c.execute(
-                    "SELECT DISTINCT sources FROM rows WHERE session = ? AND seq >= ? "
-                    "AND seq <= ? AND sources <> '[]'",
-                    (session_id, start, stored_to),
+                    f"SELECT DISTINCT sources FROM rows WHERE {where} AND sources <> '[]'", params
                 )
                 for (text,) in c.fetchall():
                     union.update(json.loads(text))
@@ -154,24 +151,18 @@ class RowsSql(SqlBase):
     def row(self, session_id: str, seq: int) -> Row | None:
         """One exact row, by seq."""
         with self._read() as c:
-            c.execute(
-                f"SELECT {codec.ROW_COLS} FROM rows WHERE session = ? AND seq = ?",
-                (session_id, seq),
-            )
+            where, params = seq_filter(lineage(c, session_id), seq, seq)
+            c.execute(f"SELECT {codec.ROW_COLS} FROM rows WHERE {where}", params)
             r = c.fetchone()
-        return codec.row_of(r) if r else None
+        return _as(session_id, codec.row_of(r)) if r else None
 
     def latest_compaction(self, session_id: str) -> Row | None:
         """The newest compaction row of the session, wherever it lies."""
         with self._read() as c:
-            c.execute(
-                f"SELECT {codec.ROW_COLS} FROM rows {self._compactions_hint} "
-                "WHERE session = ? AND kind = 'compaction' "
-                "ORDER BY seq DESC LIMIT 1",
-                (session_id,),
+            r = _newest_compaction(
+                c, self._compactions_hint, lineage(c, session_id), NO_BOUND, codec.ROW_COLS
             )
-            r = c.fetchone()
-        return codec.row_of(r) if r else None
+        return _as(session_id, codec.row_of(r)) if r else None
 
     def run_first_seq(self, run_id: str) -> int | None:
         """The seq of the first row a run wrote, None when it wrote none (index rows_by_run)."""
@@ -198,12 +189,12 @@ class RowsSql(SqlBase):
         # fresh statistics may fetch the whole range and sort it).
         last = min(last, first + limit - 1)
         with self._read() as c:
+            where, params = seq_filter(lineage(c, session_id), first, last)
             c.execute(
-                f"SELECT {codec.ROW_COLS} FROM rows WHERE session = ? AND seq >= ? AND seq <= ? "
-                "ORDER BY seq LIMIT ?",
-                (session_id, first, last, limit),
+                f"SELECT {codec.ROW_COLS} FROM rows WHERE {where} ORDER BY seq LIMIT ?",
+                (*params, limit),
             )
-            return [codec.row_of(r) for r in c.fetchall()]
+            return [_as(session_id, codec.row_of(r)) for r in c.fetchall()]
 
     def row_sizes(
         self, session_id: str, first: int, last: int, *, limit: int = 1000
@@ -213,10 +204,10 @@ class RowsSql(SqlBase):
         before it reads them (:meth:`rows_range`)."""
         last = min(last, first + limit - 1)  # seqs are dense: see rows_range
         with self._read() as c:
+            where, params = seq_filter(lineage(c, session_id), first, last)
             c.execute(
-                "SELECT seq, bytes, sources FROM rows WHERE session = ? AND seq >= ? AND seq <= ? "
-                "ORDER BY seq LIMIT ?",
-                (session_id, first, last, limit),
+                f"SELECT seq, bytes, sources FROM rows WHERE {where} ORDER BY seq LIMIT ?",
+                (*params, limit),
             )
             return [codec.size_of(session_id, *r) for r in c.fetchall()]
 
@@ -236,6 +227,7 @@ class RowsSql(SqlBase):
         with self._read() as c:
             c.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,))
             found = c.fetchone()
+            segments = lineage(c, session_id)
             # Seqs are dense, so each page is a window of TAIL_PAGE seqs below the newest: the
             # read stays bounded whatever plan the database picks for a range. Sizes come first,
             # from the (session, seq, bytes) index, and bodies only for the rows taken: a page
@@ -243,10 +235,10 @@ class RowsSql(SqlBase):
             top = int(found[0]) if found else after
             while top > after:
                 low = max(after, top - TAIL_PAGE)
+                where, params = seq_filter(segments, low + 1, top)
                 c.execute(
-                    "SELECT seq, bytes FROM rows WHERE session = ? AND seq > ? AND seq <= ? "
-                    "ORDER BY seq DESC LIMIT ?",
-                    (session_id, low, top, TAIL_PAGE),
+                    f"SELECT seq, bytes FROM rows WHERE {where} ORDER BY seq DESC LIMIT ?",
+                    (*params, TAIL_PAGE),
                 )
                 stop: int | None = None
                 first = top + 1
@@ -257,12 +249,12 @@ class RowsSql(SqlBase):
                     total += size
                     first = seq
                 if first <= top:
+                    where, params = seq_filter(segments, first, top)
                     c.execute(
-                        f"SELECT {codec.ROW_COLS} FROM rows WHERE session = ? "
-                        "AND seq >= ? AND seq <= ? ORDER BY seq DESC",
-                        (session_id, first, top),
+                        f"SELECT {codec.ROW_COLS} FROM rows WHERE {where} ORDER BY seq DESC",
+                        params,
                     )
-                    taken.extend(map(codec.row_of, c.fetchall()))
+                    taken.extend(_as(session_id, codec.row_of(r)) for r in c.fetchall())
                 if stop is not None:
                     taken.reverse()
                     return TailRead(rows=taken, bytes=total, stop_seq=stop)
@@ -279,3 +271,28 @@ class RowsSql(SqlBase):
             if len(batch) < page:
                 return
             after = batch[-1].seq
+
+
+def _as(session_id: str, row: Row) -> Row:
+    """A row as the session read sees it: an inherited row (a fork's) names the fork."""
+    return row if row.session == session_id else row._replace(session=session_id)
+
+
+def _newest_compaction(
+    c: Cursor, hint: str, segments: list[Segment], at_most: int, columns: str
+) -> Any:
+    """The newest compaction row of the view with ``seq <= at_most`` (by index, one segment
+    after another, the session's own first): its ``columns``, or None."""
+    for s in segments:
+        hi = min(s.hi, at_most)
+        if hi < s.lo:
+            continue
+        c.execute(
+            f"SELECT {columns} FROM rows {hint} WHERE session = ? AND kind = 'compaction' "
+            "AND seq >= ? AND seq <= ? ORDER BY seq DESC LIMIT 1",
+            (s.session, s.lo, hi),
+        )
+        r = c.fetchone()
+        if r is not None:
+            return r
+    return None

@@ -18,6 +18,7 @@ from tether.ledger.ddl.postgres import (
     FTS_SESSION_QUERY,
 )
 from tether.ledger.ddl.sqlite import FTS_KEY_SPAN
+from tether.ledger.lineage import lineage
 from tether.ledger.models import SearchHit
 
 __all__ = ["MAX_SEARCH_WORDS", "RANK_CANDIDATES", "SearchSql"]
@@ -53,12 +54,31 @@ class SearchSql(SqlBase):
         words = words[:MAX_SEARCH_WORDS]
         if not words:
             return []
-        sql, params = self._search_query(
-            words, session_id, (first, last), limit, offset, snippet_chars
-        )
         with self._read() as c:
-            c.execute(sql, params)
-            return [SearchHit(codec.row_of(r), r[11] or "") for r in c.fetchall()]
+            segments = lineage(c, session_id)
+            if len(segments) == 1:
+                sql, params = self._search_query(
+                    words, session_id, (first, last), limit, offset, snippet_chars
+                )
+                c.execute(sql, params)
+                return [SearchHit(codec.row_of(r), r[11] or "") for r in c.fetchall()]
+            # A fork: each segment of its lineage searched (its best limit + offset), ranked
+            # together (the ranks of one index compare), the hits named as the fork's rows.
+            found: list[tuple[float, int, SearchHit]] = []
+            sign = 1.0 if self.engine is Engine.SQLITE else -1.0  # bm25: lower is better
+            for seg in segments:
+                lo, hi = max(first, seg.lo), min(last, seg.hi)
+                if lo > hi:
+                    continue
+                sql, params = self._search_query(
+                    words, seg.session, (lo, hi), limit + offset, 0, snippet_chars
+                )
+                c.execute(sql, params)
+                for r in c.fetchall():
+                    row = codec.row_of(r)._replace(session=session_id)
+                    found.append((sign * float(r[12]), row.seq, SearchHit(row, r[11] or "")))
+        found.sort(key=lambda f: (f[0], f[1]))
+        return [f[2] for f in found[offset : offset + limit]]
 
     def _search_query(
         self,
@@ -71,7 +91,7 @@ class SearchSql(SqlBase):
     ) -> tuple[str, list[Any]]:
         """The ranked search over one session's rows with ``seqs[0] <= seq <= seqs[1]`` (the
         statement and its parameters): columns are :data:`~tether.ledger.codec.ROW_COLUMNS` of
-        ``rows`` and then a snippet, best ranked first."""
+        ``rows``, a snippet and the rank, best ranked first."""
         if self.engine is Engine.SQLITE:
             return _sqlite_query(words, session_id, seqs, limit, offset, snippet_chars)
         return _postgres_query(words, session_id, seqs, limit, offset, snippet_chars)
@@ -95,7 +115,7 @@ def _sqlite_query(
     first, last = max(seqs[0], 0), min(seqs[1], FTS_KEY_SPAN - 1)
     num = "(SELECT num FROM sessions WHERE id = ?)"
     sql = (
-        f"SELECT {_R_COLS}, snippet(rows_fts, 0, '', '', '…', ?) "
+        f"SELECT {_R_COLS}, snippet(rows_fts, 0, '', '', '…', ?), rank "
         "FROM rows_fts JOIN rows r ON r.fts_key = rows_fts.rowid "
         f"WHERE rows_fts MATCH ? AND rows_fts.rowid >= {num} * {FTS_KEY_SPAN} + ? "
         f"AND rows_fts.rowid <= {num} * {FTS_KEY_SPAN} + ? AND r.session = ? "
@@ -136,7 +156,8 @@ def _postgres_query(
         "FROM candidates c JOIN rows r ON r.id = c.id "
         "ORDER BY rank DESC, c.seq LIMIT ? OFFSET ?) "
         f"SELECT {_R_COLS}, ts_headline('simple', left(r.text, {FTS_MAX_CHARS}), "
-        f"{query}, ?) FROM hits JOIN rows r ON r.id = hits.id ORDER BY hits.rank DESC, r.seq"
+        f"{query}, ?), hits.rank FROM hits JOIN rows r ON r.id = hits.id "
+        "ORDER BY hits.rank DESC, r.seq"
     )
     options = f'MaxWords={words_per}, MinWords={words_per // 2}, StartSel="", StopSel=""'
     params = [

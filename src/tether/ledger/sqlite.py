@@ -177,6 +177,9 @@ class SQLiteLedger(SqlLedger):
                 _enter_wal(conn)
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA synchronous = NORMAL")
+            # Freed content is zeroed, so an erased row's text does not linger in free space
+            # (DESIGN §3.15).
+            conn.execute("PRAGMA secure_delete = ON")
             return conn
         except LedgerError:
             if conn is not None:
@@ -276,6 +279,18 @@ class SQLiteLedger(SqlLedger):
                 raise self._error(exc) from exc
             finally:
                 cur.close()
+
+    def _after_erase(self) -> None:
+        # FTS5 records a deletion as a marker in a new segment: merging the index drops the
+        # deleted entries from its segments. Then the WAL, which holds the pages as they were
+        # before the erasure, is copied back and truncated.
+        with self._tx() as c:
+            c.execute("INSERT INTO rows_fts (rows_fts) VALUES ('optimize')")
+        with self._lock:
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)

@@ -18,13 +18,23 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from tether import telemetry
 from tether.admission import admit_request
-from tether.errors import ConfigError, RecallError, SessionRefusing, UsageError
+from tether.errors import (
+    AlreadyExists,
+    ConfigError,
+    NotFound,
+    RecallError,
+    SessionBusy,
+    SessionRefusing,
+    UsageError,
+)
 from tether.followup import Refusal, RefusalReason, Refused, build_view
 from tether.harness.relay import Deliver
 from tether.harness.traces import KEY, queued_context
 from tether.ids import id_problem
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
+from tether.ledger.lifecycle import Selector, SelectorKind, erase_selected
+from tether.pi.launch import runs_dir
 from tether.recall import add_note
 from tether.service.auth import Caller, caller
 from tether.service.state import ServiceState, service_of
@@ -469,3 +479,98 @@ async def post_note(
         "actor": note.actor,
         "run": note.run,
     }
+
+
+# -- lifecycle (DESIGN §3.15) ------------------------------------------------------------------
+
+
+class ForkIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    at_run: RunId
+    """The run whose end the fork begins at."""
+    session: SessionId
+    """The new session's id."""
+
+
+@router.post(
+    "/sessions/{session}/fork",
+    status_code=status.HTTP_201_CREATED,
+    summary="Begin a new session as this one up to the end of a run, by reference",
+)
+async def post_fork(
+    session: SessionId, body: ForkIn, who: CallerDep, st: StateDep
+) -> dict[str, Any]:
+    """The caller must be admitted to the session; the fork's inherited rows are admitted to
+    whoever may read them in the session, no more (their sources are the same)."""
+    await blocking(session_or_404, st.ledger, session, who)
+    try:
+        made = await blocking(st.ledger.fork_session, session, body.at_run, body.session)
+    except AlreadyExists:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"session {body.session} already exists; pick another id"
+        ) from None
+    except NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    except UsageError as exc:
+        raise HTTPException(UNPROCESSABLE, str(exc)) from None
+    last = await blocking(st.ledger.last_seq, made.id)
+    return {"session": made.id, "from": session, "at_run": body.at_run, "seq": last}
+
+
+class EraseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session: SessionId | None = None
+    """Erase this session whole, or"""
+    source: str | None = Field(None, min_length=1, max_length=1000, pattern=r"^[^\n\r]+$")
+    """every row carrying this source, and what derives from them."""
+    dry_run: bool = False
+    """List exactly what would be erased; erase nothing."""
+
+
+def admin_or_403(st: ServiceState, who: Caller) -> None:
+    if who.actor not in st.config.service.admins:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{who.actor} may not erase: only the actors in [service] admins may",
+        )
+
+
+@router.post("/erasures", summary="Erase a session or a source, keeping a receipt (admins)")
+async def post_erasure(body: EraseIn, who: CallerDep, st: StateDep) -> dict[str, Any]:
+    admin_or_403(st, who)
+    if (body.session is None) == (body.source is None):
+        raise HTTPException(UNPROCESSABLE, "give exactly one of session or source")
+    selector = (
+        Selector(SelectorKind.SESSION, body.session)
+        if body.session is not None
+        else Selector(SelectorKind.SOURCE, body.source or "")
+    )
+    try:
+        done = await blocking(
+            lambda: erase_selected(
+                st.ledger,
+                selector,
+                actor=who.actor,
+                runs_dir=runs_dir(st.config),
+                dry_run=body.dry_run,
+            )
+        )
+    except NotFound:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {body.session}") from None
+    except SessionBusy as exc:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"{exc}; nothing was erased: stop the run (or let it end) and erase again",
+        ) from None
+    return done.to_json()
+
+
+@router.get("/erasures", summary="Erasure receipts, newest first (admins)")
+async def get_erasures(
+    who: CallerDep, st: StateDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> dict[str, Any]:
+    admin_or_403(st, who)
+    found = await blocking(st.ledger.erasures, limit=limit)
+    return {"erasures": [e.to_json() for e in found]}

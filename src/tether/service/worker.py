@@ -37,7 +37,9 @@ from tether.harness.custody.placement import owner_id
 from tether.harness.custody.reconcile import reconcile
 from tether.harness.relay import Deliver, LivePi
 from tether.ledger import Fence, Ledger, RunStatus
+from tether.ledger.lifecycle import apply_retention
 from tether.pi.install import PiInstall
+from tether.pi.launch import runs_dir
 from tether.service.hub import LiveHub
 from tether.service.metrics import Metrics
 from tether.threads import in_thread
@@ -46,6 +48,9 @@ __all__ = ["Worker"]
 
 log = logging.getLogger(__name__)
 RELAYED = (Deliver.STEER.value, Deliver.FOLLOW_UP.value)
+RETENTION_ACTOR = "tether:retention"
+"""The actor retention's erasure receipts name."""
+RETENTION_EVERY_S = 86_400.0
 
 
 class Worker:
@@ -121,6 +126,8 @@ class Worker:
             # A run resumed by the reconcile (§3.7) is driven inside it: it finishes before the
             # worker returns.
             runs.start_soon(self._reconcile_loop)
+            if self.config.retention.idle_days is not None:
+                runs.start_soon(self._retention_loop, self.config.retention.idle_days)
             while not self._stopping:
                 if len(self.live) >= self.concurrency:
                     await self._idle(poll)
@@ -226,6 +233,26 @@ class Worker:
                     extra={"delivered_into": live.run, "deliver": how},
                 )
             await anyio.sleep(poll)
+
+    async def _retention_loop(self, idle_days: int) -> None:
+        """Erase sessions idle for ``[retention] idle_days`` (DESIGN §3.15), at start and then
+        once a day (every worker does: the second finds nothing left to erase)."""
+        while not self._stopping:
+            try:
+                done = await in_thread(
+                    apply_retention,
+                    self.ledger,
+                    idle_days,
+                    actor=RETENTION_ACTOR,
+                    runs_dir=runs_dir(self.config),
+                )
+            except TetherError as exc:
+                log.warning("applying retention failed (%s); trying again in a day", exc)
+            else:
+                for d in done:
+                    log.info("retention erased session %s", d.plan.sessions[0])
+            with anyio.move_on_after(RETENTION_EVERY_S):
+                await self._stopped.wait()
 
     async def _reconcile_loop(self) -> None:
         """Reconcile expired leases (§3.7) every third of a lease."""

@@ -137,6 +137,22 @@ MIGRATIONS: list[str] = [
     DROP INDEX rows_fts;
     CREATE INDEX rows_fts ON rows USING gin ({FTS_SESSION_DOCUMENT});
     """,
+    # 8: session lifecycle (DESIGN §3.15): a fork names its parent and the last seq, run (ord)
+    # and note (id) it inherits; erasure receipts (when, by whom, the selector, the counts).
+    """
+    ALTER TABLE sessions ADD COLUMN parent TEXT COLLATE "C";
+    ALTER TABLE sessions ADD COLUMN fork_seq BIGINT;
+    ALTER TABLE sessions ADD COLUMN fork_ord BIGINT;
+    ALTER TABLE sessions ADD COLUMN fork_note BIGINT;
+    CREATE INDEX sessions_by_parent ON sessions (parent) WHERE parent IS NOT NULL;
+    CREATE TABLE erasures (
+        id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at        TEXT COLLATE "C" NOT NULL,
+        actor     TEXT COLLATE "C" NOT NULL,
+        selector  TEXT COLLATE "C" NOT NULL,
+        counts    TEXT COLLATE "C" NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -148,8 +164,13 @@ SCHEMA = f"""
         created   TEXT COLLATE "C" NOT NULL,
         last_seq  BIGINT NOT NULL DEFAULT 0,
         refusing  TEXT COLLATE "C",
-        extra     TEXT COLLATE "C" NOT NULL DEFAULT '{{}}'
+        extra     TEXT COLLATE "C" NOT NULL DEFAULT '{{}}',
+        parent    TEXT COLLATE "C",
+        fork_seq  BIGINT,
+        fork_ord  BIGINT,
+        fork_note BIGINT
     );
+    CREATE INDEX sessions_by_parent ON sessions (parent) WHERE parent IS NOT NULL;
     CREATE TABLE runs (
         ord            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         id             TEXT COLLATE "C" NOT NULL UNIQUE,
@@ -208,4 +229,11 @@ SCHEMA = f"""
         sources  TEXT COLLATE "C" NOT NULL DEFAULT '[]'
     );
     CREATE INDEX notes_by_agent ON notes (session, agent, id);
+    CREATE TABLE erasures (
+        id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at        TEXT COLLATE "C" NOT NULL,
+        actor     TEXT COLLATE "C" NOT NULL,
+        selector  TEXT COLLATE "C" NOT NULL,
+        counts    TEXT COLLATE "C" NOT NULL
+    );
 """

@@ -140,6 +140,22 @@ MIGRATIONS: list[str] = [
     CREATE INDEX rows_heads ON rows (session, seq, bytes, sources);
     DROP INDEX rows_sizes;
     """,
+    # 9: session lifecycle (DESIGN §3.15): a fork names its parent and the last seq, run (ord)
+    # and note (id) it inherits; erasure receipts (when, by whom, the selector, the counts).
+    """
+    ALTER TABLE sessions ADD COLUMN parent TEXT;
+    ALTER TABLE sessions ADD COLUMN fork_seq INTEGER;
+    ALTER TABLE sessions ADD COLUMN fork_ord INTEGER;
+    ALTER TABLE sessions ADD COLUMN fork_note INTEGER;
+    CREATE INDEX sessions_by_parent ON sessions (parent) WHERE parent IS NOT NULL;
+    CREATE TABLE erasures (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        at        TEXT NOT NULL,
+        actor     TEXT NOT NULL,
+        selector  TEXT NOT NULL,
+        counts    TEXT NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -152,9 +168,14 @@ SCHEMA = """
         last_seq  INTEGER NOT NULL DEFAULT 0,
         refusing  TEXT,
         extra     TEXT NOT NULL DEFAULT '{}',
-        num       INTEGER
+        num       INTEGER,
+        parent    TEXT,
+        fork_seq  INTEGER,
+        fork_ord  INTEGER,
+        fork_note INTEGER
     );
     CREATE UNIQUE INDEX sessions_num ON sessions (num);
+    CREATE INDEX sessions_by_parent ON sessions (parent) WHERE parent IS NOT NULL;
     CREATE TRIGGER sessions_num AFTER INSERT ON sessions WHEN new.num IS NULL BEGIN
         UPDATE sessions SET num = (SELECT coalesce(max(num), 0) + 1 FROM sessions)
             WHERE id = new.id;
@@ -228,4 +249,11 @@ SCHEMA = """
         sources  TEXT NOT NULL DEFAULT '[]'
     );
     CREATE INDEX notes_by_agent ON notes (session, agent, id);
+    CREATE TABLE erasures (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        at        TEXT NOT NULL,
+        actor     TEXT NOT NULL,
+        selector  TEXT NOT NULL,
+        counts    TEXT NOT NULL
+    );
 """

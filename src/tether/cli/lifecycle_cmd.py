@@ -1,0 +1,174 @@
+"""``tether fork``, ``tether erase`` and ``tether retention apply`` (DESIGN §3.15)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from typing import Annotated
+
+import typer
+
+from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.exits import Exit, command, err_console, escape
+from tether.errors import SessionBusy, UsageError
+from tether.ledger.lifecycle import (
+    Erased,
+    Selector,
+    SelectorKind,
+    apply_retention,
+    erase_selected,
+)
+from tether.pi.launch import runs_dir
+
+__all__ = ["erase", "fork", "retention_app"]
+
+retention_app = typer.Typer(
+    rich_markup_mode=None,  # help text is plain: "[retention]" is not markup
+    help="Erase sessions idle longer than [retention] idle_days.",
+    no_args_is_help=True,
+)
+
+ActorOpt = Annotated[
+    str | None,
+    typer.Option("--actor", help="Who erases, for the receipt (default: cli:<your user name>)."),
+]
+DryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="List exactly what would be erased; erase nothing.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _actor(given: str | None) -> str:
+    return given or f"cli:{getpass.getuser()}"
+
+
+def _say(done: Erased) -> None:
+    counts = ", ".join(f"{n} {what}" for what, n in done.to_json()["counts"].items() if n)
+    verb = "would erase" if done.receipt is None else "erased"
+    selector = " ".join(f"{k} {v}" for k, v in done.plan.selector.to_json().items())
+    line = f"{verb} {selector}: {counts or 'nothing'}"
+    if done.receipt is not None:
+        line += f" (receipt {done.receipt.id})"
+    print(line)
+    for session, seqs in done.plan.rows.items():
+        print(f"  session {session}: rows {_ranges(seqs)}")
+
+
+def _ranges(seqs: list[int]) -> str:
+    parts: list[str] = []
+    start = prev = seqs[0]
+    for s in seqs[1:]:
+        if s != prev + 1:
+            parts.append(f"{start}..{prev}" if prev != start else str(start))
+            start = s
+        prev = s
+    parts.append(f"{start}..{prev}" if prev != start else str(start))
+    return ", ".join(parts)
+
+
+@command
+def fork(
+    session: Annotated[str, typer.Option("--session", "-s", help="The session to fork.")],
+    at: Annotated[str, typer.Option("--at", help="The run whose end the fork begins at.")],
+    new: Annotated[str, typer.Option("--new", "-n", help="The new session's id.")],
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Begin a new session as SESSION up to the end of a run, by reference (nothing copied).
+
+    Views, recall and exports of the new session see those rows and its own; its runs,
+    checkpoints and notes are its own; SESSION is unchanged.
+
+    Example: tether fork -s s1 --at r-1a2b3c -n s1-retry
+    """
+    _, store = open_configured_ledger(config, ledger)
+    with store:
+        made = store.fork_session(session, at, new)
+        inherited = store.last_seq(made.id)
+    if as_json:
+        print(json.dumps({"session": made.id, "from": session, "at_run": at, "seq": inherited}))
+    else:
+        print(f"session {made.id}: {session} up to row {inherited} (the end of run {at})")
+
+
+@command
+def erase(
+    session: Annotated[
+        str | None, typer.Option("--session", "-s", help="Erase this session whole.")
+    ] = None,
+    source: Annotated[
+        str | None,
+        typer.Option("--source", help="Erase every row carrying this source, and what derives."),
+    ] = None,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+    actor: ActorOpt = None,
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Erase a session, or a source and everything derived from it, keeping a receipt.
+
+    With --source: every row whose sources include it, the rows of a run whose request goes,
+    the checkpoints that cover an erased row, notes that carry it, the answers kept in run
+    records, and the run directories (pi's session files) of the runs touched. Refused while a
+    run is live on an affected session.
+
+    Example: tether erase --source repo:x --dry-run
+    """
+    if (session is None) == (source is None):
+        raise UsageError("give exactly one of --session S or --source SRC")
+    selector = (
+        Selector(SelectorKind.SESSION, session)
+        if session is not None
+        else Selector(SelectorKind.SOURCE, source or "")
+    )
+    cfg, store = open_configured_ledger(config, ledger)
+    with store:
+        try:
+            done = erase_selected(
+                store, selector, actor=_actor(actor), runs_dir=runs_dir(cfg), dry_run=dry_run
+            )
+        except SessionBusy as exc:
+            err_console.print(
+                f"[bold red]refused:[/] {escape(str(exc))}; nothing was erased: stop the run "
+                "(or let it end) and erase again"
+            )
+            raise SystemExit(Exit.REFUSED) from None
+    if as_json:
+        print(json.dumps(done.to_json(), ensure_ascii=False))
+    else:
+        _say(done)
+
+
+@retention_app.command("apply")
+@command
+def apply(
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+    actor: ActorOpt = None,
+    config: ConfigOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Erase every session idle for [retention] idle_days, one receipt each.
+
+    Example: tether retention apply --dry-run
+    """
+    cfg, store = open_configured_ledger(config, ledger)
+    days = cfg.retention.idle_days
+    if days is None:
+        raise UsageError(
+            f"no [retention] idle_days in {cfg.path or 'the configuration'}: set it to the days "
+            "a session may stay idle before it is erased"
+        )
+    with store:
+        done = apply_retention(
+            store, days, actor=_actor(actor), runs_dir=runs_dir(cfg), dry_run=dry_run
+        )
+    if as_json:
+        print(json.dumps([d.to_json() for d in done], ensure_ascii=False))
+        return
+    for d in done:
+        _say(d)
+    if not done:
+        err_console.print(f"no session idle for {days} days")

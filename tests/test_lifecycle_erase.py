@@ -1,0 +1,196 @@
+"""Erasure and retention in the ledger (DESIGN §3.15), on every backend: what a selector takes
+(and what it leaves), the plan a dry run shows against what goes, receipts, a live run, and the
+sessions retention finds idle."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.config import FollowupConfig
+from tether.errors import NotFound, SessionBusy
+from tether.followup import FollowupView, build_view
+from tether.ledger import Ledger, NewRow, RowKind, RunStatus
+from tether.ledger.lifecycle import Selector, SelectorKind, apply_retention, erase_selected
+
+AGENT = "rev"
+
+
+def _msg(role: str, text: str) -> dict[str, Any]:
+    return {"role": role, "content": [{"type": "text", "text": text}], "timestamp": 1}
+
+
+def _turn(
+    ledger: Ledger, session: str, request: str, answers: list[tuple[str, tuple[str, ...]]]
+) -> str:
+    ledger.ensure_session(session)
+    fence = ledger.claim_run(ledger.create_run(session, AGENT).id)
+    ledger.append(fence, [NewRow.message("user:ana", _msg("user", request))], request=True)
+    ledger.append(
+        fence,
+        [
+            NewRow.message(f"agent:{AGENT}", _msg("assistant", text), sources=src)
+            for text, src in answers
+        ],
+    )
+    ledger.end_run(fence, RunStatus.FINISHED, extra={"answer": answers[-1][0]})
+    return fence.run
+
+
+def _compaction(ledger: Ledger, session: str, covers_to: int) -> int:
+    fence = ledger.claim_run(ledger.create_run(session, AGENT).id)
+    ledger.append(fence, [NewRow.message("user:ana", _msg("user", "go on"))], request=True)
+    [row] = ledger.append(
+        fence,
+        [
+            NewRow(
+                actor=f"agent:{AGENT}",
+                kind=RowKind.COMPACTION,
+                body={"summary": "so far", "covers_to": covers_to, "tokens_before": 1},
+            )
+        ],
+    )
+    ledger.end_run(fence, RunStatus.FINISHED)
+    return row.seq
+
+
+def _seqs(ledger: Ledger, session: str) -> list[int]:
+    return [r.seq for r in ledger.iter_rows(session)]
+
+
+def test_a_source_takes_its_rows_the_checkpoints_over_them_and_its_notes(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    _turn(ledger, "s1", "first", [("plain", ()), ("from x", ("repo:x",))])  # seqs 1-3
+    _turn(ledger, "s1", "second", [("plain again", ("repo:y",))])  # seqs 4-5
+    covering = _compaction(ledger, "s1", covers_to=5)  # request 6, compaction 7
+    assert covering == 7
+    _turn(ledger, "s2", "other", [("not x", ("repo:xy", "x"))])
+    ledger.add_note("s1", AGENT, "from x", sources=["repo:x"])
+    ledger.add_note("s1", AGENT, "kept", sources=["repo:y"])
+
+    selector = Selector(SelectorKind.SOURCE, "repo:x")
+    plan = ledger.plan_erasure(selector)
+    # The row with the source, and the checkpoint that covers it (which carries it too).
+    assert plan.rows == {"s1": [3, 7]}
+    assert plan.checkpoints == {"s1": [7]}
+    assert plan.counts()["notes"] == 1
+    assert plan.runs == []  # no request row carried it
+    assert len(plan.scrubbed_runs) == 2  # the run of row 3 and that of the checkpoint
+
+    receipt, done = ledger.erase(selector, actor="user:op")
+    assert done == plan
+    assert _seqs(ledger, "s1") == [1, 2, 4, 5, 6]
+    assert len(_seqs(ledger, "s2")) == 2
+    assert [n.text for n in ledger.all_notes("s1")] == ["kept"]
+    assert ledger.latest_compaction("s1") is None
+    scrubbed = ledger.get_run(plan.scrubbed_runs[0])
+    assert "answer" not in scrubbed.extra
+    assert scrubbed.extra["erased"] is True
+    assert ledger.erasures()[0] == receipt
+    assert receipt.counts["rows"] == 2
+    # Nothing left to erase: a second erasure plans nothing, and still leaves a receipt.
+    assert ledger.plan_erasure(selector).counts()["rows"] == 0
+
+    view = build_view(
+        ledger,
+        session="s1",
+        agent=AGENT,
+        actor="user:ana",
+        request="and now?",
+        config=FollowupConfig(budget_bytes=100_000),
+        grants={"user:ana": ["*"]},
+    )
+    assert isinstance(view, FollowupView), view
+    assert view.checkpoint is None
+    assert all("from x" not in str(m.message) for m in view.messages)
+
+
+def test_an_erased_request_takes_its_run(ledger: Ledger) -> None:
+    _turn(ledger, "s1", "first", [("a", ())])
+    ledger.ensure_session("s1")
+    fence = ledger.claim_run(ledger.create_run("s1", AGENT).id)
+    ledger.append(
+        fence,
+        [NewRow.message("user:ana", _msg("user", "secret ask"), sources=("doc:p",))],
+        request=True,
+    )
+    ledger.append(fence, [NewRow.message(f"agent:{AGENT}", _msg("assistant", "answer"))])
+    ledger.end_run(fence, RunStatus.FINISHED)
+    plan = ledger.plan_erasure(Selector(SelectorKind.SOURCE, "doc:p"))
+    assert plan.rows == {"s1": [3, 4]}
+    assert plan.runs == [fence.run]
+    ledger.erase(plan.selector, actor="user:op")
+    assert ledger.run(fence.run) is None
+    assert ledger.last_ended_run("s1", AGENT) is not None  # the earlier run is the previous one
+
+
+def test_a_session_goes_whole_with_its_queued_requests(ledger: Ledger, tmp_path: Path) -> None:
+    run_id = _turn(ledger, "s1", "first", [("a", ())])
+    queued, _ = ledger.enqueue_run("s1", AGENT, text="later", actor="user:ana")
+    _turn(ledger, "s2", "other", [("b", ())])
+    ledger.add_note("s1", AGENT, "n")
+    (tmp_path / "runs" / run_id).mkdir(parents=True)
+    (tmp_path / "runs" / run_id / "session.jsonl").write_text("x")
+
+    dry = erase_selected(
+        ledger,
+        Selector(SelectorKind.SESSION, "s1"),
+        actor="user:op",
+        runs_dir=tmp_path / "runs",
+        dry_run=True,
+    )
+    assert dry.receipt is None
+    assert dry.plan.queued == [queued.id]
+    assert dry.run_dirs == [run_id]
+    assert ledger.session("s1") is not None
+
+    done = erase_selected(
+        ledger, Selector(SelectorKind.SESSION, "s1"), actor="user:op", runs_dir=tmp_path / "runs"
+    )
+    assert done.plan == dry.plan
+    assert done.run_dirs == [run_id]
+    assert not (tmp_path / "runs" / run_id).exists()
+    assert ledger.session("s1") is None
+    assert ledger.run(queued.id) is None
+    assert ledger.all_notes("s1") == []
+    assert len(_seqs(ledger, "s2")) == 2
+    assert done.receipt is not None
+    assert done.receipt.counts == {**dry.plan.counts()}
+    with pytest.raises(NotFound):
+        ledger.plan_erasure(Selector(SelectorKind.SESSION, "s1"))
+
+
+def test_a_live_run_refuses_the_erasure_and_nothing_goes(ledger: Ledger) -> None:
+    _turn(ledger, "s1", "first", [("a", ("repo:x",))])
+    live = ledger.claim_run(ledger.create_run("s1", AGENT).id)
+    with pytest.raises(SessionBusy) as caught:
+        ledger.erase(Selector(SelectorKind.SOURCE, "repo:x"), actor="user:op")
+    assert caught.value.live == live.run
+    assert _seqs(ledger, "s1") == [1, 2]
+    assert ledger.erasures() == []
+
+
+def test_retention_erases_idle_sessions_only(ledger: Ledger, tmp_path: Path) -> None:
+    old = "2026-01-01T00:00:00.000000Z"
+    ledger.create_session("idle", created=old)
+    ledger.create_session("busy", created=old)
+    ledger.enqueue_run("busy", AGENT, text="waiting", actor="user:ana")
+    ledger.create_session("noted", created=old)
+    ledger.add_note("noted", AGENT, "recent")
+    _turn(ledger, "fresh", "now", [("a", ())])
+    now = datetime.datetime.now(datetime.UTC)
+
+    dry = apply_retention(
+        ledger, 30, actor="tether:retention", runs_dir=tmp_path, now=now, dry_run=True
+    )
+    assert [d.plan.sessions for d in dry] == [["idle"]]
+    assert ledger.session("idle") is not None
+    done = apply_retention(ledger, 30, actor="tether:retention", runs_dir=tmp_path, now=now)
+    assert [d.plan for d in done] == [d.plan for d in dry]
+    assert ledger.session("idle") is None
+    assert {s.id for s in ledger.sessions()} == {"busy", "noted", "fresh"}
+    assert ledger.erasures()[0].selector == {"session": "idle"}
