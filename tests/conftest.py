@@ -21,12 +21,12 @@ import pytest
 import pg
 from pg import postgres_url
 from provider import scripted_provider  # noqa: F401  (fixture; tests/provider.py)
+from support.tier import UNIT_TIER
 from tether.harness.run import execute_run
 from tether.ledger import Ledger, open_ledger
 from tether.pi.install import find_pi
 from tether.pi.launch import PiLaunch
 
-UNIT_TIER = os.environ.get("TETHER_TEST_TIER") == "unit"
 if UNIT_TIER:
     os.environ["TETHER_PI"] = "/nonexistent/the-unit-tier-starts-no-pi/cli.js"
     os.environ["TETHER_NODE"] = "/nonexistent/the-unit-tier-starts-no-node"
