@@ -6,7 +6,8 @@ here, from what it uses (below), so that no test file has to say it. ``make test
 unit tier, ``TETHER_TEST_TIER=unit`` with ``-m "not slow and not pi and not postgres"``; in that
 tier pi and the database are made unreachable (``TETHER_PI`` names no file, the PostgreSQL URL a
 closed port), so a test that needs them and was not marked fails there instead of passing by
-luck. ``make test`` runs every tier.
+luck; property tests run fewer examples there (``tests/support/tier.py``). ``make test`` runs
+every tier at full size.
 """
 
 from __future__ import annotations
