@@ -75,8 +75,12 @@ test: lint typecheck pytest
 # The inner loop: ruff and the unit tier, which needs neither Node nor PostgreSQL. tests/conftest.py
 # marks the tests that start pi (`pi`) or use PostgreSQL (`postgres`) from what they use, and in
 # this tier (TETHER_TEST_TIER=unit) makes both unreachable, so that a test left unmarked fails.
+# Property tests run fewer examples here (tests/support/tier.py). Bytecode caches are written even
+# where the environment says not to (containers often set PYTHONDONTWRITEBYTECODE): without them
+# each worker recompiles and re-rewrites every module, about 7 s of CPU a run.
 test-fast: lint-python
-	TETHER_TEST_TIER=unit $(BIN)/pytest -n 2 --dist loadgroup -m "not slow and not pi and not postgres"
+	PYTHONDONTWRITEBYTECODE= TETHER_TEST_TIER=unit $(BIN)/pytest -n 2 --dist loadgroup \
+	  -m "not slow and not pi and not postgres"
 
 fmt: install
 	$(BIN)/ruff format src tests bench

@@ -6,7 +6,8 @@ here, from what it uses (below), so that no test file has to say it. ``make test
 unit tier, ``TETHER_TEST_TIER=unit`` with ``-m "not slow and not pi and not postgres"``; in that
 tier pi and the database are made unreachable (``TETHER_PI`` names no file, the PostgreSQL URL a
 closed port), so a test that needs them and was not marked fails there instead of passing by
-luck. ``make test`` runs every tier.
+luck; property tests run fewer examples there (``tests/support/tier.py``). ``make test`` runs
+every tier at full size.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import pytest
 import pg
 from pg import postgres_url
 from provider import scripted_provider  # noqa: F401  (fixture; tests/provider.py)
+from support.tier import UNIT_TIER
 from tether.harness.run import execute_run
 from tether.ledger import Ledger, open_ledger
 from tether.pi.install import find_pi
 from tether.pi.launch import PiLaunch
 
-UNIT_TIER = os.environ.get("TETHER_TEST_TIER") == "unit"
 if UNIT_TIER:
     os.environ["TETHER_PI"] = "/nonexistent/the-unit-tier-starts-no-pi/cli.js"
     os.environ["TETHER_NODE"] = "/nonexistent/the-unit-tier-starts-no-node"

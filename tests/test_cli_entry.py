@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from support import Reply, ScriptedProvider, ToolCall, run_args, start_tether, tether, wait_for
+from support.tier import examples
 from test_launch import alive, make_config, placement
 from tether.cli import entry, run_start
 from tether.cli.app import app, load_command
@@ -109,7 +110,7 @@ def run_argv(draw: st.DrawFn) -> list[str]:
     return argv
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300, unit=50), deadline=None)
 @given(run_argv())
 def test_a_head_start_is_made_only_for_what_the_command_reads_the_same_way(
     argv: list[str],
@@ -170,7 +171,7 @@ def before_run(draw: st.DrawFn) -> list[str]:
     return words
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200, unit=40), deadline=None)
 @given(before_run(), run_argv())
 def test_options_before_run_are_read_as_the_cli_reads_them(
     before: list[str], argv: list[str]

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.tier import examples
 from tether.config import parse_config
 from tether.errors import ConfigError
 from tether.ids import MAX_ID_CHARS, id_problem
@@ -30,7 +31,7 @@ def _toml(agent: str) -> str:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300, unit=60), deadline=None)
 @given(NAMES)
 def test_an_agent_name_is_refused_exactly_when_it_is_no_id(name: str) -> None:
     text = _toml(name)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from followup_sessions import (
@@ -203,6 +204,7 @@ def test_a_single_row_gap_is_named_as_one_row(tmp_path: Path) -> None:
     assert f'recall({{"from":{hidden},"to":{hidden}}})' in notice
 
 
+@pytest.mark.slow  # 8 tether processes; the tests above view through the CLI in-process
 def test_sessions_like_pis_use_the_budget_through_the_entry_point(tmp_path: Path) -> None:
     """Generated like pi's real sessions (long tool-heavy turns, few user messages, pi's own
     compactions mid-run), loaded and viewed by the installed entry point, as a user would."""

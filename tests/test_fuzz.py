@@ -15,6 +15,7 @@ import anyio.lowlevel
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from support.tier import examples
 from tether.config import Config, parse_config
 from tether.errors import ConfigError, InterchangeError
 from tether.ledger import open_ledger
@@ -28,7 +29,9 @@ EXAMPLE = Path(__file__).parent.parent / "src" / "tether" / "examples" / "review
 GOOD_LINES = EXAMPLE.read_bytes().splitlines()
 RECORDS = [json.loads(line) for line in GOOD_LINES]
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=examples(300, unit=60), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 _BIG = "@@BIG@@"
 _DEEP = "@@DEEP@@"
@@ -356,7 +359,7 @@ class _LinesTransport:
         return ""
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60, unit=20), deadline=None)
 @given(st.lists(st.one_of(st.binary(max_size=200), st.sampled_from(HOSTILE_LINES)), max_size=8))
 def test_the_rpc_client_reads_past_any_line(lines: list[bytes]) -> None:
     """Hostile lines are reported as stray output; the client reads on to the end of the

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.tier import examples
 from tether.errors import InterchangeError
 from tether.ledger import Ledger, open_ledger
 from tether.ledger.jsonl import dump_session, load_file, load_lines
@@ -190,7 +191,9 @@ def sessions(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60, unit=12),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(sessions())
 def test_generated_sessions_round_trip(ledger: Ledger, recs: list[dict[str, Any]]) -> None:

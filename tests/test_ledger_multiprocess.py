@@ -96,6 +96,7 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow  # 8 spawned processes: too long for make test-fast; make test runs it
 def test_fencing_and_dense_seqs_across_processes(shared_url: str, tmp_path: Path) -> None:
     with open_ledger(shared_url) as ledger:
         for s in range(SESSIONS):
@@ -189,6 +190,7 @@ def first_open(url: str, barrier: Barrier) -> None:
         ledger.ensure_session("s")
 
 
+@pytest.mark.slow  # 8 spawned processes: too long for make test-fast; make test runs it
 def test_processes_opening_a_new_ledger_at_once_migrate_it_once(shared_url: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(WORKERS)

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.tier import examples
 from tether.interop import import_pi
 from tether.ledger import Ledger, RowKind, open_ledger
 from tether.mirror.entries import Actors
@@ -209,7 +210,9 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("generated")
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(150, unit=30), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(entries=session_files())
 def test_generated_entries_imported_and_mirrored_are_the_same_rows(
     entries: list[dict[str, Any]], store: Ledger, scratch: Path
@@ -218,7 +221,7 @@ def test_generated_entries_imported_and_mirrored_are_the_same_rows(
     assert imported(path, store) == mirrored(path, store)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150, unit=30), deadline=None)
 @given(message=messages(), stamp=stamps)
 def test_an_exported_message_is_the_message_pi_builds_from_its_entry(
     message: dict[str, Any], stamp: Any

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service_support import Served, auth, serve, write_config
+from support.tier import examples
 from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
 
 MSG = {"role": "user", "content": [{"type": "text", "text": "hello"}], "timestamp": 1}
@@ -452,7 +453,7 @@ def test_arbitrary_ids_and_json_bodies_never_give_a_5xx(tmp_path: Path) -> None:
     with serve(tmp_path, config, workers=0) as s:
 
         @settings(
-            max_examples=300,
+            max_examples=examples(300, unit=50),
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         )
