@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
+from support import start_tether
 from support import tether as run_tether
 from tether.model import ModelServer, find_model, write_local_config
+from tether.pi.agentdir import NO_KEY
 from tether.processes import start_time
+from tether.sandbox.bwrap import PROVIDER_ORIGIN
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("local-model")]
 
@@ -196,3 +203,106 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
     for gap in view["gaps"]:
         assert 1 <= gap["from"] <= gap["to"] <= seqs[-1]
         assert gap["why"] in ("budget", "withheld")
+
+
+def _run_files(runs: Path, deadline: float) -> tuple[Path, str, dict[str, Any]]:
+    """While the run is live: its directory, the first line of its log and its ``models.json``
+    (a run that ends well takes its directory with it)."""
+    while time.monotonic() < deadline:
+        for run_dir in runs.glob("r-*"):
+            log, models = run_dir / "pi.log", run_dir / "agent" / "models.json"
+            try:
+                first = log.read_text(encoding="utf-8").split("\n", 1)[0]
+                declared = json.loads(models.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if first:
+                return run_dir, first, declared
+        time.sleep(0.05)
+    raise AssertionError(f"no run directory with a log and models.json appeared in {runs}")
+
+
+@pytest.mark.timeout(600)
+def test_a_run_on_the_local_model_is_sandboxed_behind_the_forwarder(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    # The default config `tether model config` writes: sandbox "bwrap", network "provider" (pi's
+    # own network namespace, where the model server's loopback port does not exist).
+    write_local_config(
+        tmp_path / "tether.toml",
+        server.base_url,
+        ledger_url=f"sqlite:{tmp_path}/ledger.db",
+        agent=AGENT,
+        max_tokens=64,
+        deadline_s=DEADLINE_S,
+    )
+    args = ["run", "-s", "s1", "-a", AGENT, "--actor", ACTOR, "--json", "Say hello."]
+    proc = start_tether(*args, cwd=tmp_path)
+    try:
+        run_dir, first_line, models = _run_files(
+            tmp_path / ".tether" / "runs", time.monotonic() + 120
+        )
+        assert first_line.startswith("tether: sandbox bwrap, network provider, limits "), first_line
+        # pi itself runs under bubblewrap (started just after that line is written).
+        assert _sandbox_pids(run_dir, time.monotonic() + 60), f"no bwrap process for {run_dir}"
+        # Written with a placeholder origin, which the relay inside replaces with its own
+        # loopback address before pi reads the file.
+        assert models["providers"]["local"]["baseUrl"].startswith(PROVIDER_ORIGIN + "/"), models
+        models = _relayed_models(run_dir / "agent" / "models.json", time.monotonic() + 60)
+        stdout, stderr = proc.communicate(timeout=DEADLINE_S + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    result = json.loads(stdout)
+    assert result["status"] == "finished", result
+    # The answer came from the model server, which pi's network namespace cannot reach: through
+    # the relay and the forwarder outside.
+    assert isinstance(result["answer"], str), result
+    assert result["answer"].strip(), result
+    # pi was pointed at its relay, never at the model server's port, and holds no key.
+    provider = models["providers"]["local"]
+    relay = urlsplit(provider["baseUrl"])
+    model_port = urlsplit(server.base_url).port
+    assert relay.hostname == "127.0.0.1", provider
+    assert relay.port != model_port, provider
+    assert str(model_port) not in json.dumps(models), models
+    assert provider["apiKey"] == NO_KEY, provider
+
+
+def _relayed_models(path: Path, deadline: float) -> dict[str, Any]:
+    """``models.json`` once the relay has put its address in it."""
+    while time.monotonic() < deadline:
+        try:
+            declared: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            declared = {}
+        if declared and not json.dumps(declared).count(PROVIDER_ORIGIN):
+            return declared
+        time.sleep(0.02)
+    raise AssertionError(f"the relay never wrote its address into {path}")
+
+
+def _sandbox_pids(run_dir: Path, deadline: float) -> list[int]:
+    """The bwrap processes whose binds are in ``run_dir``, once there are any."""
+    bwrap = shutil.which("bwrap")
+    while time.monotonic() < deadline:
+        found = [
+            int(pid)
+            for pid in os.listdir("/proc")
+            if pid.isdigit()
+            and _argv(int(pid))[:1] == [bwrap]
+            and any(arg.startswith(f"{run_dir}/") for arg in _argv(int(pid)))
+        ]
+        if found:
+            return found
+        time.sleep(0.02)
+    return []
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return (Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0")).decode().split("\0")
+    except OSError:
+        return []

@@ -3,9 +3,12 @@
 The live part runs a real pi agent on a real (small) model with no account, key or network: it
 starts the embedded model server (SmolLM2-135M on llama.cpp, from the ``local`` extra), writes a
 config with a follow-up budget small enough that a continuation checkpoint is due after a couple
-of requests, sends follow-ups through ``tether run`` until a checkpoint is written (or refused,
-with its receipt), shows the session's timeline and the view the next follow-up would get, and
-stops the server. It exits 0 once it has shown a checkpoint or a refusal receipt.
+of requests (its agent sandboxed, as every agent is by default: pi runs in bubblewrap and reaches
+the model server only through tether's provider forwarder outside the sandbox), sends follow-ups
+through ``tether run`` until a checkpoint is written (or refused, with its receipt and the
+reason its run's record gives), shows the session's timeline and the view the next follow-up
+would get, and stops the server. It exits 0 once it has shown a checkpoint or a refusal receipt,
+2 when bubblewrap cannot start a sandbox here.
 
 ``python -m tether.demo --example`` shows the bundled example session instead (no model needed):
 a code review with tool calls, a continuation checkpoint and a follow-up.
@@ -28,9 +31,12 @@ from rich.rule import Rule
 from rich.syntax import Syntax
 from rich.text import Text
 
+from tether.config import Config, SandboxKind
 from tether.errors import ModelError
+from tether.ledger import ReceiptReason, open_ledger
 from tether.model import server_available, stop_recorded, write_local_config
 from tether.model.process import read_state
+from tether.sandbox.bwrap import probe
 
 console = Console(highlight=False)
 
@@ -107,6 +113,47 @@ LIVE_REQUESTS = [
 NEXT_REQUEST = "Remind me: what did we decide about negative quantities?"
 
 
+def _sandbox_line(loaded: Config, base_url: str) -> str | None:
+    """What confines the agent's pi, as the config says and this host allows; None when
+    bubblewrap cannot start here (the runs would be refused: the caller says so and stops)."""
+    agent = loaded.agents[LIVE_AGENT]
+    if agent.sandbox is SandboxKind.NONE:
+        return f'[bold yellow]pi runs UNCONFINED[/] (sandbox = "none"): {escape(base_url)} direct'
+    if (problem := probe()) is not None:
+        console.print(
+            f"[bold red]bubblewrap cannot start a sandbox here:[/] {escape(problem)}\n"
+            "install it (`make install` does, as root; Debian: `apt-get install bubblewrap`) and "
+            "allow unprivileged user namespaces, then `make demo` again (docs/security.md)"
+        )
+        return None
+    return (
+        f'pi runs in bubblewrap (sandbox = "bwrap", network = "{agent.network.value}"): its '
+        "models.json points at a relay inside the sandbox, and tether's forwarder outside it "
+        f"reaches the model server at {escape(base_url)}"
+    )
+
+
+REFUSAL_MEANING = {
+    ReceiptReason.CANCELLED: "the checkpoint was called off",
+    ReceiptReason.TRUNCATED: "the model's summary reached its token limit (stop reason length)",
+    ReceiptReason.EMPTY: "the model's summary was empty",
+    ReceiptReason.OVER_BOUND: "the model's summary was over summary_max_bytes",
+    ReceiptReason.PROVIDER_FAILURE: "the summary request to the model failed",
+}
+"""What each refusal reason means; the harness records a ``checkpoint_detail`` only when it
+refused itself, so a refusal of the model's summary is explained from its reason."""
+
+
+def _refusal_why(config: Config, run: str, outcome: str) -> str:
+    """Why the run's checkpoint was refused: its record's detail, else what its reason means."""
+    with open_ledger(config.ledger.url) as ledger:
+        record = ledger.run(run)
+    detail = record.extra.get("checkpoint_detail") if record is not None else None
+    if detail:
+        return str(detail)
+    return REFUSAL_MEANING[ReceiptReason(outcome.removeprefix("refused:"))]
+
+
 def _run_follow_up(config: Path, request: str) -> dict[str, object]:
     args = ["run", "--config", str(config), "--session", LIVE_SESSION, "--agent", LIVE_AGENT]
     args += ["--actor", LIVE_ACTOR, "--json", request]
@@ -153,7 +200,7 @@ def live_session() -> int:
         if server is None:
             raise ModelError(f"`tether model serve` recorded no server in {state}")
         config = LIVE_DIR / "tether.toml"
-        write_local_config(
+        loaded = write_local_config(
             config,
             server.base_url,
             ledger_url=f"sqlite:{LIVE_DIR / 'ledger.db'}",
@@ -165,11 +212,19 @@ def live_session() -> int:
         )
         console.print(Rule(f"2. A config for it ({config}), follow-up budget {LIVE_BUDGET} bytes"))
         console.print(Syntax(config.read_text(encoding="utf-8").strip(), "toml", word_wrap=True))
+        sandbox = _sandbox_line(loaded, server.base_url)
+        if sandbox is None:
+            return 2
+        console.print(sandbox)
         console.print(f"[dim]set-up took {time.monotonic() - began:.1f}s[/]")
         console.print(Rule("3. Follow-ups on one session, each a real pi run through tether"))
-        outcome = "not_needed"
+        outcome, detail = "not_needed", ""
         for request in LIVE_REQUESTS:
-            outcome = str(_run_follow_up(config, request)["checkpoint"])
+            result = _run_follow_up(config, request)
+            outcome = str(result["checkpoint"])
+            if outcome.startswith("refused:"):
+                detail = _refusal_why(loaded, str(result["run"]), outcome)
+                console.print(Text(f"why: {detail}", style="yellow"))
             if outcome != "not_needed":
                 break
         console.print(Rule("4. The session's timeline: requests, answers, and the checkpoint"))
@@ -202,9 +257,8 @@ def live_session() -> int:
     if outcome.startswith("refused:"):
         console.print(
             f"[bold yellow]The checkpoint was refused ({outcome.removeprefix('refused:')})[/]: no "
-            "summary was stored (the run's `checkpoint_detail` says why: the tiny model's summary, "
-            "or pi itself); the receipt is in the timeline, and the next follow-up falls back to "
-            "the exact previous request and the recent exchanges."
+            f"summary was stored ({escape(detail)}); the receipt is in the timeline, and the next "
+            "follow-up falls back to the exact previous request and the recent exchanges."
         )
         return 0
     console.print("[bold red]No checkpoint was due[/]: the working view never exceeded the budget.")
