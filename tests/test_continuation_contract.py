@@ -80,7 +80,8 @@ def test_the_refusal_reasons_are_the_ledgers_closed_set(extension: dict[str, Any
 
 def test_the_extension_takes_the_harness_markers(extension: dict[str, Any]) -> None:
     ours, retried, newer = extension["parsed"]
-    assert ours == {"kind": "ours", "marker": {"run": "r-1", "maxBytes": 600}}
+    # A marker without anchors_max_bytes (none asked for) parses as 0: no anchors stored.
+    assert ours == {"kind": "ours", "marker": {"run": "r-1", "maxBytes": 600, "anchorsMaxBytes": 0}}
     assert retried["kind"] == "ours"
     assert retried["marker"]["retry"] == {
         "enabled": True,

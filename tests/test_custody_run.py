@@ -277,7 +277,7 @@ def test_several_tether_runs_race_on_postgresql_without_two_live_runs(
 def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
-    in_tool = tmp_path / "in-tool"
+    in_tool = tmp_path / "work" / "in-tool"  # in the workdir: the sandboxed tool may write there
     provider = scripted_provider(by_request(lambda asked: f"touch {in_tool}; sleep 3; echo slept"))
     cfg = write_config(tmp_path, provider.url)
     proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
@@ -506,7 +506,7 @@ def test_when_pi_is_killed_its_tool_processes_end_too(
 def test_sighup_and_sigterm_are_soft_stops(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
-    in_tool = tmp_path / "in-tool"
+    in_tool = tmp_path / "work" / "in-tool"  # in the workdir: the sandboxed tool may write there
     provider = scripted_provider(by_request(lambda asked: f"touch {in_tool}; sleep 30"))
     cfg = write_config(tmp_path, provider.url)
     for sig, session in ((signal.SIGHUP, "s1"), (signal.SIGTERM, "s2")):

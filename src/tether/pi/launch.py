@@ -153,6 +153,8 @@ def pi_command(
         session_dir = private_dir(run_dir / SESSION_DIR)
         link = run_dir / "session.jsonl"
         if not link.is_symlink():
+            if link.exists():  # written already (a child pi's run prepares before its command)
+                os.replace(link, session_dir / "session.jsonl")
             link.symlink_to(Path(SESSION_DIR) / "session.jsonl")
     key_extensions = () if sandboxed else keys.extensions
     argv = pi_argv(
