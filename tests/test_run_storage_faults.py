@@ -71,11 +71,12 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 
 def _fill(where: Path) -> Path:
     ballast = where / "ballast"
-    with ballast.open("wb") as f:
+    # Unbuffered: a buffered file keeps the bytes the full disk refused and raises ENOSPC again
+    # when it is closed, out of the provider's script (pi then retries the request).
+    with ballast.open("wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError:
             pass
     return ballast
