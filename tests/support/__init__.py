@@ -1,7 +1,7 @@
 """What the tests share: the ``tether`` program as a subprocess (:mod:`support.cli`), a
 ``tether.toml`` builder (:mod:`support.config`), a wait for a condition with a deadline
 (:mod:`support.wait`), filesystems a test makes (:mod:`support.fs`), the service's test config
-(:mod:`support.service`) and the scripted provider
+(:mod:`support.service`), lines of a session file (:mod:`support.interchange`) and the scripted provider
 (``tests/provider.py``, every name of it), re-exported."""
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from typing import Any
 __all__ = ["service_config", "text_message"]
 
 
-def text_message(role: str, text: str) -> dict[str, Any]:
-    """A pi message of one text part."""
-    return {"role": role, "content": [{"type": "text", "text": text}], "timestamp": 1}
+def text_message(role: str, text: str, timestamp: int = 1) -> dict[str, Any]:
+    """A pi message of one text part (no usage, no stopReason: what a test writes itself)."""
+    return {"role": role, "content": [{"type": "text", "text": text}], "timestamp": timestamp}
 
 
 def _quoted(items: list[str]) -> str:
