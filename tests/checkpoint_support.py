@@ -33,6 +33,28 @@ BIG_COMMAND = "seq 1 2000"
 """A tool call whose result (about 9 KB) puts the working view over the test budget."""
 
 
+def pi_config(
+    tmp: Path,
+    provider: ScriptedProvider,
+    *,
+    budget: int,
+    agent: AgentConfig,
+    harness: HarnessConfig,
+    ledger_url: str | None = None,
+) -> Config:
+    """The agent ``rev`` as ``agent`` on the scripted provider (``local``, a 64k window), a
+    ``budget``-byte follow-up view, the ledger at ``ledger_url`` or SQLite in ``tmp``."""
+    return Config(
+        ledger=LedgerConfig(url=ledger_url or f"sqlite://{tmp}/ledger.db"),
+        followup=FollowupConfig(budget_bytes=budget),
+        providers={
+            "local": ProviderConfig(base_url=provider.url, context_window=64_000, max_tokens=2048)
+        },
+        agents={AGENT: agent},
+        harness=harness,
+    )
+
+
 def config(
     tmp: Path,
     provider: ScriptedProvider,
@@ -44,23 +66,20 @@ def config(
     stop_grace_s: float = 5,
     ledger_url: str | None = None,
 ) -> Config:
-    return Config(
-        ledger=LedgerConfig(url=ledger_url or f"sqlite://{tmp}/ledger.db"),
-        followup=FollowupConfig(budget_bytes=budget),
-        providers={
-            "local": ProviderConfig(base_url=provider.url, context_window=64_000, max_tokens=2048)
-        },
-        agents={
-            AGENT: AgentConfig(
-                provider="local",
-                model=provider.model,
-                system_prompt=SYSTEM_MARK,
-                tools=["bash"],
-                deadline_s=deadline_s,
-                checkpoint_min_time_s=min_time_s,
-                summary_max_bytes=summary_max_bytes,
-            )
-        },
+    return pi_config(
+        tmp,
+        provider,
+        budget=budget,
+        ledger_url=ledger_url,
+        agent=AgentConfig(
+            provider="local",
+            model=provider.model,
+            system_prompt=SYSTEM_MARK,
+            tools=["bash"],
+            deadline_s=deadline_s,
+            checkpoint_min_time_s=min_time_s,
+            summary_max_bytes=summary_max_bytes,
+        ),
         harness=HarnessConfig(
             runs_dir=tmp / "runs",
             stop_grace_s=stop_grace_s,

@@ -66,14 +66,14 @@ def user(text: str, *, ts: int = 1, image: str | None = None) -> dict[str, Any]:
     return {"role": "user", "content": content, "timestamp": ts}
 
 
-def assistant(text: str, *, ts: int = 1) -> dict[str, Any]:
+def assistant(text: str, *, ts: int = 1, usage: dict[str, Any] = USAGE) -> dict[str, Any]:
     return {
         "role": "assistant",
         "content": [{"type": "text", "text": text}],
         "api": "openai-completions",
         "provider": "local",
         "model": "m",
-        "usage": USAGE,
+        "usage": usage,
         "stopReason": "stop",
         "timestamp": ts,
     }

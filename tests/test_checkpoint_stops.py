@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from checkpoint_support import (
 )
 from provider import Reply, ScriptedProvider, Stall, route
 from tether.clock import ManualClock
+from tether.config import Config
 from tether.errors import SessionRefusing
 from tether.harness.run import RunOutcome
 from tether.harness.stops import StopControl, StopReason
@@ -36,6 +38,9 @@ from tether.ledger import Ledger, RowKind, RunStatus, open_ledger
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
+
+Stopped = tuple[ScriptedProvider, Config, RunOutcome]
+"""The provider, the config and the outcome of a run stopped during its summary."""
 
 
 @pytest.fixture
@@ -90,39 +95,84 @@ def assert_refused_cleanly(ledger: Ledger, outcome: RunOutcome, provider: Script
     assert pi_processes(str(outcome.run_dir)) == []
 
 
-def test_a_soft_stop_aborts_the_summary(
-    scripted_provider: Any, store: Ledger, tmp_path: Path
-) -> None:
+def in_summary(
+    scripted_provider: Any,
+    store: Ledger,
+    tmp_path: Path,
+    act: Callable[[StopControl, ManualClock], object],
+    *,
+    clocked: bool = False,
+    **config_kw: Any,
+) -> Stopped:
+    """A run whose summary stalls; once the summary request is in, ``act(stop, clock)`` with
+    the run's stop control and, when ``clocked``, its clock (else the real clock runs it)."""
     provider = stalled(scripted_provider)
-    cfg = config(tmp_path, provider)
+    cfg = config(tmp_path, provider, **config_kw)
 
     async def main() -> RunOutcome:
-        stop = StopControl()
+        # made in the event loop: both hold anyio events
+        stop, clock = StopControl(), ManualClock()
         return await with_summary_running(
-            store, provider, tmp_path, lambda: stop.soft(), cfg=cfg, stop=stop
+            store,
+            provider,
+            tmp_path,
+            lambda: act(stop, clock),
+            cfg=cfg,
+            stop=stop,
+            clock=clock if clocked else None,
         )
 
-    outcome = anyio.run(main)
+    return provider, cfg, anyio.run(main)
+
+
+def past_the_deadline(
+    scripted_provider: Any, store: Ledger, tmp_path: Path, advance: float
+) -> Stopped:
+    """:func:`in_summary` with a deadline of 100 s (grace 5 s), the clock moved ``advance`` s."""
+    return in_summary(
+        scripted_provider,
+        store,
+        tmp_path,
+        lambda _, clock: clock.advance(advance),
+        clocked=True,
+        deadline_s=100,
+        stop_grace_s=5,
+    )
+
+
+def _soft(scripted_provider: Any, store: Ledger, tmp_path: Path) -> Stopped:
     # The task turn had finished: the run did too; the stop only cut its checkpoint short.
-    assert (outcome.status, outcome.stop_reason) == (RunStatus.FINISHED, StopReason.SOFT_STOP)
-    assert_refused_cleanly(store, outcome, provider)
-    assert store.get_session("s1").refusing is None
+    return in_summary(scripted_provider, store, tmp_path, lambda stop, _: stop.soft())
 
 
-def test_the_deadline_aborts_the_summary(
-    scripted_provider: Any, store: Ledger, tmp_path: Path
+def _deadline(scripted_provider: Any, store: Ledger, tmp_path: Path) -> Stopped:
+    return past_the_deadline(scripted_provider, store, tmp_path, 100.5)
+
+
+def _hard(scripted_provider: Any, store: Ledger, tmp_path: Path) -> Stopped:
+    # pi is dead and its session file was mirrored as it stands: nothing is left unknown.
+    return in_summary(scripted_provider, store, tmp_path, lambda stop, _: stop.stop_hard())
+
+
+@pytest.mark.parametrize(
+    ("stopped", "status", "reason"),
+    [
+        (_soft, RunStatus.FINISHED, StopReason.SOFT_STOP),
+        (_deadline, RunStatus.FINISHED, StopReason.DEADLINE),
+        (_hard, RunStatus.INTERRUPTED, StopReason.HARD_STOP),
+    ],
+    ids=["soft_stop", "deadline", "hard_stop"],
+)
+def test_a_stop_aborts_the_summary(
+    scripted_provider: Any,
+    store: Ledger,
+    tmp_path: Path,
+    stopped: Callable[[Any, Ledger, Path], Stopped],
+    status: RunStatus,
+    reason: StopReason,
 ) -> None:
-    provider = stalled(scripted_provider)
-    cfg = config(tmp_path, provider, deadline_s=100, stop_grace_s=5)
-    clock = ManualClock()
-
-    async def main() -> RunOutcome:
-        return await with_summary_running(
-            store, provider, tmp_path, lambda: clock.advance(100.5), cfg=cfg, clock=clock
-        )
-
-    outcome = anyio.run(main)
-    assert (outcome.status, outcome.stop_reason) == (RunStatus.FINISHED, StopReason.DEADLINE)
+    provider, _, outcome = stopped(scripted_provider, store, tmp_path)
+    assert (outcome.status, outcome.stop_reason) == (status, reason)
     assert_refused_cleanly(store, outcome, provider)
     assert store.get_session("s1").refusing is None
 
@@ -130,17 +180,8 @@ def test_the_deadline_aborts_the_summary(
 def test_idle_not_confirmed_by_the_deadline_keeps_the_answer_and_refuses_the_session(
     scripted_provider: Any, store: Ledger, tmp_path: Path
 ) -> None:
-    provider = stalled(scripted_provider)
-    cfg = config(tmp_path, provider, deadline_s=100, stop_grace_s=5)
-    clock = ManualClock()
-
-    async def main() -> RunOutcome:
-        # Past the deadline and its grace at once: pi's idle cannot have been confirmed in time.
-        return await with_summary_running(
-            store, provider, tmp_path, lambda: clock.advance(1000), cfg=cfg, clock=clock
-        )
-
-    outcome = anyio.run(main)
+    # Past the deadline and its grace at once: pi's idle cannot have been confirmed in time.
+    provider, cfg, outcome = past_the_deadline(scripted_provider, store, tmp_path, 1000)
     assert outcome.answer == ANSWER
     assert outcome.checkpoint.label == "refused:cancelled"
     assert rows_of(store, "s1", RowKind.COMPACTION) == []
@@ -159,25 +200,6 @@ def test_idle_not_confirmed_by_the_deadline_keeps_the_answer_and_refuses_the_ses
     assert refused.returncode == 3, refused.stderr
     cleared = tether("session", "clear", "s1", "--config", str(toml), cwd=tmp_path)
     assert cleared.returncode == 0, cleared.stderr
-    assert store.get_session("s1").refusing is None
-
-
-def test_a_hard_stop_kills_pi_and_writes_no_checkpoint(
-    scripted_provider: Any, store: Ledger, tmp_path: Path
-) -> None:
-    provider = stalled(scripted_provider)
-    cfg = config(tmp_path, provider)
-
-    async def main() -> RunOutcome:
-        stop = StopControl()
-        return await with_summary_running(
-            store, provider, tmp_path, lambda: stop.stop_hard(), cfg=cfg, stop=stop
-        )
-
-    outcome = anyio.run(main)
-    assert (outcome.status, outcome.stop_reason) == (RunStatus.INTERRUPTED, StopReason.HARD_STOP)
-    assert_refused_cleanly(store, outcome, provider)
-    # pi is dead and its session file was mirrored as it stands: nothing is left unknown.
     assert store.get_session("s1").refusing is None
 
 

@@ -105,6 +105,23 @@ def start(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subproces
     )
 
 
+def run_placed(
+    tmp: Path, cfg: Path, store: Ledger, session: str = "s1"
+) -> tuple[subprocess.Popen[str], Run, dict[str, Any]]:
+    """``tether run`` of request ``A`` in ``session``, once the ledger holds the run and pi's
+    placement: the process, the run and the placement."""
+    proc = start(tmp, "run", "--config", str(cfg), "-s", session, "-a", "rev", "--json", "A")
+    try:
+        wait_until(lambda: running_run(store, session), what="the run")
+        run = running_run(store, session)
+        assert run is not None
+        return proc, run, keeper_placement(store, run.id)
+    except BaseException:
+        proc.kill()  # (no run left behind by a failed wait)
+        proc.communicate(timeout=10)
+        raise
+
+
 def by_request(tool_command: Callable[[str], str | None]) -> Callable[[Any], Step]:
     """A script that answers each request by its text: first a bash call (when
     ``tool_command`` gives one), then ``answer to <request>``."""
@@ -280,11 +297,7 @@ def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     in_tool = tmp_path / "work" / "in-tool"  # in the workdir: the sandboxed tool may write there
     provider = scripted_provider(by_request(lambda asked: f"touch {in_tool}; sleep 3; echo slept"))
     cfg = write_config(tmp_path, provider.url)
-    proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
-    wait_until(lambda: running_run(store, "s1"), what="the run")
-    run = running_run(store, "s1")
-    assert run is not None
-    placed = keeper_placement(store, run.id)
+    proc, run, placed = run_placed(tmp_path, cfg, store)
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
     wait_until(in_tool.exists, what="the bash tool to run")
     proc.send_signal(signal.SIGKILL)
@@ -338,11 +351,7 @@ def test_pi_gone_with_its_harness_ends_the_run_harness_lost(
 ) -> None:
     provider = scripted_provider(by_request(lambda asked: "sleep 30"))
     cfg = write_config(tmp_path, provider.url)
-    proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
-    wait_until(lambda: running_run(store, "s1"), what="the run")
-    run = running_run(store, "s1")
-    assert run is not None
-    placed = keeper_placement(store, run.id)
+    proc, run, placed = run_placed(tmp_path, cfg, store)
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
@@ -480,12 +489,8 @@ def test_when_pi_is_killed_its_tool_processes_end_too(
     command = f"setsid sh -c 'sleep 300; : {marker}' & sh -c 'sleep 300; : {marker}-fg'"
     provider = scripted_provider(by_request(lambda asked: command))
     cfg = write_config(tmp_path, provider.url)
-    proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
+    proc, _, placed = run_placed(tmp_path, cfg, store)
     try:
-        wait_until(lambda: running_run(store, "s1"), what="the run")
-        run = running_run(store, "s1")
-        assert run is not None
-        placed = keeper_placement(store, run.id)
         wait_until(lambda: len(descendants_with(marker)) >= 2, what="the tool processes")
         os.kill(placed["pi_pid"], signal.SIGKILL)
         deadline = time.monotonic() + 3  # stop_grace_s
@@ -511,13 +516,7 @@ def test_sighup_and_sigterm_are_soft_stops(
     cfg = write_config(tmp_path, provider.url)
     for sig, session in ((signal.SIGHUP, "s1"), (signal.SIGTERM, "s2")):
         in_tool.unlink(missing_ok=True)
-        proc = start(
-            tmp_path, "run", "--config", str(cfg), "-s", session, "-a", "rev", "--json", "A"
-        )
-        wait_until(lambda s=session: running_run(store, s), what="the run")  # type: ignore[misc]
-        run = running_run(store, session)
-        assert run is not None
-        placed = keeper_placement(store, run.id)
+        proc, run, placed = run_placed(tmp_path, cfg, store, session)
         wait_until(in_tool.exists, what="the bash tool to run")  # pi is well into the run
         proc.send_signal(sig)
         _out, err = proc.communicate(timeout=60)
@@ -535,11 +534,7 @@ def test_a_missing_fifo_disables_the_checkpoint_and_keeps_the_answer(
     big = "seq 1 3000; sleep 2"
     provider = scripted_provider(by_request(lambda asked: big))
     cfg = write_config(tmp_path, provider.url, budget=4000)
-    proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
-    wait_until(lambda: running_run(store, "s1"), what="the run")
-    run = running_run(store, "s1")
-    assert run is not None
-    keeper_placement(store, run.id)
+    proc, run, _ = run_placed(tmp_path, cfg, store)
     fifo = tmp_path / "runs" / run.id / "commands.fifo"
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
     fifo.unlink()

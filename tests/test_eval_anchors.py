@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from support.interchange import one_run_head, row_line
 from tether.eval import Fact, FactKind, Part, named_calls, score_view, scorer
 from tether.followup import FollowupView, build_view
 from tether.followup.messages import ANCHORS_TYPE
@@ -24,40 +25,43 @@ COMMAND = "cat RELEASES.md"
 ERROR = "ERROR E4f2a91: migration 77ab0c failed on table t_9c1e"
 
 
+def _details(*anchors: dict[str, Any]) -> dict[str, Any]:
+    """A continuation checkpoint's details (of run r1) with ``anchors``, none omitted."""
+    return {
+        "continuation": {"version": 1, "run": "r1"},
+        "anchors": {"version": 1, "omitted": 0, "items": list(anchors)},
+    }
+
+
 def _session(secret: bool = True) -> list[dict[str, Any]]:
     """A run that read a SHA (from a row carrying doc:secret when ``secret``) and ran a failing
     check, then a continuation checkpoint whose anchors name those rows."""
     src = ["doc:secret"] if secret else []
 
-    def row(seq: int, actor: str, sources: list[str], **body: Any) -> dict[str, Any]:
-        return {
-            "type": "row",
-            "session": "s1",
-            "seq": seq,
-            "run": "r1",
-            "actor": actor,
-            "sources": sources,
-            **body,
-        }
-
     def msg(role: str, content: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
         return {"role": role, "content": content, "timestamp": 1764410401000, **more}
 
+    def tool_result(
+        seq: int, sources: list[str], call: str, out: str, failed: bool
+    ) -> dict[str, Any]:
+        return row_line(
+            seq,
+            "tool:bash",
+            sources,
+            message=msg(
+                "toolResult",
+                [{"type": "text", "text": out}],
+                toolCallId=call,
+                toolName="bash",
+                isError=failed,
+            ),
+        )
+
     text = [{"type": "text", "text": "Audit the release notes, then run the check."}]
     return [
-        {"type": "session", "id": "s1", "created": "2026-11-29T10:00:00Z"},
-        {
-            "type": "run",
-            "id": "r1",
-            "session": "s1",
-            "agent": "rev",
-            "status": "finished",
-            "request_seq": 1,
-            "started": "2026-11-29T10:00:01Z",
-            "ended": "2026-11-29T10:03:40Z",
-        },
-        row(1, "user:ana", [], message=msg("user", text)),
-        row(
+        *one_run_head(started="2026-11-29T10:00:01Z", ended="2026-11-29T10:03:40Z"),
+        row_line(1, "user:ana", [], message=msg("user", text)),
+        row_line(
             2,
             "agent:rev",
             [],
@@ -80,37 +84,15 @@ def _session(secret: bool = True) -> list[dict[str, Any]]:
                 stopReason="toolUse",
             ),
         ),
-        row(
-            3,
-            "tool:bash",
-            src,
-            message=msg(
-                "toolResult",
-                [{"type": "text", "text": f"- release v1.2.3 was built from commit {SHA}"}],
-                toolCallId="c1",
-                toolName="bash",
-                isError=False,
-            ),
-        ),
-        row(
-            4,
-            "tool:bash",
-            [],
-            message=msg(
-                "toolResult",
-                [{"type": "text", "text": f"{ERROR}\n\nCommand exited with code 3"}],
-                toolCallId="c2",
-                toolName="bash",
-                isError=True,
-            ),
-        ),
-        row(
+        tool_result(3, src, "c1", f"- release v1.2.3 was built from commit {SHA}", False),
+        tool_result(4, [], "c2", f"{ERROR}\n\nCommand exited with code 3", True),
+        row_line(
             5,
             "agent:rev",
             src,
             message=msg("assistant", [{"type": "text", "text": "Done."}], stopReason="stop"),
         ),
-        row(
+        row_line(
             6,
             "agent:rev",
             src,
@@ -119,19 +101,12 @@ def _session(secret: bool = True) -> list[dict[str, Any]]:
                 "continuation": {"version": 1, "run": "r1"},
                 "covers_to": 5,
                 "tokens_before": 900,
-                "details": {
-                    "continuation": {"version": 1, "run": "r1"},
-                    "anchors": {
-                        "version": 1,
-                        "omitted": 0,
-                        "items": [
-                            {"kind": "command", "text": "sh check.sh", "exit": 3, "seq": 4},
-                            {"kind": "error", "text": ERROR, "seq": 4},
-                            {"kind": "sha", "text": SHA, "seq": 3},
-                            {"kind": "command", "text": COMMAND, "exit": 0, "seq": 3},
-                        ],
-                    },
-                },
+                "details": _details(
+                    {"kind": "command", "text": "sh check.sh", "exit": 3, "seq": 4},
+                    {"kind": "error", "text": ERROR, "seq": 4},
+                    {"kind": "sha", "text": SHA, "seq": 3},
+                    {"kind": "command", "text": COMMAND, "exit": 0, "seq": 3},
+                ),
             },
         ),
     ]
@@ -219,20 +194,13 @@ def test_the_mirror_names_each_anchor_by_the_seq_of_its_entry() -> None:
         "summary": "s",
         "firstKeptEntryId": "cp",
         "tokensBefore": 10,
-        "details": {
-            "continuation": {"version": 1, "run": "r1"},
-            "anchors": {
-                "version": 1,
-                "omitted": 0,
-                "items": [
-                    {"kind": "read", "text": "a.py", "entry": "e2"},
-                    {"kind": "sha", "text": SHA, "entry": "nowhere"},  # a notice: no row
-                    {"kind": "url", "text": "https://x.test/a", "entry": "e9"},  # not covered
-                    {"kind": "command", "text": "ls", "exit": 0, "seq": 2},  # carried
-                    {"kind": "error", "text": ERROR, "entry": "e1"},
-                ],
-            },
-        },
+        "details": _details(
+            {"kind": "read", "text": "a.py", "entry": "e2"},
+            {"kind": "sha", "text": SHA, "entry": "nowhere"},  # a notice: no row
+            {"kind": "url", "text": "https://x.test/a", "entry": "e9"},  # not covered
+            {"kind": "command", "text": "ls", "exit": 0, "seq": 2},  # carried
+            {"kind": "error", "text": ERROR, "entry": "e1"},
+        ),
     }
     row = entry_row(entry, Actors(user="user:ana", agent="rev"), covers_to=10, seq_of=seqs.get)
     assert row is not None

@@ -1078,10 +1078,9 @@ def compaction_after_a_checkpoint() -> Scenario:
     return sc
 
 
-def test_a_receipt_after_a_shorter_compaction_is_one_notice_whichever_view() -> None:
-    """The session of :func:`compaction_after_a_checkpoint`, by hand: the view, and the two
-    views the oracle allows for it, which carry the same rows and so must cost the same."""
-    sc = compaction_after_a_checkpoint()
+def view_of(sc: Scenario) -> tuple[FollowupView | Refusal, TailSpy]:
+    """The agent's view of ``sc``'s session for its actor, built through a :class:`TailSpy`
+    (which still says what was read once the ledger is closed)."""
     with load(sc) as ledger:
         reads = TailSpy(ledger)
         view = build_view(
@@ -1093,6 +1092,14 @@ def test_a_receipt_after_a_shorter_compaction_is_one_notice_whichever_view() -> 
             config=MEDIA,
             grants={ACTOR: sc.grants},
         )
+    return view, reads
+
+
+def test_a_receipt_after_a_shorter_compaction_is_one_notice_whichever_view() -> None:
+    """The session of :func:`compaction_after_a_checkpoint`, by hand: the view, and the two
+    views the oracle allows for it, which carry the same rows and so must cost the same."""
+    sc = compaction_after_a_checkpoint()
+    view, reads = view_of(sc)
     assert isinstance(view, FollowupView), view
     # The newest compaction is the newest row of either kind (row 12), with its own coverage.
     assert view.checkpoint is not None
@@ -1133,17 +1140,7 @@ EXAMPLES = 100 if os.environ.get("TETHER_TEST_TIER") == "unit" else 800
 @given(scenarios())
 @example(compaction_after_a_checkpoint())
 def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
-    with load(sc) as ledger:
-        reads = TailSpy(ledger)
-        view = build_view(
-            reads,
-            session="s",
-            agent=AGENT,
-            actor=ACTOR,
-            budget=sc.budget,
-            config=MEDIA,
-            grants={ACTOR: sc.grants},
-        )
+    view, reads = view_of(sc)
     check(sc, view, reads.read_from, reads.probed)
     # What the generated views exercised (shown with --hypothesis-show-statistics).
     if isinstance(view, Refusal):

@@ -17,18 +17,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from checkpoint_support import pi_config
 from pi_rpc import PiRpc
 from provider import Reply, ScriptedProvider, ToolCall, route
 from test_pi_format import imported, mirrored
 from tether.cli.app import app
-from tether.config import (
-    AgentConfig,
-    Config,
-    FollowupConfig,
-    HarnessConfig,
-    LedgerConfig,
-    ProviderConfig,
-)
+from tether.config import AgentConfig, Config, HarnessConfig
 from tether.errors import AlreadyExists, InterchangeError
 from tether.followup import FollowupView, build_view
 from tether.interop import LeftOut, export_pi, import_pi
@@ -131,17 +125,13 @@ def entries(path: Path) -> list[dict[str, Any]]:
 
 
 def config(provider: ScriptedProvider, tmp: Path) -> Config:
-    return Config(
-        ledger=LedgerConfig(url=f"sqlite://{tmp}/ledger.db"),
-        followup=FollowupConfig(budget_bytes=240_000),
-        providers={
-            "local": ProviderConfig(base_url=provider.url, context_window=64_000, max_tokens=2048)
-        },
-        agents={
-            AGENT: AgentConfig(
-                provider="local", model=provider.model, system_prompt="SYS-9d2", tools=["bash"]
-            )
-        },
+    return pi_config(
+        tmp,
+        provider,
+        budget=240_000,
+        agent=AgentConfig(
+            provider="local", model=provider.model, system_prompt="SYS-9d2", tools=["bash"]
+        ),
         # keep only a few tokens, so pi's own compaction keeps a short, recent range
         harness=HarnessConfig(runs_dir=tmp / "runs", keep_recent_tokens=5, reserve_tokens=2048),
     )

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import subprocess
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from support.service import service_config, text_message
 from tether.config import load_config
 from tether.interop.pi_export import export_pi
 from tether.ledger import Ledger, NewRow, RunStatus, open_ledger
@@ -25,16 +25,13 @@ ANA = {"Authorization": "Bearer ana-token"}
 BOB = {"Authorization": "Bearer bob-token"}
 
 
-def _msg(role: str, text: str) -> dict[str, Any]:
-    return {"role": role, "content": [{"type": "text", "text": text}], "timestamp": 1}
-
-
 def _turn(ledger: Ledger, session: str, text: str, sources: tuple[str, ...] = ()) -> str:
     ledger.ensure_session(session)
     fence = ledger.claim_run(ledger.create_run(session, "rev").id)
-    ledger.append(fence, [NewRow.message("user:ana", _msg("user", text))], request=True)
+    ledger.append(fence, [NewRow.message("user:ana", text_message("user", text))], request=True)
     ledger.append(
-        fence, [NewRow.message("agent:rev", _msg("assistant", f"re: {text}"), sources=sources)]
+        fence,
+        [NewRow.message("agent:rev", text_message("assistant", f"re: {text}"), sources=sources)],
     )
     ledger.end_run(fence, RunStatus.FINISHED)
     return fence.run
@@ -42,30 +39,12 @@ def _turn(ledger: Ledger, session: str, text: str, sources: tuple[str, ...] = ()
 
 @pytest.fixture
 def setup(tmp_path: Path) -> Iterator[tuple[TestClient, Ledger, Path, list[str]]]:
-    tokens = "\n".join(
-        f'"{hashlib.sha256(t.encode()).hexdigest()}" = "{a}"'
-        for t, a in (("ana-token", "user:ana"), ("bob-token", "user:bob"))
-    )
-    path = tmp_path / "tether.toml"
-    path.write_text(
-        f"""
-[ledger]
-url = "sqlite://{tmp_path}/ledger.db"
-[harness]
-runs_dir = "{tmp_path}/runs"
-[providers.local]
-base_url = "http://127.0.0.1:9/v1"
-[agents.rev]
-provider = "local"
-model = "m"
-[access.grants]
-"user:ana" = ["*"]
-"user:bob" = ["repo:open/*"]
-[service]
-admins = ["user:ana"]
-[service.tokens]
-{tokens}
-"""
+    path = service_config(
+        tmp_path,
+        grants={"user:ana": ["*"], "user:bob": ["repo:open/*"]},
+        tokens={"ana-token": "user:ana", "bob-token": "user:bob"},
+        admins=["user:ana"],
+        runs_dir=True,
     )
     cfg = load_config(path)
     with open_ledger(cfg.ledger.url) as ledger:

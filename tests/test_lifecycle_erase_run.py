@@ -22,6 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from checkpoint_support import AGENT, config, long_task, rows_of, run
+from followup_sessions import USAGE, assistant, user
 from pg import postgres_url
 from provider import Reply, route
 from tether.config import AccessConfig, Config, RetentionConfig, ServiceConfig
@@ -42,25 +43,10 @@ TETHER = Path(sys.executable).with_name("tether")
 
 
 def _msg(role: str, text: str) -> dict[str, Any]:
+    # no tokens counted: these rows are written by the test, not by a provider
     if role == "assistant":
-        return {
-            "role": "assistant",
-            "content": [{"type": "text", "text": text}],
-            "api": "openai-completions",
-            "provider": "local",
-            "model": "m",
-            "usage": {
-                "input": 0,
-                "output": 0,
-                "cacheRead": 0,
-                "cacheWrite": 0,
-                "totalTokens": 0,
-                "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0},
-            },
-            "stopReason": "stop",
-            "timestamp": 1,
-        }
-    return {"role": role, "content": [{"type": "text", "text": text}], "timestamp": 1}
+        return assistant(text, usage={**USAGE, "input": 0, "output": 0, "totalTokens": 0})
+    return user(text)
 
 
 def _seed(ledger: Ledger) -> None:

@@ -75,6 +75,13 @@ def mirror_for(ledger: Ledger, fence: Fence, path: Path, req_seq: int, **kw: Any
     return Mirror(ledger, fence, session_file=path, actors=ACTORS, request=("do it", req_seq), **kw)
 
 
+def started_mirror(ledger: Ledger, tmp_path: Path) -> tuple[Path, Fence, Mirror]:
+    """A run started on s1 and its mirror of pi's session file ``tmp_path/s.jsonl``."""
+    path = tmp_path / "s.jsonl"
+    fence, req = start(ledger)
+    return path, fence, mirror_for(ledger, fence, path, req)
+
+
 def test_entries_become_rows_with_actors_and_a_restart_duplicates_nothing(
     ledger: Ledger, tmp_path: Path
 ) -> None:
@@ -138,9 +145,7 @@ def test_partial_lines_wait_and_prewritten_entries_are_skipped(
 def test_failed_attempt_omitted_by_pi_is_not_mirrored_but_a_final_failure_is(
     ledger: Ledger, tmp_path: Path
 ) -> None:
-    path = tmp_path / "s.jsonl"
-    fence, req = start(ledger)
-    m = mirror_for(ledger, fence, path, req)
+    path, _, m = started_mirror(ledger, tmp_path)
     write(path, user("u1", "do it"), assistant("bad", "", stop="error", errorMessage="503"))
     anyio.run(m.sync)
     assert [r.seq for r in ledger.iter_rows("s1")] == [1], "held until pi says what it is"
@@ -200,9 +205,7 @@ def test_a_failed_pass_is_read_again_whole(ledger: Ledger, tmp_path: Path) -> No
 
 
 def test_compactions_record_what_they_cover(ledger: Ledger, tmp_path: Path) -> None:
-    path = tmp_path / "s.jsonl"
-    fence, req = start(ledger)
-    m = mirror_for(ledger, fence, path, req)
+    path, fence, m = started_mirror(ledger, tmp_path)
     write(
         path,
         user("u1", "do it"),
@@ -244,9 +247,7 @@ def test_compactions_record_what_they_cover(ledger: Ledger, tmp_path: Path) -> N
 def test_an_omitted_attempt_no_retry_answers_is_the_last_word(
     ledger: Ledger, tmp_path: Path
 ) -> None:
-    path = tmp_path / "s.jsonl"
-    fence, req = start(ledger)
-    m = mirror_for(ledger, fence, path, req)
+    path, _, m = started_mirror(ledger, tmp_path)
     write(
         path,
         user("u1", "do it"),

@@ -5,7 +5,6 @@ sessions overview read on every ledger backend. (The browser suite is tests/test
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from support.service import service_config, text_message
 from tether.config import load_config
 from tether.ledger import Ledger, NewRow, RunStatus, open_ledger
 from tether.service import api, page_context
@@ -33,40 +33,29 @@ def test_every_context_field_says_what_it_holds(cls: Any) -> None:
         assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
 
 
-def _msg(role: str, text: str) -> dict[str, Any]:
-    return {"role": role, "content": [{"type": "text", "text": text}], "timestamp": 1}
-
-
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[tuple[TestClient, Ledger]]:
-    token = hashlib.sha256(b"ana-token").hexdigest()
-    config = tmp_path / "tether.toml"
-    config.write_text(
-        f"""
-[ledger]
-url = "sqlite://{tmp_path}/ledger.db"
-[providers.local]
-base_url = "http://127.0.0.1:9/v1"
-[agents.rev]
-provider = "local"
-model = "m"
-[access.grants]
-"user:ana" = ["repo:acme/*"]
-[service.tokens]
-"{token}" = "user:ana"
-"""
+    config = service_config(
+        tmp_path, grants={"user:ana": ["repo:acme/*"]}, tokens={"ana-token": "user:ana"}
     )
     cfg = load_config(config)
     with open_ledger(cfg.ledger.url) as ledger:
         ledger.ensure_session("s1")
         fence = ledger.claim_run(ledger.create_run("s1", "rev").id)
-        ledger.append(fence, [NewRow.message("user:ana", _msg("user", "hello"))], request=True)
+        ledger.append(
+            fence, [NewRow.message("user:ana", text_message("user", "hello"))], request=True
+        )
         ledger.append(
             fence,
-            [NewRow.message("agent:rev", _msg("assistant", f"answer {i}")) for i in range(1, 30)]
+            [
+                NewRow.message("agent:rev", text_message("assistant", f"answer {i}"))
+                for i in range(1, 30)
+            ]
             + [
                 NewRow.message(
-                    "agent:rev", _msg("assistant", "the secret part"), sources=("doc:secret",)
+                    "agent:rev",
+                    text_message("assistant", "the secret part"),
+                    sources=("doc:secret",),
                 )
             ],
         )
@@ -146,7 +135,7 @@ def test_the_sessions_overview_is_newest_first_with_run_counts(ledger: Ledger) -
     for i, name in enumerate(["a", "b", "c"]):
         ledger.create_session(name, created=f"2026-11-29T10:00:0{i}Z")
     fence = ledger.claim_run(ledger.create_run("b", "rev").id)
-    ledger.append(fence, [NewRow.message("user:ana", _msg("user", "x"))], request=True)
+    ledger.append(fence, [NewRow.message("user:ana", text_message("user", "x"))], request=True)
     ledger.end_run(fence, RunStatus.FAILED)
     ledger.create_run("b", "rev")
     got = ledger.session_overview(limit=2)
@@ -159,13 +148,13 @@ def test_a_runs_answer_row_is_found_from_its_end(ledger: Ledger) -> None:
     """The pages' answer_row (read backwards, bounded pages) finds the row api.answer_row finds."""
     ledger.ensure_session("s")
     fence = ledger.claim_run(ledger.create_run("s", "rev").id)
-    ledger.append(fence, [NewRow.message("user:ana", _msg("user", "go"))], request=True)
-    ledger.append(fence, [NewRow.message("agent:rev", _msg("assistant", "early"))])
+    ledger.append(fence, [NewRow.message("user:ana", text_message("user", "go"))], request=True)
+    ledger.append(fence, [NewRow.message("agent:rev", text_message("assistant", "early"))])
     # More rows after the answer than one backward page holds.
-    ledger.append(fence, [NewRow.message("agent:rev", _msg("assistant", "the answer"))])
+    ledger.append(fence, [NewRow.message("agent:rev", text_message("assistant", "the answer"))])
     ledger.append(
         fence,
-        [NewRow.message("tool:bash", _msg("toolResult", f"out {i}")) for i in range(70)],
+        [NewRow.message("tool:bash", text_message("toolResult", f"out {i}")) for i in range(70)],
     )
     run = ledger.end_run(fence, RunStatus.FINISHED, extra={"answer": "the answer"})
     mine = answer_row(ledger, run)

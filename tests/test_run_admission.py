@@ -13,6 +13,8 @@ import pytest
 
 from support import Reply, ScriptedProvider, context_args, one_line_error, run_args, write_config
 from support import tether as run_tether
+from support.interchange import one_run_head, row_line
+from support.service import text_message
 from tether.ledger import RunStatus, open_ledger
 
 
@@ -104,45 +106,11 @@ def test_a_loaded_session_without_pi_defaults_can_be_followed_up(
     p = scripted_provider([Reply("follow-up answer")])
     cfg = write_config(tmp_path, p.url)
     lines = [
-        {"type": "session", "id": "s1", "created": "2026-11-29T10:00:00Z"},
-        {
-            "type": "run",
-            "id": "r1",
-            "session": "s1",
-            "agent": "rev",
-            "status": "finished",
-            "request_seq": 1,
-            "started": None,
-            "ended": None,
-        },
-        {
-            "type": "row",
-            "session": "s1",
-            "seq": 1,
-            "run": "r1",
-            "actor": "user:ana",
-            "sources": [],
-            "message": {
-                "role": "user",
-                "content": [{"type": "text", "text": "What is 2+2?"}],
-                "timestamp": 1764410401000,
-            },
-        },
-        {
-            "type": "row",
-            "session": "s1",
-            "seq": 2,
-            "run": "r1",
-            "actor": "agent:rev",
-            "sources": [],
-            # pi reads usage.totalTokens of a timestamped assistant message: without the
-            # defaults filled, pi fails ("reading 'totalTokens'")
-            "message": {
-                "role": "assistant",
-                "content": [{"type": "text", "text": "4"}],
-                "timestamp": 1764410402000,
-            },
-        },
+        *one_run_head(),
+        row_line(1, "user:ana", message=text_message("user", "What is 2+2?", 1764410401000)),
+        # pi reads usage.totalTokens of a timestamped assistant message: without the
+        # defaults filled, pi fails ("reading 'totalTokens'")
+        row_line(2, "agent:rev", message=text_message("assistant", "4", 1764410402000)),
     ]
     f = tmp_path / "s1.jsonl"
     f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")

@@ -5,14 +5,13 @@ tests/test_telemetry.py."""
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from fastapi.testclient import TestClient
 
+from support.service import service_config, text_message
 from tether.config import load_config
 from tether.harness.turn import (
     NOT_NEEDED,
@@ -25,10 +24,6 @@ from tether.ledger import NewRow, ReceiptReason, RunStatus, open_ledger
 from tether.service.app import create_app
 
 DETAIL = "only 3.0s of the deadline were left (checkpoint_min_time_s = 30)"
-
-
-def _msg(role: str, text: str) -> dict[str, Any]:
-    return {"role": role, "content": [{"type": "text", "text": text}], "timestamp": 1}
 
 
 def test_the_decision_of_each_result() -> None:
@@ -54,30 +49,18 @@ def test_the_decision_of_each_result() -> None:
 
 
 def test_tether_log_and_the_session_page_show_the_decision(tmp_path: Path) -> None:
-    token = hashlib.sha256(b"ana-token").hexdigest()
-    config = tmp_path / "tether.toml"
-    config.write_text(
-        f"""
-[ledger]
-url = "sqlite://{tmp_path}/ledger.db"
-[providers.local]
-base_url = "http://127.0.0.1:9/v1"
-[agents.rev]
-provider = "local"
-model = "m"
-[access.grants]
-"user:ana" = ["repo:acme/*"]
-[service.tokens]
-"{token}" = "user:ana"
-"""
+    config = service_config(
+        tmp_path, grants={"user:ana": ["repo:acme/*"]}, tokens={"ana-token": "user:ana"}
     )
     cfg = load_config(config)
     with open_ledger(cfg.ledger.url) as ledger:
         ledger.ensure_session("s1")
         run = ledger.create_run("s1", "rev", extra={"request": {"actor": "user:ana"}})
         fence = ledger.claim_run(run.id)
-        ledger.append(fence, [NewRow.message("user:ana", _msg("user", "hello"))], request=True)
-        ledger.append(fence, [NewRow.message("agent:rev", _msg("assistant", "hi"))])
+        ledger.append(
+            fence, [NewRow.message("user:ana", text_message("user", "hello"))], request=True
+        )
+        ledger.append(fence, [NewRow.message("agent:rev", text_message("assistant", "hi"))])
         skipped = CheckpointResult.skipped(NotTried.TOO_LITTLE_TIME)
         ledger.end_run(
             fence,

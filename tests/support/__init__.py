@@ -1,7 +1,8 @@
 """What the tests share: the ``tether`` program as a subprocess (:mod:`support.cli`), a
 ``tether.toml`` builder (:mod:`support.config`), a wait for a condition with a deadline
 (:mod:`support.wait`), filesystems a test makes (:mod:`support.fs`) and the scripted provider
-(``tests/provider.py``, every name of it), re-exported."""
+(``tests/provider.py``, every name of it), re-exported; the service's test config
+(:mod:`support.service`) and lines of a session file (:mod:`support.interchange`) by module."""
 
 from __future__ import annotations
 
