@@ -344,20 +344,33 @@ def _tether_run(tmp_path: Path, cfg: Config, *args: str) -> subprocess.Completed
 def test_without_custody_the_run_starts_its_own_pi(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
-    # The bash tool's parent is pi; pi's parent is recorded from /proc.
-    record = "awk '{print $4}' /proc/$PPID/stat > parent.txt"
+    # The bash tool holds until the test has read, from the host's /proc, the processes it
+    # descends from (inside the sandbox's PID namespace its parents are not the host's).
+    go = tmp_path / "work" / "go"
+    hold = f"touch held; while [ ! -e {go} ]; do sleep 0.05; done; echo held-tool"
     provider = scripted_provider(
-        [Reply(tool_calls=[ToolCall("bash", {"command": record})]), Reply("ok")]
+        [Reply(tool_calls=[ToolCall("bash", {"command": hold})]), Reply("ok")]
     )
     cfg = make_config(tmp_path, provider.url)
     assert cfg.path is not None
     cfg.path.write_text(cfg.path.read_text() + "\n[custody]\ndetached = false\n")
     cli = start_tether(*run_args(cfg.path, "go", as_json=True), cwd=tmp_path)
+    try:
+        wait_for(lambda: (tmp_path / "work" / "held").exists(), what="the tool to run")
+        tool = next(
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "held-tool" in " ".join(p.info["cmdline"] or []) and "bash" in p.info["cmdline"][0]
+        )
+        ancestors = [(p.pid, " ".join(p.cmdline())) for p in tool.parents()]
+    finally:
+        go.touch()
     out, err = cli.communicate(timeout=120)
     assert cli.returncode == 0, err
     assert json.loads(out)["status"] == "finished"
-    # No head start under a keeper: pi was the CLI's own child.
-    assert int((tmp_path / "work" / "parent.txt").read_text()) == cli.pid
+    # No head start under a keeper: pi (and so its tool) descends from the CLI's own process.
+    assert cli.pid in [pid for pid, _ in ancestors]
+    assert not any("keeper" in cmdline for pid, cmdline in ancestors if pid != cli.pid)
     assert _run_dirs(cfg) == []
 
 
