@@ -30,15 +30,16 @@ from tether.ledger import Fence, Ledger, RunStatus
 from tether.ledger.models import now_iso
 from tether.mirror.entries import message_text
 from tether.mirror.mirror import Mirror
+from tether.pi.sessionformat import entry_message
 from tether.threads import in_thread
 
 __all__ = ["PiEnded", "RunEnd", "RunEnder", "drive_recorded", "last_answer"]
 
 
 def last_answer(session_file: Path, offset: int) -> str | None:
-    """The last assistant text pi wrote to the run's session file after ``offset`` (pi's
-    session format read here on its own, for now: one line, one entry, ``entry.message``). The
-    mirror writes these entries as rows, so this is the last answer row of the run."""
+    """The last assistant text pi wrote to the run's session file after ``offset``, each entry
+    read by the one mapping of pi's session format the mirror uses (``entry_message``), so this
+    is the last answer row the mirror writes for the run."""
     try:
         lines = session_file.read_bytes()[offset:].split(b"\n")
     except OSError:
@@ -47,7 +48,7 @@ def last_answer(session_file: Path, offset: int) -> str | None:
     for line in lines:
         with contextlib.suppress(ValueError):
             entry = json.loads(line)
-            message = entry.get("message") if isinstance(entry, dict) else None
+            message = entry_message(entry) if isinstance(entry, dict) else None
             if isinstance(message, dict) and message.get("role") == "assistant":
                 text = message_text(message)
                 answer = text if text.strip() else answer
