@@ -2,7 +2,8 @@
 through the real pi, sandboxed, driven by the scripted provider, each limit is hit as a prompt
 injection would hit it (a 10 GB file, a memory hog, a fork bomb). The run ends cleanly and its
 record's ``extra.limits_hit`` names exactly that limit, at the seq of each tool result that
-shows it; a run that hits none has no such key. The limits are small here (the defaults are
+shows it; a run that hits none has no such key, and a run `tether recover` ends after its harness
+and pi died names what its tools hit all the same. The limits are small here (the defaults are
 sized for real work, and the machine is shared)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,11 +22,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from fastapi.testclient import TestClient
 
 from provider import Reply, ScriptedProvider, Step, ToolCall, route
 from support.service import service_config
+from test_custody_run import run_placed, wait_until
+from test_custody_run import tether as tether_cli
+from test_custody_run import write_config as custody_config
 from test_sandbox_escapes import run_tether, write_config
 from tether.config import load_config
 from tether.ledger import Row, Run, RunStatus, open_ledger
@@ -242,3 +248,38 @@ def test_a_run_that_hits_no_limit_names_none_and_an_unconfined_run_names_none(
     run, results = ended(url, "s2")
     assert "MemoryError" in text_of(results[0])
     assert "limits_hit" not in run.extra
+
+
+def test_a_run_ended_by_recover_after_its_harness_and_pi_died_names_the_limit_hit(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    def pick(req: Any) -> Step:
+        if req.is_summary:
+            return Reply("summary")
+        results = sum(1 for m in req.messages if m.get("role") == "tool")
+        if results == 0:
+            return Reply(tool_calls=[bash("python3 -c 'b = bytearray(8 << 30)'")])
+        return Reply(tool_calls=[bash("sleep 60", timeout=90)])
+
+    p = scripted_provider(pick)
+    cfg = custody_config(tmp_path, p.url)
+    limited(cfg, f"memory_bytes = {GiB}")
+    url = f"sqlite://{tmp_path}/ledger.db"
+    with open_ledger(url) as store:
+        proc, run, placed = run_placed(tmp_path, cfg, store)
+        # The hog's result went to the model: pi sleeps in its next tool. All of it dies.
+        wait_until(lambda: len(p.requests) >= 2, what="the hog's result")
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+        os.kill(placed["keeper_pid"], signal.SIGKILL)
+        os.killpg(placed["pi_pid"], signal.SIGKILL)
+        wait_until(lambda: not psutil.pid_exists(placed["pi_pid"]), what="pi to die")
+    done = tether_cli(tmp_path, "recover", "--config", str(cfg), "--json")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["resolution"] for line in done.stdout.splitlines()] == ["harness_lost"]
+    ran, results = ended(url, "s1")
+    assert ran.id == run.id
+    assert ran.extra["stop_reason"] == "harness_lost"
+    hog = results[0]
+    assert "MemoryError" in text_of(hog)
+    assert hits(ran) == [("memory", "bash", hog.seq)]
