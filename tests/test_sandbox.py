@@ -7,12 +7,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tether.config import LimitsConfig, NetworkKind, parse_config
 from tether.errors import ConfigError
 from tether.pi.agentdir import NO_KEY, write_agent_dir
 from tether.sandbox.bwrap import PROVIDER_ORIGIN, Confinement, split_base_url
+from tether.sandbox.limits import (
+    MAX_PER_LIMIT,
+    LimitHit,
+    LimitWatch,
+    SandboxLimit,
+    limits_in,
+    limits_text,
+    recorded_limits,
+)
 from tether.sandbox.outside import _parse_upstream, _rewrite_head
 
 
@@ -124,3 +134,126 @@ model = "m"
         json.loads((plain.path / "models.json").read_text())["providers"]["hosted"]["baseUrl"]
         == "https://api.example.com/v1"
     )
+
+
+def _result(text: str, tool: str = "bash", *, error: bool = True) -> dict[str, object]:
+    content = [{"type": "text", "text": text}]
+    return {"role": "toolResult", "toolName": tool, "content": content, "isError": error}
+
+
+@pytest.mark.parametrize(
+    ("text", "tool", "expected"),
+    [
+        # What pi's tools returned, run in the sandbox (tests/test_sandbox_limits.py).
+        (
+            "/bin/bash: line 1:    15 File size limit exceededhead -c 10G /dev/zero > big\n\n\n"
+            "Command exited with code 153",
+            "bash",
+            [("file_size", "exit status 153 (SIGXFSZ)")],
+        ),
+        (
+            "/bin/bash: line 1:    17 File size limit exceededhead -c 10G /dev/zero > big\nafter\n",
+            "bash",
+            [("file_size", "SIGXFSZ (File size limit exceeded)")],
+        ),
+        ("EFBIG: file too large, write", "edit", [("file_size", "EFBIG")]),
+        (
+            "OSError: [Errno 27] File too large\n\n\nCommand exited with code 1",
+            "bash",
+            [("file_size", "EFBIG (File too large)")],
+        ),
+        (
+            'Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n'
+            "MemoryError\n\n\nCommand exited with code 1",
+            "bash",
+            [("memory", "MemoryError")],
+        ),
+        (
+            "tail: memory exhausted\n\n\nCommand exited with code 1",
+            "bash",
+            [("memory", "memory exhausted")],
+        ),
+        (
+            "FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory",
+            "bash",
+            [("memory", "out of memory")],
+        ),
+        (
+            "environment: fork: retry: Resource temporarily unavailable\n"
+            "/bin/bash: fork: Resource temporarily unavailable\n\n\nCommand exited with code 254",
+            "bash",
+            [("processes", "EAGAIN (Resource temporarily unavailable)")],
+        ),
+        (
+            "BlockingIOError: [Errno 11] Resource temporarily unavailable\n",
+            "bash",
+            [("processes", "EAGAIN (Resource temporarily unavailable)")],
+        ),
+        # Both, in one result.
+        (
+            "bash: fork: Cannot allocate memory\nhead: File too large\n",
+            "bash",
+            [
+                ("memory", "ENOMEM (Cannot allocate memory)"),
+                ("file_size", "EFBIG (File too large)"),
+            ],
+        ),
+        # A failure that is no limit; a read tool showing a file that holds the words.
+        (
+            "ls: cannot access 'x': No such file or directory\n\nCommand exited with code 2",
+            "bash",
+            [],
+        ),
+        ("Command exited with code 152", "bash", []),
+        ("except MemoryError:\n    raise\n# fork: Resource temporarily unavailable", "read", []),
+        ("MemoryError", "recall", []),
+    ],
+)
+def test_a_tool_result_names_the_limit_its_tool_hit(
+    text: str, tool: str, expected: list[tuple[str, str]]
+) -> None:
+    found = limits_in(_result(text, tool))
+    assert [(limit.value, evidence) for limit, evidence in found] == expected
+
+
+def test_no_space_left_counts_only_in_the_sandbox_s_tmp() -> None:
+    full = (
+        "head: error writing 'standard output': No space left on device\n"
+        "\nCommand exited with code 1"
+    )
+    assert limits_in(_result(full)) == []  # the workdir's disk: not a limit of the run
+    assert limits_in(_result(full), call='{"command": "head -c 3M /dev/zero > /tmp/b"}') == [
+        (SandboxLimit.FILE_SIZE, "ENOSPC in /tmp (No space left on device)")
+    ]
+    assert limits_in(_result(full), call='{"command": "cat /tmpfoo/x"}') == []
+
+
+def test_the_watch_names_each_hit_once_by_seq_and_keeps_the_first_ten_of_a_limit() -> None:
+    watch = LimitWatch()
+    call = {
+        "role": "assistant",
+        "content": [
+            {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {"command": "x > /tmp/a"}}
+        ],
+    }
+    watch.see(3, call)
+    no_space = _result("write error: No space left on device") | {"toolCallId": "c1"}
+    watch.see(4, no_space)
+    watch.see(4, no_space)  # the mirror wrote it again after a failed pass
+    watch.see(5, {"role": "user", "content": "MemoryError"})
+    for seq in range(10, 30):
+        watch.see(seq, _result("MemoryError"))
+    assert watch.hits[0] == LimitHit(
+        limit=SandboxLimit.FILE_SIZE,
+        tool="bash",
+        seq=4,
+        evidence="ENOSPC in /tmp (No space left on device)",
+    )
+    assert [h.seq for h in watch.hits[1:]] == list(range(10, 10 + MAX_PER_LIMIT))
+    extra = {"limits_hit": msgspec.to_builtins(watch.hits[:3])}
+    assert [h.seq for h in recorded_limits(extra)] == [4, 10, 11]
+    assert (
+        limits_text(extra) == "memory (bash at seq 10, bash at seq 11); file_size (bash at seq 4)"
+    )
+    assert limits_text({}) is None
+    assert recorded_limits({"limits_hit": [{"limit": "cpu", "tool": "bash", "seq": 1}]}) == []

@@ -385,6 +385,10 @@ def run_escapes(
     assert "ConnectionRefusedError" in texts[SERVE_INDEX], texts[SERVE_INDEX]
     assert texts[14].count("File size limit exceeded") == 2, texts[14]
     assert "MemoryError" in texts[16], texts[16]
+    # The run's record names those two limits, and nothing the other attempts printed.
+    with open_ledger(ledger_url) as store:
+        hit = store.get_run(result["run"]).extra.get("limits_hit", [])
+    assert {(h["limit"], h["tool"]) for h in hit} == {("file_size", "bash"), ("memory", "bash")}
     # The run's log (read while it ran: a finished run's directory is removed) names the
     # sandbox and the limits it ran under.
     log = _LOGS[tmp]

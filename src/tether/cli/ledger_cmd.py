@@ -156,14 +156,17 @@ def log(
     table = Table(title=f"session {session} ({last} rows, {len(runs)} runs)", expand=True)
     # Here, not at the top: the other ledger commands do not pay for loading the harness.
     from tether.harness.turn import decision_text
+    from tether.sandbox.limits import limits_text
 
     for run in runs.values():
         decided = decision_text(run.extra)
+        limits = limits_text(run.extra)
         console.print(
             Text(
                 f"run {run.id}: {run.agent} {run.status.value}, request seq {run.request_seq}, "
                 f"{run.started or '?'} → {run.ended or '…'}"
                 + (f"; checkpoint {decided}" if decided else "")
+                + (f"; limits hit: {limits}" if limits else "")
             )
         )
     table.add_column("seq", justify="right")

@@ -58,6 +58,12 @@ function relay(socketPath: string, prefix: string, req: IncomingMessage, res: Se
 	req.pipe(upstream);
 }
 
+// A write over the sandbox's file size limit (RLIMIT_FSIZE) sends the writer SIGXFSZ, whose
+// default ends it: pi itself (its write and edit tools, its session file) would die with the
+// run. Handled, the write fails with EFBIG and the tool reports it. A handler, unlike an
+// ignored signal, is not inherited across exec: the tools' own processes keep the default.
+process.on("SIGXFSZ", () => {});
+
 const socketPath = process.env[SOCKET_ENV];
 const token = process.env[TOKEN_ENV];
 if (socketPath !== undefined && token !== undefined) {

@@ -31,6 +31,7 @@ from tether.ledger.models import now_iso
 from tether.mirror.entries import message_text
 from tether.mirror.mirror import Mirror
 from tether.pi.sessionformat import entry_message
+from tether.sandbox.limits import LimitHit
 from tether.threads import in_thread
 
 __all__ = ["PiEnded", "RunEnd", "RunEnder", "drive_recorded", "last_answer"]
@@ -88,6 +89,9 @@ class RunEnd(msgspec.Struct, kw_only=True, omit_defaults=True):
     storage_retries: int = 0
     checkpoint_decision: dict[str, str | None] | None = None
     """``{"decision": written | refused | not_tried, "reason": …}`` (DESIGN §3.14)."""
+    limits_hit: list[LimitHit] = []
+    """The sandbox limits the run's tools hit (DESIGN §3.12), each ``{"limit": processes |
+    memory | file_size, "tool", "seq", "evidence"}``; absent when they hit none."""
 
     def to_extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = msgspec.to_builtins(self)
@@ -166,6 +170,7 @@ class RunEnder:
             mirror_problems=mirror.problems[:10],
             storage_retries=self.storage.retries,
             checkpoint_decision=checkpoint.record(),
+            limits_hit=mirror.limits_hit,
         )
         if found.stop_reason is not StopReason.FENCED_OUT:
             refusing = checkpoint.refuse_session

@@ -11,7 +11,7 @@ from typing import Any
 
 from tether.access import Obligations
 from tether.clock import Clock
-from tether.config import Config
+from tether.config import Config, SandboxKind
 from tether.events import EventBus
 from tether.files import private_file
 from tether.followup import FollowupView, Refusal, build_view
@@ -23,6 +23,7 @@ from tether.ledger import Ledger, NewRow, RowKind
 from tether.mirror.mirror import Mirror
 from tether.pi.sessionfile import PreEntry, write_session_file
 from tether.pi.toolchannel import ToolChannel
+from tether.sandbox.limits import LimitWatch
 from tether.threads import in_thread
 
 __all__ = ["Prepared", "followup_view", "make_mirror", "prepare"]
@@ -133,6 +134,8 @@ def make_mirror(
         request=(run.request.text, request_seq),
         bus=bus,
         obligations=obligations,
+        # Unconfined, no limit applies: a tool's MemoryError is the host's, not the run's.
+        limits=LimitWatch() if run.agent.sandbox is SandboxKind.BWRAP else None,
     )
 
 
@@ -169,6 +172,7 @@ async def prepare(
             sources=sorted(obligations.sources),
             tools_token=tools.token,
             tools_path=str(tools.path),
+            sandboxed=run.agent.sandbox is SandboxKind.BWRAP,
         ),
     )
     mirror = make_mirror(

@@ -38,6 +38,7 @@ from tether.ledger import Fence, NewRow, Row, RowKind
 from tether.ledger.roles import RowWriter
 from tether.mirror.entries import ROW_KINDS, Actors, entry_row
 from tether.pi.sessionformat import EntryKind, entry_kind, entry_message, entry_time, message_text
+from tether.sandbox.limits import LimitHit, LimitWatch
 
 __all__ = ["Mirror", "SessionTail"]
 
@@ -101,6 +102,7 @@ class Mirror:
         bus: EventBus | None = None,
         poll_s: float = 0.25,
         obligations: Obligations | None = None,
+        limits: LimitWatch | None = None,
     ) -> None:
         self._ledger = ledger
         self._fence = fence
@@ -113,6 +115,8 @@ class Mirror:
         self._obligations = obligations or Obligations()
         """What the run was given: every row it writes carries these sources too."""
         self._poll = poll_s
+        self._limits = limits
+        """Reads the tool results it writes for the sandbox limits they hit (a sandboxed run)."""
         self._held: dict[str, Any] | None = None
         """A failed attempt (``error``/``length``), until pi says whether it omits it."""
         self._omitted: list[dict[str, Any]] = []
@@ -126,6 +130,11 @@ class Mirror:
     @property
     def problems(self) -> list[str]:
         return self._tail.problems
+
+    @property
+    def limits_hit(self) -> list[LimitHit]:
+        """The sandbox limits the run's tools hit, in the rows written so far."""
+        return list(self._limits.hits) if self._limits is not None else []
 
     def seq_of(self, entry_id: str) -> int | None:
         return self._known.get(entry_id)
@@ -288,6 +297,8 @@ class Mirror:
         for row in stored:
             if row.entry_id is not None:
                 self._known[row.entry_id] = row.seq
+            if self._limits is not None and row.kind is RowKind.MESSAGE:
+                self._limits.see(row.seq, row.body)
         self.rows_written += len(stored)
         self._bus.emit(
             RowsMirrored(

@@ -69,6 +69,10 @@ class RunHeader:
         "stop_in_progress, too_little_time, …); or null."
     )
     error: str | None = doc("What failed, for a failed run; or null.")
+    limits_hit: str | None = doc(
+        "The sandbox limits its tools hit, by limit, with each tool result's seq (e.g. "
+        "`file_size (bash at seq 4)`, from the record's `extra.limits_hit`); null when none."
+    )
     details_withheld: bool = doc(
         "The caller is not admitted to the run's answer: only status and times are shown (as the "
         "API's GET /v1/runs/{run} refuses it)."

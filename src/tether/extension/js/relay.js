@@ -49,6 +49,11 @@ function relay(socketPath, prefix, req, res) {
     res.on("close", () => upstream.destroy());
     req.pipe(upstream);
 }
+// A write over the sandbox's file size limit (RLIMIT_FSIZE) sends the writer SIGXFSZ, whose
+// default ends it: pi itself (its write and edit tools, its session file) would die with the
+// run. Handled, the write fails with EFBIG and the tool reports it. A handler, unlike an
+// ignored signal, is not inherited across exec: the tools' own processes keep the default.
+process.on("SIGXFSZ", () => { });
 const socketPath = process.env[SOCKET_ENV];
 const token = process.env[TOKEN_ENV];
 if (socketPath !== undefined && token !== undefined) {

@@ -23,11 +23,12 @@ import enum
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import psutil
 
 from tether import telemetry
@@ -55,6 +56,7 @@ from tether.pi.detached import read_placement
 from tether.pi.install import PiInstall, find_pi
 from tether.pi.launch import runs_dir
 from tether.processes import alive, start_time
+from tether.sandbox.limits import LimitHit, LimitWatch
 from tether.threads import in_thread
 
 __all__ = ["Reconciled", "Resolution", "lapsed", "reconcile"]
@@ -280,6 +282,7 @@ def _stop_pi(where: dict[str, Any]) -> None:
 class _Mirrored:
     answer: str | None
     problems: list[str]
+    limits_hit: list[LimitHit] = field(default_factory=list)
 
 
 async def _mirror_what_pi_wrote(
@@ -304,12 +307,15 @@ async def _mirror_what_pi_wrote(
         start_offset=saved.offset,
         known=dict(saved.known),
         request=(str(asked.get("text", "")), run.request_seq),
+        # From the run's first entry: rows the lost harness wrote come back as they are.
+        limits=LimitWatch() if saved.sandboxed else None,
     )
     try:
         await mirror.sync(final=True)
     except (FencedOut, RunNotActive):
         return None
-    return _Mirrored(last_answer(session_file, saved.offset), mirror.problems[:10])
+    answer = last_answer(session_file, saved.offset)
+    return _Mirrored(answer, mirror.problems[:10], mirror.limits_hit)
 
 
 async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -> Reconciled | None:
@@ -326,6 +332,8 @@ async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -
     }
     if found.problems:
         extra["mirror_problems"] = found.problems
+    if found.limits_hit:
+        extra["limits_hit"] = msgspec.to_builtins(found.limits_hit)
     try:
         await in_thread(ledger.end_run, fence, RunStatus.INTERRUPTED, extra=extra)
     except (FencedOut, RunNotActive):

@@ -33,6 +33,8 @@ class CustodyState(msgspec.Struct, kw_only=True):
     tools_token: str | None = None
     tools_path: str | None = None
     """pi's tools socket and token: a resume serves the same ones."""
+    sandboxed: bool = False
+    """pi ran in the sandbox: what it wrote is read for the limits its tools hit."""
 
 
 def save_run_state(run_dir: Path, state: CustodyState) -> None:

@@ -11,6 +11,7 @@ from tether.followup import Refusal, build_view
 from tether.followup.messages import ANCHORS_TYPE, CHECKPOINT_TYPE, NOTES_TYPE
 from tether.harness.turn import recorded_decision
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
+from tether.sandbox.limits import limits_text
 from tether.service.api import known_agent, sees_session, session_or_404
 from tether.service.auth import Caller
 from tether.service.page_context import (
@@ -89,6 +90,7 @@ def run_header(ledger: Ledger, run: Run, who: Caller) -> RunHeader:
         checkpoint_decision=None if withheld or decided is None else decided[0],
         checkpoint_reason=None if withheld or decided is None else decided[1],
         error=None if withheld else run.extra.get("error"),
+        limits_hit=None if withheld else limits_text(run.extra),
         details_withheld=withheld,
     )
 
