@@ -164,6 +164,8 @@ def test_a_memory_hog_names_the_memory_limit_on_the_record_and_the_session_page(
         assert header["limits_hit"] == f"memory (bash at seq {hog.seq}, bash at seq {tail.seq})"
         page = c.get("/sessions/s1", headers=auth).text
         assert f"limits hit: memory (bash at seq {hog.seq}" in page
+        api = c.get(f"/v1/runs/{run.id}", headers=auth).json()["limits_hit"]
+        assert [(h["limit"], h["tool"], h["seq"]) for h in api] == hits(run)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
+import msgspec
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -36,6 +37,7 @@ from tether.ledger.jsonl import row_record
 from tether.ledger.lifecycle import Selector, SelectorKind, erase_selected
 from tether.pi.launch import runs_dir
 from tether.recall import add_note
+from tether.sandbox.limits import recorded_limits
 from tether.service.auth import Caller, caller
 from tether.service.state import ServiceState, service_of
 from tether.threads import in_thread
@@ -123,6 +125,9 @@ class RunOut(BaseModel):
     stop_reason: str | None
     error: str | None = None
     delivered_into: str | None = None
+    limits_hit: list[dict[str, Any]] | None = None
+    """The sandbox limits the run's tools hit (``extra.limits_hit``: limit, tool, seq,
+    evidence); None when it hit none."""
 
 
 class NoteIn(BaseModel):
@@ -196,6 +201,7 @@ def run_json(ledger: Ledger, run: Run, caller: Caller) -> dict[str, Any]:
         stop_reason=run.extra.get("stop_reason"),
         error=run.extra.get("error"),
         delivered_into=run.extra.get("delivered_into"),
+        limits_hit=[msgspec.to_builtins(hit) for hit in recorded_limits(run.extra)] or None,
     ).model_dump(mode="json")
 
 
