@@ -194,3 +194,71 @@ def test_retention_erases_idle_sessions_only(ledger: Ledger, tmp_path: Path) -> 
     assert ledger.session("idle") is None
     assert {s.id for s in ledger.sessions()} == {"busy", "noted", "fresh"}
     assert ledger.erasures()[0].selector == {"session": "idle"}
+
+
+def _gaps(view: FollowupView) -> list[tuple[int, int, str]]:
+    return [(g.first, g.last, g.why.value) for g in view.gaps]
+
+
+def _next_view(ledger: Ledger, session: str, budget: int) -> FollowupView:
+    view = build_view(
+        ledger,
+        session=session,
+        agent=AGENT,
+        actor="user:ana",
+        request="and now?",
+        config=FollowupConfig(budget_bytes=budget),
+        grants={"user:ana": ["*"]},
+    )
+    assert isinstance(view, FollowupView), view
+    return view
+
+
+def test_the_rows_an_erasure_takes_are_named_as_an_erased_gap(ledger: Ledger) -> None:
+    _turn(ledger, "s1", "first", [("plain", ()), ("from x", ("repo:x",))])  # seqs 1-3
+    _turn(ledger, "s1", "second", [("plain again", ())])  # seqs 4-5
+    _compaction(ledger, "s1", covers_to=5)  # request 6, compaction 7
+    _turn(ledger, "s1", "third", [("last", ())])  # seqs 8-9
+    before = _next_view(ledger, "s1", 100_000)
+    assert before.checkpoint is not None and before.checkpoint.seq == 7
+    assert _gaps(before) == []
+
+    ledger.erase(Selector(SelectorKind.SOURCE, "repo:x"), actor="user:op")
+    view = _next_view(ledger, "s1", 100_000)
+    # No checkpoint (it covered the erased row): the view falls back to the rows and names
+    # the seqs that are gone as erased, not as rows that did not fit.
+    assert view.checkpoint is None
+    assert _gaps(view) == [(3, 3, "erased"), (7, 7, "erased")]
+    notices = [m for m in view.messages if m.synthetic and "row 3 " in str(m.message)]
+    assert len(notices) == 1
+    assert "erased" in str(notices[0].message["content"])
+    assert "recall(" not in str(notices[0].message["content"])  # nothing there to recall
+    assert {m.origin for m in view.messages if m.origin} == {1, 2, 4, 5, 6, 8, 9}
+
+
+def test_erased_seqs_and_rows_that_did_not_fit_are_told_apart(ledger: Ledger) -> None:
+    for i in range(6):
+        _turn(ledger, "s1", f"ask {i} " + "x" * 300, [(f"answer {i} " + "y" * 300, ())])
+    # The newest turn's request carries a source: erasing it takes the whole run (seqs 13-14),
+    # so the session's last seqs no longer exist.
+    ledger.ensure_session("s1")
+    fence = ledger.claim_run(ledger.create_run("s1", AGENT).id)
+    ledger.append(
+        fence, [NewRow.message("user:ana", _msg("user", "secret"), sources=("doc:p",))], request=True
+    )
+    ledger.append(fence, [NewRow.message(f"agent:{AGENT}", _msg("assistant", "ok"))])
+    ledger.end_run(fence, RunStatus.FINISHED)
+    runs = ledger.runs("s1")
+    ledger.erase(Selector(SelectorKind.SOURCE, "doc:p"), actor="user:op")
+    assert ledger.run(fence.run) is None
+    assert runs[-2].id == ledger.last_ended_run("s1", AGENT).id  # type: ignore[union-attr]
+
+    view = _next_view(ledger, "s1", 100_000)
+    assert _gaps(view) == [(13, 14, "erased")]
+    # A budget that leaves the oldest rows out: those are a budget gap, the erased seqs stay
+    # erased.
+    small = _next_view(ledger, "s1", 2_500)
+    gaps = _gaps(small)
+    assert gaps[-1] == (13, 14, "erased")
+    assert gaps[0][2] == "budget" and gaps[0][0] == 1
+    assert all(why != "erased" for lo, hi, why in gaps[:-1])
