@@ -244,7 +244,9 @@ def test_erased_seqs_and_rows_that_did_not_fit_are_told_apart(ledger: Ledger) ->
     ledger.ensure_session("s1")
     fence = ledger.claim_run(ledger.create_run("s1", AGENT).id)
     ledger.append(
-        fence, [NewRow.message("user:ana", _msg("user", "secret"), sources=("doc:p",))], request=True
+        fence,
+        [NewRow.message("user:ana", _msg("user", "secret"), sources=("doc:p",))],
+        request=True,
     )
     ledger.append(fence, [NewRow.message(f"agent:{AGENT}", _msg("assistant", "ok"))])
     ledger.end_run(fence, RunStatus.FINISHED)
