@@ -94,13 +94,14 @@ class SessionBusy(LedgerError):
 
     reason = "session_busy"
 
-    def __init__(self, session: str, live: str | None) -> None:
+    def __init__(self, session: str, live: str | None, message: str | None = None) -> None:
         self.session = session
         self.live = live
         """The run that holds the session (None when only queued runs are ahead)."""
         holder = f"run {live} is live on it" if live else "runs are queued on it"
         super().__init__(
-            f"session {session!r} is busy: {holder}; wait for it (drop --no-wait) or try later"
+            message
+            or f"session {session!r} is busy: {holder}; wait for it (drop --no-wait) or try later"
         )
 
 

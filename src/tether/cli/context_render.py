@@ -16,6 +16,8 @@ from tether.followup.view import FollowupView, GapWhy, Refusal, ViewMessage
 __all__ = ["render_refusal", "render_view"]
 
 _WIDTH = 160  # characters of content shown per message
+# Withheld rows exist but are not the reader's; erased ones exist no more; the rest did not fit.
+_GAP_STYLE = {GapWhy.WITHHELD: "magenta", GapWhy.ERASED: "yellow"}
 
 
 def _text_of(message: dict[str, Any]) -> str:
@@ -99,8 +101,7 @@ def render_view(view: FollowupView, console: Console) -> None:
     else:
         head.add_row("previous request", "none")
     gaps = ", ".join(
-        f"[{'magenta' if g.why is GapWhy.WITHHELD else 'red'}]{_span(g.first, g.last)} "
-        f"{g.why.value}[/]"
+        f"[{_GAP_STYLE.get(g.why, 'red')}]{_span(g.first, g.last)} {g.why.value}[/]"
         for g in view.gaps
     )
     head.add_row("gaps", gaps or "none")

@@ -6,19 +6,14 @@ import getpass
 import json
 from typing import Annotated
 
+import anyio
 import typer
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import Exit, command, err_console, escape
 from tether.errors import SessionBusy, UsageError
-from tether.ledger.lifecycle import (
-    Erased,
-    Selector,
-    SelectorKind,
-    apply_retention,
-    erase_selected,
-)
-from tether.pi.launch import runs_dir
+from tether.harness.custody.erasing import DEFAULT_STOP_GRACE_S, erase_stopping, retention_stopping
+from tether.ledger.lifecycle import Erased, Selector, SelectorKind
 
 __all__ = ["erase", "fork", "retention_app"]
 
@@ -36,6 +31,18 @@ DryRunOpt = Annotated[
     bool, typer.Option("--dry-run", help="List exactly what would be erased; erase nothing.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+StopGraceOpt = Annotated[
+    float,
+    typer.Option(
+        "--stop-grace",
+        min=0,
+        help="Seconds a live run is given to settle after a soft stop before it is stopped hard.",
+    ),
+]
+
+
+def _progress(line: str) -> None:
+    err_console.print(escape(line))
 
 
 def _actor(given: str | None) -> str:
@@ -52,6 +59,14 @@ def _say(done: Erased) -> None:
     print(line)
     for session, seqs in done.plan.rows.items():
         print(f"  session {session}: rows {_ranges(seqs)}")
+    for run in done.stopped:
+        if done.receipt is None:
+            print(f"  would stop run {run['run']} (live on session {run['session']})")
+        else:
+            print(
+                f"  stopped run {run['run']} first ({run['how']}): {run['status']}, "
+                f"{run['stop_reason']}"
+            )
 
 
 def _ranges(seqs: list[int]) -> str:
@@ -102,6 +117,7 @@ def erase(
         typer.Option("--source", help="Erase every row carrying this source, and what derives."),
     ] = None,
     dry_run: DryRunOpt = False,
+    stop_grace: StopGraceOpt = DEFAULT_STOP_GRACE_S,
     as_json: JsonOpt = False,
     actor: ActorOpt = None,
     config: ConfigOpt = None,
@@ -111,8 +127,9 @@ def erase(
 
     With --source: every row whose sources include it, the rows of a run whose request goes,
     the checkpoints that cover an erased row, notes that carry it, the answers kept in run
-    records, and the run directories (pi's session files) of the runs touched. Refused while a
-    run is live on an affected session.
+    records, and the run directories (pi's session files) of the runs touched. A run live on an
+    affected session is stopped first, wherever it runs (soft, then hard after --stop-grace);
+    the sessions take no new run meanwhile. --dry-run stops nothing.
 
     Example: tether erase --source repo:x --dry-run
     """
@@ -126,15 +143,21 @@ def erase(
     cfg, store = open_configured_ledger(config, ledger)
     with store:
         try:
-            done = erase_selected(
-                store, selector, actor=_actor(actor), runs_dir=runs_dir(cfg), dry_run=dry_run
+            done = anyio.run(
+                lambda: erase_stopping(
+                    store,
+                    cfg,
+                    selector,
+                    actor=_actor(actor),
+                    stop_grace_s=stop_grace,
+                    dry_run=dry_run,
+                    say=_progress,
+                )
             )
         except SessionBusy as exc:
-            err_console.print(
-                f"[bold red]refused:[/] {escape(str(exc))}; nothing was erased: stop the run "
-                "(or let it end) and erase again"
-            )
+            err_console.print(f"[bold red]refused:[/] {escape(str(exc))}")
             raise SystemExit(Exit.REFUSED) from None
+    assert done is not None  # only retention passes a session by
     if as_json:
         print(json.dumps(done.to_json(), ensure_ascii=False))
     else:
@@ -162,8 +185,10 @@ def apply(
             "a session may stay idle before it is erased"
         )
     with store:
-        done = apply_retention(
-            store, days, actor=_actor(actor), runs_dir=runs_dir(cfg), dry_run=dry_run
+        done = anyio.run(
+            lambda: retention_stopping(
+                store, cfg, days, actor=_actor(actor), dry_run=dry_run, say=_progress
+            )
         )
     if as_json:
         print(json.dumps([d.to_json() for d in done], ensure_ascii=False))

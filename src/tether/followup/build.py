@@ -202,6 +202,7 @@ def read_inputs(
         tail_cap=cap,
         probe=tuple(probe),
         tail_capped=_row_capped(tail),
+        tail_last=tail.last_seq,
     )
 
 
@@ -251,6 +252,7 @@ def read_more(reads: FollowupReads, inp: Inputs) -> Inputs | None:
         tail_stop=tail.stop_seq,
         tail_cap=bound,
         tail_capped=_row_capped(tail),
+        tail_last=tail.last_seq,
     )
 
 

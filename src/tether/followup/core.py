@@ -64,12 +64,14 @@ class _Mark(enum.Enum):
     BUDGET = "budget"
     WITHHELD = "withheld"
     READ_CAP = "read_cap"
+    ERASED = "erased"
 
 
 _WHY = {
     _Mark.BUDGET: GapWhy.BUDGET,
     _Mark.WITHHELD: GapWhy.WITHHELD,
     _Mark.READ_CAP: GapWhy.READ_CAP,
+    _Mark.ERASED: GapWhy.ERASED,
 }
 
 
@@ -154,10 +156,13 @@ def gaps_of(
     covered: _Mark,
     marks: Mapping[int, _Mark],
     unread: tuple[int, _Mark] = (0, _Mark.BUDGET),
+    erased: Sequence[tuple[int, int]] = (),
 ) -> list[Gap]:
     """The omitted ranges of seqs ``1..last``: seqs up to ``covers`` default to ``covered``, those
     after it and before ``unread[0]`` (the tail's first row) to ``unread[1]``, the rest to
-    BUDGET, and ``marks`` override single seqs. Neighbours with the same reason merge."""
+    BUDGET; the ``erased`` ranges (sorted, disjoint: seqs the reads found missing) are ERASED,
+    and ``marks`` override single seqs (rows that exist). Neighbours with the same reason
+    merge."""
     read_from, unread_mark = unread
     gaps: list[Gap] = []
 
@@ -170,10 +175,21 @@ def gaps_of(
         else:
             gaps.append(Gap(lo, hi, why))
 
-    def fill(lo: int, hi: int) -> None:
+    def fill_read(lo: int, hi: int) -> None:
         add(lo, min(hi, covers), covered)
         add(max(lo, covers + 1), min(hi, read_from - 1), unread_mark)
         add(max(lo, covers + 1, read_from), hi, _Mark.BUDGET)
+
+    def fill(lo: int, hi: int) -> None:
+        for e_lo, e_hi in erased:
+            if e_hi < lo:
+                continue
+            if e_lo > hi:
+                break
+            fill_read(lo, e_lo - 1)
+            add(max(lo, e_lo), min(hi, e_hi), _Mark.ERASED)
+            lo = e_hi + 1
+        fill_read(lo, hi)
 
     cursor = 1
     for seq in sorted(s for s in marks if s <= last):
@@ -211,6 +227,9 @@ class Inputs(msgspec.Struct, frozen=True):
     tail_capped: bool = False
     """The tail read stopped at its row cap (not its byte cap): the rows before it were left
     unread whatever the budget (gaps there are ``read_cap``)."""
+    tail_last: int | None = None
+    """The session's last seq the tail read began at (None: not known): seqs up to it that the
+    reads spanned and did not find were erased."""
 
 
 # -- the core: messages --------------------------------------------------------------------------
@@ -339,6 +358,8 @@ class _Frame(msgspec.Struct, frozen=True):
     whole: bool
     unread: tuple[int, _Mark]
     """The tail's first seq, and why the rows after the coverage and before it are omitted."""
+    erased: tuple[tuple[int, int], ...] = ()
+    """Ranges of seqs the reads spanned and found missing (erased), sorted."""
 
     @property
     def floor(self) -> int:
@@ -509,7 +530,7 @@ def assemble(
         marks[f.request_seq] = _Mark.SHOWN
     for plan in plans:
         marks.update(plan.marks)
-    gaps = gaps_of(f.last, f.covers, f.covered, marks, f.unread)
+    gaps = gaps_of(f.last, f.covers, f.covered, marks, f.unread, f.erased)
     entries: list[tuple[int, int, list[ViewMessage]]] = []
     for gap in gaps:
         notice = msgs.gap_notice(gap.first, gap.last, gap.why, timestamp=f.timestamp)
@@ -554,7 +575,7 @@ def frame(inp: Inputs) -> _Frame | Refusal:
         return protected_refusal(reserved, inp.budget)
     r = req.seq if req is not None else None
     last = inp.tail[-1].seq if inp.tail else (inp.tail_stop or covers)
-    last = max(last, covers, r or 0, comp.seq if comp is not None else 0)
+    last = max(last, covers, r or 0, comp.seq if comp is not None else 0, inp.tail_last or 0)
     marks: dict[int, _Mark] = {}
     if comp is not None:
         marks[comp.seq] = _Mark.SHOWN if comp_ok else _Mark.WITHHELD
@@ -599,7 +620,45 @@ def frame(inp: Inputs) -> _Frame | Refusal:
             inp.tail[0].seq if inp.tail else last + 1,
             _Mark.READ_CAP if inp.tail_capped else _Mark.BUDGET,
         ),
+        erased=erased_ranges(inp, covers),
     )
+
+
+def erased_ranges(inp: Inputs, covers: int) -> tuple[tuple[int, int], ...]:
+    """The seqs the reads spanned and did not find: erased (DESIGN §3.15). The tail spans from
+    the row it stopped at (or the coverage) to the session's last seq; the probe, the seqs
+    between the coverage and a request before the tail. Unread seqs are not guessed at: they
+    keep the reason they were not read for."""
+    if inp.tail_last is None:
+        return ()
+    found = {row.seq for row in inp.tail}
+    spans = [((inp.tail_stop if inp.tail_stop is not None else covers) + 1, inp.tail_last)]
+    r = inp.request.seq if inp.request is not None else None
+    first = inp.tail[0].seq if inp.tail else spans[0][0]
+    if r is not None and r < first and 0 < r - 1 - covers <= PROBE_ROWS:
+        spans.append((covers + 1, r - 1))  # read whole by the probe (build.read_inputs)
+        found.update(row.seq for row in inp.probe)
+    if r is not None:
+        found.add(r)
+    if inp.compaction is not None:
+        found.add(inp.compaction.seq)
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        # Bounded by the reads: the tail spans at most its row cap of seqs (holes count
+        # toward the cap), the probe PROBE_ROWS; a run of missing seqs is walked in one step.
+        present = sorted(s for s in found if lo <= s <= hi)
+        cursor = lo
+        for s in [*present, hi + 1]:
+            if s > cursor:
+                out.append((cursor, s - 1))
+            cursor = max(cursor, s + 1)
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(out):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
 
 
 def _lead_notices(f: _Frame, floor: int, fixed_marks: Mapping[int, _Mark]) -> int:
@@ -612,6 +671,7 @@ def _lead_notices(f: _Frame, floor: int, fixed_marks: Mapping[int, _Mark]) -> in
         f.covered,
         {s: m for s, m in fixed_marks.items() if s <= floor},
         f.unread,
+        f.erased,
     )
     lead = 1
     comp_marks = [s for s in f.marks if s > floor]

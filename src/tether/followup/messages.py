@@ -149,6 +149,10 @@ _GAP_WHY = {
         "it lies beyond the row limit of the bounded read this context was built from",
         "they lie beyond the row limit of the bounded read this context was built from",
     ),
+    GapWhy.ERASED: (
+        "it was erased from the ledger",
+        "they were erased from the ledger",
+    ),
 }
 
 
@@ -162,6 +166,14 @@ def _gap_text(first: int, last: int, why: GapWhy, *, single: bool) -> str:
         what, pronoun = f"Ledger row {first} of this session is", "it"
     else:
         what, pronoun = f"Ledger rows {first}–{last} of this session are", "them"
+    if why is GapWhy.ERASED:
+        # Recall would find nothing there: the notice says so rather than send the agent to it.
+        return (
+            f"[tether notice] {what} omitted here: {_GAP_WHY[why][0 if single else 1]}, and "
+            f"nothing of {pronoun} can be recalled. Do not rely on anything from "
+            f"{'it' if single else 'that range'}, and check before repeating work that may be "
+            "unresolved there."
+        )
     return (
         f"[tether notice] {what} omitted here: {_GAP_WHY[why][0 if single else 1]}. Fetch "
         f"{pronoun} with {recall_call(first, last)} before relying on anything from "

@@ -38,6 +38,9 @@ class GapWhy(enum.StrEnum):
     """Left out because the requesting actor is not admitted to its sources."""
     READ_CAP = "read_cap"
     """Left out because the tail read's row cap stopped before it, whatever the budget."""
+    ERASED = "erased"
+    """No longer in the ledger: erased (``tether erase``, retention; DESIGN §3.15). Named where
+    the view's bounded reads found the seqs missing; nothing of them can be recalled."""
 
 
 class RequestMode(enum.StrEnum):

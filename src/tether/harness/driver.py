@@ -275,6 +275,7 @@ class Driver:
                 tg.start_soon(self._guard, helpers.keep_mirroring(mirror, self.storage))
                 tg.start_soon(self._guard, helpers.heartbeat(run, transport, c.clock, self.storage))
                 tg.start_soon(helpers.watch_deadline, c.clock, c.deadline, c.stop)
+                tg.start_soon(self._guard, helpers.watch_stop_requests(run, c.stop))
                 tg.start_soon(helpers.announce_stop, c.stop, c.bus)
                 live = LivePi(client, run.actors, run=run.fence.run, session=run.fence.session)
                 relaying = anyio.CancelScope()

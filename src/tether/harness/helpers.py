@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from tether.clock import Clock, sleep
-from tether.errors import StorageError
+from tether.errors import LedgerError, StorageError
 from tether.events import EventBus, StopRequested
 from tether.harness.context import ClaimedRun
 from tether.harness.custody import placement as custody_place
@@ -29,7 +29,13 @@ __all__ = [
     "kill_on_hard_stop",
     "relay",
     "watch_deadline",
+    "watch_stop_requests",
 ]
+
+STOP_POLL_S = 1.0
+"""How often a run reads whether a stop was asked of it through the ledger (an erasure's, from
+any process or host): one primary-key read. Real time, not the run's clock: it is a poll, not a
+deadline."""
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +86,23 @@ async def keep_mirroring(mirror: Mirror, storage: StorageRetry) -> None:
 async def watch_deadline(clock: Clock, deadline: float, stop: StopControl) -> None:
     await clock.sleep_until(deadline)
     stop.soft(StopReason.DEADLINE)
+
+
+async def watch_stop_requests(run: ClaimedRun, stop: StopControl) -> None:
+    """Stop the run when a stop is asked of it through the ledger (``tether erase`` from any
+    process: :mod:`tether.ledger.erasing`): a soft request as a soft stop, a hard one as a hard
+    stop, with the request's words as the stop's detail (the run's record keeps them)."""
+    while True:
+        try:
+            asked = await in_thread(run.ledger.stop_request, run.fence)
+        except LedgerError:
+            asked = None  # the ledger is away: the next poll asks again (pi goes on)
+        if asked is not None:
+            if asked.hard and not stop.hard:
+                stop.stop_hard(StopReason.HARD_STOP, asked.detail)
+            elif not stop.requested:
+                stop.soft(StopReason.SOFT_STOP, asked.detail)
+        await anyio.sleep(STOP_POLL_S)
 
 
 async def announce_stop(stop: StopControl, bus: EventBus) -> None:

@@ -13,6 +13,7 @@ from tether.errors import AlreadyExists, NotFound, RunNotActive
 from tether.ids import check_id, new_run_id
 from tether.ledger import codec
 from tether.ledger.codec import Cursor
+from tether.ledger.erasing import is_erasing
 from tether.ledger.lineage import NO_BOUND, lineage
 from tether.ledger.models import (
     ENDED_STATUSES,
@@ -214,6 +215,8 @@ class CustodySql(SessionsSql):
         )
         if c.fetchone() is not None:
             return None
+        if is_erasing(c, session_id):
+            return None  # no run may become live between an erasure's stop and the erasure
         c.execute(
             "SELECT id, placement FROM runs WHERE session = ? AND status = 'queued' "
             "ORDER BY ord LIMIT 1",

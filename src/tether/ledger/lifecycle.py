@@ -505,11 +505,14 @@ class Erased:
     plan: ErasePlan
     receipt: Erasure | None
     run_dirs: list[str]
+    stopped: tuple[dict[str, Any], ...] = ()
+    """The live runs the erasure stopped first (on a dry run: the ones it would stop)."""
 
     def to_json(self) -> dict[str, Any]:
         out = self.plan.to_json()
         out["dry_run"] = self.receipt is None
         out["run_dirs"] = self.run_dirs
+        out["stopped"] = list(self.stopped)
         out["counts"] = {**out["counts"], "run_dirs": len(self.run_dirs)}
         if self.receipt is not None:
             out["receipt"] = self.receipt.to_json()

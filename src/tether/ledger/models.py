@@ -201,8 +201,11 @@ class TailRead:
     """The newest contiguous rows (ascending) whose stored sizes fit a byte budget.
 
     ``stop_seq`` is the seq of the newest row that was not taken because it did not fit (or the
-    row cap was reached), None when the tail reached the floor of the read."""
+    row cap was reached), None when the tail reached the floor of the read. ``last_seq`` is the
+    session's last seq the read began at (None when not known): seqs between ``stop_seq`` (or
+    the floor) and it that are not among ``rows`` no longer exist (they were erased)."""
 
     rows: list[Row]
     bytes: int
     stop_seq: int | None
+    last_seq: int | None = None

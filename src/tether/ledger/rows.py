@@ -233,6 +233,7 @@ class RowsSql(SqlBase):
             # from the (session, seq, bytes) index, and bodies only for the rows taken: a page
             # of huge rows past the budget is never read.
             top = int(found[0]) if found else after
+            newest = top
             while top > after:
                 low = max(after, top - TAIL_PAGE)
                 where, params = seq_filter(segments, low + 1, top)
@@ -257,10 +258,10 @@ class RowsSql(SqlBase):
                     taken.extend(_as(session_id, codec.row_of(r)) for r in c.fetchall())
                 if stop is not None:
                     taken.reverse()
-                    return TailRead(rows=taken, bytes=total, stop_seq=stop)
+                    return TailRead(rows=taken, bytes=total, stop_seq=stop, last_seq=newest)
                 top = low
         taken.reverse()
-        return TailRead(rows=taken, bytes=total, stop_seq=None)
+        return TailRead(rows=taken, bytes=total, stop_seq=None, last_seq=newest)
 
     def iter_rows(self, session_id: str, *, page: int = 1000) -> Iterator[Row]:
         """Every row of a session, in seq order (for dumps and copies, not for follow-ups)."""

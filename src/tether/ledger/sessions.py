@@ -9,6 +9,7 @@ from tether.errors import AlreadyExists, NotFound
 from tether.ids import check_id
 from tether.ledger import codec
 from tether.ledger.base import SqlBase
+from tether.ledger.erasing import clear_marks
 from tether.ledger.models import (
     RunStatus,
     Session,
@@ -118,8 +119,11 @@ class SessionsSql(SqlBase):
         return int(r[0])
 
     def set_refusing(self, session_id: str, reason: str | None) -> None:
-        """Mark the session as refusing new prompts (or clear it with ``None``)."""
+        """Mark the session as refusing new prompts (or clear it with ``None``: an erasure that
+        died half-way leaves its marks, which go too, :mod:`tether.ledger.erasing`)."""
         with self._tx() as c:
+            if reason is None:
+                clear_marks(c, session_id)
             c.execute("UPDATE sessions SET refusing = ? WHERE id = ?", (reason, session_id))
             if c.rowcount != 1:
                 raise NotFound(f"no session {session_id!r}")

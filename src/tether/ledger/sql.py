@@ -7,7 +7,8 @@ from one module per domain:
 - :mod:`~tether.ledger.notes`: notes;
 - :mod:`~tether.ledger.search`: full-text search (the one statement that differs by engine);
 - :mod:`~tether.ledger.imports`: interchange import and copy;
-- :mod:`~tether.ledger.lifecycle`: erasure, its receipts, and the idle sessions retention erases.
+- :mod:`~tether.ledger.lifecycle`: erasure, its receipts, and the idle sessions retention erases;
+- :mod:`~tether.ledger.erasing`: a session being erased, and the stop asked of its live run.
 
 They stand on :mod:`~tether.ledger.base` (the engine's part, fencing) and
 :mod:`~tether.ledger.codec` (columns and records). The engines (:mod:`~tether.ledger.sqlite`,
@@ -21,6 +22,7 @@ from __future__ import annotations
 from tether.ledger.base import Engine
 from tether.ledger.codec import ROW_COLUMNS, Cursor, encode_row
 from tether.ledger.custody import CustodySql
+from tether.ledger.erasing import ErasingSql
 from tether.ledger.imports import DuplicateEntry, Importer, ImportSql
 from tether.ledger.lifecycle import LifecycleSql
 from tether.ledger.notes import NotesSql
@@ -39,6 +41,6 @@ __all__ = [
 ]
 
 
-class SqlLedger(CustodySql, RowsSql, NotesSql, SearchSql, ImportSql, LifecycleSql):
+class SqlLedger(CustodySql, RowsSql, NotesSql, SearchSql, ImportSql, LifecycleSql, ErasingSql):
     """The run ledger on a SQL engine: every domain's operations. Open one with
     :func:`tether.ledger.open_ledger`."""

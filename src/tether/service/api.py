@@ -29,13 +29,13 @@ from tether.errors import (
     UsageError,
 )
 from tether.followup import Refusal, RefusalReason, Refused, build_view
+from tether.harness.custody.erasing import DEFAULT_STOP_GRACE_S, erase_stopping
 from tether.harness.relay import Deliver
 from tether.harness.traces import KEY, queued_context
 from tether.ids import id_problem
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
-from tether.ledger.lifecycle import Selector, SelectorKind, erase_selected
-from tether.pi.launch import runs_dir
+from tether.ledger.lifecycle import Selector, SelectorKind
 from tether.recall import add_note
 from tether.sandbox.limits import recorded_limits
 from tether.service.auth import Caller, caller
@@ -532,7 +532,10 @@ class EraseIn(BaseModel):
     source: str | None = Field(None, min_length=1, max_length=1000, pattern=r"^[^\n\r]+$")
     """every row carrying this source, and what derives from them."""
     dry_run: bool = False
-    """List exactly what would be erased; erase nothing."""
+    """List exactly what would be erased; erase nothing (and stop nothing)."""
+    stop_grace_s: float = Field(DEFAULT_STOP_GRACE_S, ge=0, le=300)
+    """Seconds a live run on an affected session is given to settle after a soft stop before
+    it is stopped hard (the erasure stops it first)."""
 
 
 def admin_or_403(st: ServiceState, who: Caller) -> None:
@@ -554,22 +557,20 @@ async def post_erasure(body: EraseIn, who: CallerDep, st: StateDep) -> dict[str,
         else Selector(SelectorKind.SOURCE, body.source or "")
     )
     try:
-        done = await blocking(
-            lambda: erase_selected(
-                st.ledger,
-                selector,
-                actor=who.actor,
-                runs_dir=runs_dir(st.config),
-                dry_run=body.dry_run,
-            )
+        done = await erase_stopping(
+            st.ledger,
+            st.config,
+            selector,
+            actor=who.actor,
+            stop_grace_s=body.stop_grace_s,
+            dry_run=body.dry_run,
         )
     except NotFound:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {body.session}") from None
     except SessionBusy as exc:
-        raise HTTPException(
-            status.HTTP_409_CONFLICT,
-            f"{exc}; nothing was erased: stop the run (or let it end) and erase again",
-        ) from None
+        # A live run that did not end when stopped, soft then hard: the message says why.
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    assert done is not None  # only retention passes a session by
     return done.to_json()
 
 

@@ -33,13 +33,12 @@ from tether.harness import (
     continuation_checkpoint,
     run_claimed,
 )
+from tether.harness.custody.erasing import retention_stopping
 from tether.harness.custody.placement import owner_id
 from tether.harness.custody.reconcile import reconcile
 from tether.harness.relay import Deliver, LivePi
 from tether.ledger import Fence, Ledger, RunStatus
-from tether.ledger.lifecycle import apply_retention
 from tether.pi.install import PiInstall
-from tether.pi.launch import runs_dir
 from tether.service.hub import LiveHub
 from tether.service.metrics import Metrics
 from tether.threads import in_thread
@@ -239,12 +238,8 @@ class Worker:
         once a day (every worker does: the second finds nothing left to erase)."""
         while not self._stopping:
             try:
-                done = await in_thread(
-                    apply_retention,
-                    self.ledger,
-                    idle_days,
-                    actor=RETENTION_ACTOR,
-                    runs_dir=runs_dir(self.config),
+                done = await retention_stopping(
+                    self.ledger, self.config, idle_days, actor=RETENTION_ACTOR
                 )
             except TetherError as exc:
                 log.warning("applying retention failed (%s); trying again in a day", exc)
