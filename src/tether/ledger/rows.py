@@ -83,7 +83,7 @@ class RowsSql(SqlBase):
                 encoded = [
                     encode_row(fence.session, first + i, fence.run, r) for i, r in enumerate(fresh)
                 ]
-                c.executemany(self._insert_row, encoded)
+                self._insert_rows(c, encoded)
                 if request:
                     c.execute("UPDATE runs SET request_seq = ? WHERE id = ?", (first, fence.run))
         out: list[Row] = []
