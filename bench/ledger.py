@@ -124,21 +124,22 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(samples)
 
 
-def _sqlite_append(path: Path, rows: int, batch: int) -> float:
-    """Seconds for tether to append ``rows`` rows to a new SQLite ledger, a batch at a time."""
+def _sqlite_append(path: Path, rows: int, batch: int) -> tuple[float, float]:
+    """Seconds (wall, and this process's CPU) for tether to append ``rows`` rows to a new SQLite
+    ledger, a batch at a time."""
     news = [NewRow.message(actor(i), message(i)) for i in range(rows)]
     with open_ledger(f"sqlite://{path}") as ledger:
         ledger.create_session("s")
         fence = ledger.claim_run(ledger.create_run("s", "a").id)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for k in range(0, rows, batch):
             ledger.append(fence, news[k : k + batch])
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
-def _in_tree(src: Path | None, argv: list[str]) -> float:
+def _in_tree(src: Path | None, argv: list[str]) -> list[float]:
     """Run one measurement of this script (``--measure …``) in a subprocess that imports tether
-    from ``src`` (this tree's when None); its rows/s or seconds, as it prints them."""
+    from ``src`` (this tree's when None); the figures it prints on its last line."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(src)
@@ -151,10 +152,12 @@ def _in_tree(src: Path | None, argv: list[str]) -> float:
     )
     if done.returncode != 0:
         raise SystemExit(f"the measurement {argv} from {src or 'this tree'} failed:\n{done.stderr}")
-    return float(done.stdout.split()[-1])
+    return [float(x) for x in done.stdout.splitlines()[-1].split()]
 
 
-def bench_append(tmp: Path, rows: int, batch: int, against: Path | None = None) -> None:
+def bench_append(
+    tmp: Path, rows: int, batch: int, against: Path | None = None, rounds: int = 3
+) -> None:
     news = [NewRow.message(actor(i), message(i)) for i in range(rows)]
 
     # Baseline 1, the headline: what a plain log does with the same rows (RAW_TABLE), json.dumps and
@@ -206,13 +209,22 @@ def bench_append(tmp: Path, rows: int, batch: int, against: Path | None = None) 
                 floor._insert_rows(c, encoded[k : k + batch])
         schema = time.perf_counter() - t0
 
+    base: float | None = None
     if against is None:
-        ours = _sqlite_append(tmp / "ledger.db", rows, batch)
-        base = None
+        ours, ours_cpu = _sqlite_append(tmp / "ledger.db", rows, batch)
     else:
-        argv = ["sqlite-append", str(rows), str(batch)]
-        ours = _in_tree(None, [*argv, str(tmp / "ledger.db")])
-        base = _in_tree(against, [*argv, str(tmp / "against.db")])
+        # Alternate the two trees, `rounds` times each, and take medians: the host's speed moves
+        # within minutes. CPU seconds (the writer process's own) move less with other load.
+        walls: dict[str, list[float]] = {"ours": [], "base": []}
+        cpus: dict[str, list[float]] = {"ours": [], "base": []}
+        for i in range(rounds):
+            for side, src in (("ours", None), ("base", against)):
+                argv = ["sqlite-append", str(rows), str(batch), str(tmp / f"{side}-{i}.db")]
+                wall, cpu = _in_tree(src, argv)
+                walls[side].append(wall)
+                cpus[side].append(cpu)
+        ours, ours_cpu = statistics.median(walls["ours"]), statistics.median(cpus["ours"])
+        base, base_cpu = statistics.median(walls["base"]), statistics.median(cpus["base"])
 
     print(f"append {rows:,} rows in batches of {batch} (a transaction a batch):")
     print(f"  raw: json.dumps + executemany           {rows / plain:>10,.0f} rows/s")
@@ -220,13 +232,16 @@ def bench_append(tmp: Path, rows: int, batch: int, against: Path | None = None) 
     print(f"  raw: pre-encoded, tether's schema       {rows / schema:>10,.0f} rows/s")
     print(f"  tether append (fenced, seq, measured)   {rows / ours:>10,.0f} rows/s")
     if base is not None:
-        print(f"  tether append from {against}  {rows / base:>10,.0f} rows/s")
+        print(f"  tether append of --against              {rows / base:>10,.0f} rows/s")
     print(f"  ratio tether : raw json.dumps           {plain / ours:>10.2f}   (target >= 0.6)")
     print(f"  ratio tether : pre-encoded, migration 1 {pre / ours:>10.2f}")
     print(f"  ratio tether : pre-encoded, schema      {schema / ours:>10.2f}")
     if base is not None:
         print(f"  ratio against : raw json.dumps          {plain / base:>10.2f}")
-        print(f"  ratio tether : against (speed-up)       {base / ours:>10.2f}")
+        print(
+            f"  ratio tether : against, wall (speed-up) {base / ours:>10.2f}   medians of {rounds}"
+        )
+        print(f"  ratio tether : against, CPU             {base_cpu / ours_cpu:>10.2f}")
 
 
 READS: dict[str, Callable[[Ledger, str, int], object]] = {
@@ -390,15 +405,15 @@ def bench_concurrent_append(
             lite = _throughput("tether", f"sqlite://{tmp}/append-{n}.db", n, rows, batch)
         else:
             argv = ["throughput", "tether", str(n), str(rows), str(batch)]
-            pg = _in_tree(None, [*argv, schemas.url(f"append{n}")])
-            lite = _in_tree(None, [*argv, f"sqlite://{tmp}/append-{n}.db"])
+            pg = _in_tree(None, [*argv, schemas.url(f"append{n}")])[0]
+            lite = _in_tree(None, [*argv, f"sqlite://{tmp}/append-{n}.db"])[0]
         line = (
             f"  {n:<8}{raw:>10,.0f}{pre:>10,.0f}{pg:>11,.0f}{lite:>15,.0f}"
             f"{pg / raw:>12.2f}{pg / pre:>12.2f}"
         )
         if against is not None:
             argv = ["throughput", "tether", str(n), str(rows), str(batch)]
-            base = _in_tree(against, [*argv, schemas.url(f"against{n}")])
+            base = _in_tree(against, [*argv, schemas.url(f"against{n}")])[0]
             line += f"{base:>12,.0f}{base / raw:>13.2f}{pg / base:>10.2f}"
         print(line, flush=True)
 
@@ -407,7 +422,7 @@ def measure(argv: list[str]) -> None:
     """One measurement in this process (``--against`` runs these in another tree's tether)."""
     what, rest = argv[0], argv[1:]
     if what == "sqlite-append":
-        print(_sqlite_append(Path(rest[2]), int(rest[0]), int(rest[1])))
+        print(*_sqlite_append(Path(rest[2]), int(rest[0]), int(rest[1])))
     elif what == "throughput":
         kind, writers, rows, batch, url = rest
         print(_throughput(kind, url, int(writers), int(rows), int(batch)))
@@ -456,6 +471,9 @@ def main() -> None:
         type=Path,
         help="also time the appends of this checkout's ledger (before/after)",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="with --against: SQLite appends timed per tree"
+    )
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -472,7 +490,7 @@ def main() -> None:
     sizes = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**5, 10**6]
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as d:
         tmp = Path(d)
-        bench_append(tmp, args.append_rows, args.batch, against)
+        bench_append(tmp, args.append_rows, args.batch, against, args.rounds)
         if not args.no_reads:
             bench_tail_over_huge_rows(tmp, 50)
             sqlite_reads = bench_reads(lambda n: f"sqlite://{tmp}/reads-{n}.db", sizes, args.repeat)
