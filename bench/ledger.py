@@ -7,6 +7,10 @@ Every figure is a ratio against a baseline measured in the same run.
     .venv/bin/python bench/ledger.py --quick    # 10^3, 10^4, 10^5 rows
     --postgres URL (default $TETHER_TEST_POSTGRES_URL) names the server; the bench works in a
     schema of its own and drops it afterwards. --no-postgres skips that half.
+    --against PATH also times the appends of another checkout's ledger (PATH or PATH/src, e.g.
+    `git worktree add /tmp/base main`), in a subprocess importing tether from there, each
+    measurement beside this tree's (also in a subprocess), and prints the ratios.
+    --no-reads skips the bounded reads (appends only).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import os
 import queue
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -34,7 +40,7 @@ import psycopg
 from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
 from tether.ledger.codec import INSERT_ROW, encode_row
 from tether.ledger.postgres import _dialect
-from tether.ledger.sqlite import MIGRATIONS
+from tether.ledger.sqlite import MIGRATIONS, SQLiteLedger
 
 # The "raw" baseline: the fields of the interchange row record (DESIGN §3.1), serialized with
 # json.dumps and inserted with executemany under the same unique key. No fence, no seq counter,
@@ -118,7 +124,40 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(samples)
 
 
-def bench_append(tmp: Path, rows: int, batch: int) -> None:
+def _sqlite_append(path: Path, rows: int, batch: int) -> tuple[float, float]:
+    """Seconds (wall, and this process's CPU) for tether to append ``rows`` rows to a new SQLite
+    ledger, a batch at a time."""
+    news = [NewRow.message(actor(i), message(i)) for i in range(rows)]
+    with open_ledger(f"sqlite://{path}") as ledger:
+        ledger.create_session("s")
+        fence = ledger.claim_run(ledger.create_run("s", "a").id)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for k in range(0, rows, batch):
+            ledger.append(fence, news[k : k + batch])
+        return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _in_tree(src: Path | None, argv: list[str]) -> list[float]:
+    """Run one measurement of this script (``--measure …``) in a subprocess that imports tether
+    from ``src`` (this tree's when None); the figures it prints on its last line."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    done = subprocess.run(
+        [sys.executable, __file__, "--measure", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the measurement {argv} from {src or 'this tree'} failed:\n{done.stderr}")
+    return [float(x) for x in done.stdout.splitlines()[-1].split()]
+
+
+def bench_append(
+    tmp: Path, rows: int, batch: int, against: Path | None = None, rounds: int = 3
+) -> None:
     news = [NewRow.message(actor(i), message(i)) for i in range(rows)]
 
     # Baseline 1, the headline: what a plain log does with the same rows (RAW_TABLE), json.dumps and
@@ -138,8 +177,9 @@ def bench_append(tmp: Path, rows: int, batch: int) -> None:
     plain = time.perf_counter() - t0
     raw.close()
 
-    # Baseline 2, the harshest: tether's own encoded tuples, prepared outside the clock, into
-    # tether's schema. What is left is the fence, the seq counter and the encoding itself.
+    # Baseline 2: tether's own encoded tuples, prepared outside the clock, into the rows table as
+    # migration 1 made it (no full-text index, none of the later indexes). What is left is the
+    # fence, the seq counter, the encoding, and the schema's later indexes and full-text index.
     raw = sqlite3.connect(tmp / "raw2.db", isolation_level=None)
     raw.execute("PRAGMA journal_mode = WAL")
     raw.execute("PRAGMA synchronous = NORMAL")
@@ -155,20 +195,53 @@ def bench_append(tmp: Path, rows: int, batch: int) -> None:
     pre = time.perf_counter() - t0
     raw.close()
 
-    with open_ledger(f"sqlite://{tmp}/ledger.db") as ledger:
-        ledger.create_session("s")
-        fence = ledger.claim_run(ledger.create_run("s", "a").id)
+    # Baseline 3, the floor: the same tuples into tether's whole schema (every index, the
+    # full-text index and its trigger), the way the ledger inserts them. What is left is the
+    # fence, the seq counter and the encoding.
+    with open_ledger(f"sqlite://{tmp}/raw3.db") as floor:
+        assert isinstance(floor, SQLiteLedger)
+        floor.create_session("s")
+        run = floor.create_run("s", "a").id
+        encoded = [encode_row("s", i + 1, run, row) for i, row in enumerate(news)]
         t0 = time.perf_counter()
         for k in range(0, rows, batch):
-            ledger.append(fence, news[k : k + batch])
-        ours = time.perf_counter() - t0
+            with floor._tx() as c:
+                floor._insert_rows(c, encoded[k : k + batch])
+        schema = time.perf_counter() - t0
+
+    base: float | None = None
+    if against is None:
+        ours, ours_cpu = _sqlite_append(tmp / "ledger.db", rows, batch)
+    else:
+        # Alternate the two trees, `rounds` times each, and take medians: the host's speed moves
+        # within minutes. CPU seconds (the writer process's own) move less with other load.
+        walls: dict[str, list[float]] = {"ours": [], "base": []}
+        cpus: dict[str, list[float]] = {"ours": [], "base": []}
+        for i in range(rounds):
+            for side, src in (("ours", None), ("base", against)):
+                argv = ["sqlite-append", str(rows), str(batch), str(tmp / f"{side}-{i}.db")]
+                wall, cpu = _in_tree(src, argv)
+                walls[side].append(wall)
+                cpus[side].append(cpu)
+        ours, ours_cpu = statistics.median(walls["ours"]), statistics.median(cpus["ours"])
+        base, base_cpu = statistics.median(walls["base"]), statistics.median(cpus["base"])
 
     print(f"append {rows:,} rows in batches of {batch} (a transaction a batch):")
     print(f"  raw: json.dumps + executemany           {rows / plain:>10,.0f} rows/s")
-    print(f"  raw: pre-encoded tuples, tether schema  {rows / pre:>10,.0f} rows/s")
+    print(f"  raw: pre-encoded, migration 1's table   {rows / pre:>10,.0f} rows/s")
+    print(f"  raw: pre-encoded, tether's schema       {rows / schema:>10,.0f} rows/s")
     print(f"  tether append (fenced, seq, measured)   {rows / ours:>10,.0f} rows/s")
-    print(f"  ratio tether : raw json.dumps           {plain / ours:>10.2f}   (target >= 0.5)")
-    print(f"  ratio tether : raw pre-encoded          {pre / ours:>10.2f}")
+    if base is not None:
+        print(f"  tether append of --against              {rows / base:>10,.0f} rows/s")
+    print(f"  ratio tether : raw json.dumps           {plain / ours:>10.2f}   (target >= 0.6)")
+    print(f"  ratio tether : pre-encoded, migration 1 {pre / ours:>10.2f}")
+    print(f"  ratio tether : pre-encoded, schema      {schema / ours:>10.2f}")
+    if base is not None:
+        print(f"  ratio against : raw json.dumps          {plain / base:>10.2f}")
+        print(
+            f"  ratio tether : against, wall (speed-up) {base / ours:>10.2f}   medians of {rounds}"
+        )
+        print(f"  ratio tether : against, CPU             {base_cpu / ours_cpu:>10.2f}")
 
 
 READS: dict[str, Callable[[Ledger, str, int], object]] = {
@@ -307,28 +380,54 @@ def _throughput(kind: str, url: str, writers: int, rows: int, batch: int) -> flo
     return each * writers / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 
-def bench_concurrent_append(tmp: Path, schemas: PgSchemas, rows: int, batch: int) -> None:
+def bench_concurrent_append(
+    tmp: Path, schemas: PgSchemas, rows: int, batch: int, against: Path | None = None
+) -> None:
     print(f"append {rows:,} rows in batches of {batch}, split over N writer processes, each on")
     print("a session of its own (a transaction a batch), rows/s:")
     print("  raw: json.dumps + executemany of the row record's fields (see RAW_TABLE);")
     print("  pre: tether's encoded tuples, prepared outside the clock, into tether's schema.")
-    print(
+    head = (
         f"  {'writers':<8}{'pg raw':>10}{'pg pre':>10}{'pg tether':>11}{'sqlite tether':>15}"
         f"{'tether:raw':>12}{'tether:pre':>12}"
     )
+    if against is not None:
+        head += f"{'pg against':>12}{'against:raw':>13}{'speed-up':>10}"
+    print(head)
     for n in WRITERS:
         raw_url = schemas.url(f"raw{n}")
         with psycopg.connect(raw_url, autocommit=True) as conn:
             conn.execute(RAW_TABLE)
         raw = _throughput("raw", raw_url, n, rows, batch)
         pre = _throughput("raw-schema", schemas.url(f"pre{n}"), n, rows, batch)
-        pg = _throughput("tether", schemas.url(f"append{n}"), n, rows, batch)
-        lite = _throughput("tether", f"sqlite://{tmp}/append-{n}.db", n, rows, batch)
-        print(
+        if against is None:
+            pg = _throughput("tether", schemas.url(f"append{n}"), n, rows, batch)
+            lite = _throughput("tether", f"sqlite://{tmp}/append-{n}.db", n, rows, batch)
+        else:
+            argv = ["throughput", "tether", str(n), str(rows), str(batch)]
+            pg = _in_tree(None, [*argv, schemas.url(f"append{n}")])[0]
+            lite = _in_tree(None, [*argv, f"sqlite://{tmp}/append-{n}.db"])[0]
+        line = (
             f"  {n:<8}{raw:>10,.0f}{pre:>10,.0f}{pg:>11,.0f}{lite:>15,.0f}"
-            f"{pg / raw:>12.2f}{pg / pre:>12.2f}",
-            flush=True,
+            f"{pg / raw:>12.2f}{pg / pre:>12.2f}"
         )
+        if against is not None:
+            argv = ["throughput", "tether", str(n), str(rows), str(batch)]
+            base = _in_tree(against, [*argv, schemas.url(f"against{n}")])[0]
+            line += f"{base:>12,.0f}{base / raw:>13.2f}{pg / base:>10.2f}"
+        print(line, flush=True)
+
+
+def measure(argv: list[str]) -> None:
+    """One measurement in this process (``--against`` runs these in another tree's tether)."""
+    what, rest = argv[0], argv[1:]
+    if what == "sqlite-append":
+        print(*_sqlite_append(Path(rest[2]), int(rest[0]), int(rest[1])))
+    elif what == "throughput":
+        kind, writers, rows, batch, url = rest
+        print(_throughput(kind, url, int(writers), int(rows), int(batch)))
+    else:
+        raise SystemExit(f"unknown measurement {what!r}")
 
 
 def bench_tail_over_huge_rows(tmp: Path, repeat: int) -> None:
@@ -366,18 +465,42 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=300)
     parser.add_argument("--postgres", default=os.environ.get("TETHER_TEST_POSTGRES_URL", PG_URL))
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--no-reads", action="store_true", help="appends only")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="also time the appends of this checkout's ledger (before/after)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="with --against: SQLite appends timed per tree"
+    )
+    parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.measure:
+        measure(args.measure)
+        return
+    against: Path | None = None
+    if args.against is not None:
+        against = (
+            args.against / "src" if (args.against / "src" / "tether").is_dir() else args.against
+        )
+        if not (against / "tether" / "ledger").is_dir():
+            raise SystemExit(f"--against {args.against}: no tether/ledger there nor in its src/")
+        against = against.resolve()
     sizes = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**5, 10**6]
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as d:
         tmp = Path(d)
-        bench_append(tmp, args.append_rows, args.batch)
-        bench_tail_over_huge_rows(tmp, 50)
-        sqlite_reads = bench_reads(lambda n: f"sqlite://{tmp}/reads-{n}.db", sizes, args.repeat)
+        bench_append(tmp, args.append_rows, args.batch, against, args.rounds)
+        if not args.no_reads:
+            bench_tail_over_huge_rows(tmp, 50)
+            sqlite_reads = bench_reads(lambda n: f"sqlite://{tmp}/reads-{n}.db", sizes, args.repeat)
         if args.no_postgres:
             return
         with PgSchemas(args.postgres) as schemas:
             print()
-            bench_concurrent_append(tmp, schemas, args.append_rows, args.batch)
+            bench_concurrent_append(tmp, schemas, args.append_rows, args.batch, against)
+            if args.no_reads:
+                return
             pg_sizes = [sizes[0], sizes[-1]]
             pg_reads = bench_reads(
                 lambda n: schemas.url(f"reads{n}"), pg_sizes, args.repeat, "postgres"

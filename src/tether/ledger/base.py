@@ -65,6 +65,11 @@ class SqlBase(abc.ABC):
     @abc.abstractmethod
     def _is_unique_violation(self, exc: BaseException) -> bool: ...
 
+    def _insert_rows(self, c: Cursor, encoded: Sequence[tuple[Any, ...]]) -> None:
+        """Insert rows from :func:`~tether.ledger.codec.encode_row`'s tuples, in the current
+        transaction (every writer of rows comes through here: appends, imports, copies)."""
+        c.executemany(self._insert_row, encoded)
+
     @abc.abstractmethod
     def close(self) -> None: ...
 

@@ -140,10 +140,10 @@ class ImportSql(SqlBase):
             encoded.append(encode_row(row.session, row.seq, row.run, new))
             by_session[row.session] = max(by_session.get(row.session, 0), row.seq)
             if len(encoded) >= _IMPORT_CHUNK:
-                c.executemany(self._insert_row, encoded)
+                self._insert_rows(c, encoded)
                 encoded = []
         if encoded:
-            c.executemany(self._insert_row, encoded)
+            self._insert_rows(c, encoded)
         for sid, last in by_session.items():
             c.execute("UPDATE sessions SET last_seq = ? WHERE id = ?", (last, sid))
         for n in notes:
@@ -215,7 +215,7 @@ class Importer:
     def _flush(self) -> None:
         if self._rows:
             self._check_entries()
-            self._c.executemany(self._ledger._insert_row, self._rows)
+            self._ledger._insert_rows(self._c, self._rows)
             self._rows = []
             self._lines = []
             self._bytes = 0

@@ -43,8 +43,8 @@ class RowsSql(SqlBase):
             raise ValueError("a run has exactly one request row")
         if not rows:
             return []
-        for new in rows:
-            check_id("actor", new.actor)
+        for name in dict.fromkeys(new.actor for new in rows):  # a batch has few actors
+            check_id("actor", name)
         with self._tx() as c:
             self._check_fence(c, fence)
             if request:
@@ -83,7 +83,7 @@ class RowsSql(SqlBase):
                 encoded = [
                     encode_row(fence.session, first + i, fence.run, r) for i, r in enumerate(fresh)
                 ]
-                c.executemany(self._insert_row, encoded)
+                self._insert_rows(c, encoded)
                 if request:
                     c.execute("UPDATE runs SET request_seq = ? WHERE id = ?", (first, fence.run))
         out: list[Row] = []

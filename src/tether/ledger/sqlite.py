@@ -3,24 +3,43 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from tether.config import ledger_file
 from tether.errors import BadLedgerUrl, LedgerError, StorageError
 from tether.files import private_dir, private_file
 from tether.ledger.base import Engine
-from tether.ledger.codec import Cursor
+from tether.ledger.codec import ROW_COLS, Cursor
 from tether.ledger.ddl.sqlite import FTS_KEY_SPAN, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from tether.ledger.sql import SqlLedger
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SQLiteLedger"]
 
 BUSY_TIMEOUT_S = 30.0
+
+# Rows one INSERT statement carries at most (a power of two; 12 parameters a row stays under
+# SQLite's oldest default limit of 999 parameters a statement).
+_INSERT_CHUNK = 64
+_ENCODED_WIDTH = 12  # the columns of codec.encode_row's tuple
+
+
+@functools.lru_cache(maxsize=8)
+def _insert_many(n: int) -> str:
+    """One INSERT of ``n`` rows from encode_row's tuples, laid end to end: each row's key in the
+    full-text index (migration 7) from its session's number and its seq."""
+    values = []
+    for b in range(0, n * _ENCODED_WIDTH, _ENCODED_WIDTH):
+        marks = ", ".join(f"?{b + i}" for i in range(1, _ENCODED_WIDTH + 1))
+        key = f"(SELECT num FROM sessions WHERE id = ?{b + 1}) * {FTS_KEY_SPAN} + ?{b + 2}"
+        values.append(f"({marks}, {key})")
+    return f"INSERT INTO rows ({ROW_COLS}, text, fts_key) VALUES {', '.join(values)}"
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -119,13 +138,6 @@ class SQLiteLedger(SqlLedger):
     # Without statistics SQLite may walk rows_heads (session, seq, …) backwards and filter
     # on kind, reading every row of the session: pin the partial index of compactions.
     _compactions_hint = "INDEXED BY rows_compactions"
-    # A row's key in the full-text index (migration 7), from its session's number and its seq.
-    _insert_row = (
-        "INSERT INTO rows (session, seq, run, actor, kind, body, sources, bytes, media_bytes, "
-        "entry_id, extra, text, fts_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
-        f"?12, (SELECT num FROM sessions WHERE id = ?1) * {FTS_KEY_SPAN} + ?2)"
-    )
-
     engine = Engine.SQLITE
     read_only = False
 
@@ -294,6 +306,18 @@ class SQLiteLedger(SqlLedger):
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
+
+    def _insert_rows(self, c: Cursor, encoded: Sequence[tuple[Any, ...]]) -> None:
+        # FTS5 writes its pending terms out as a new index segment at the start of every
+        # statement that opens a savepoint, and an INSERT with a trigger does: executemany (a
+        # statement a row) made a segment a row, which automerge then merged again; it took
+        # three quarters of an append's time. Few statements of many rows make one segment
+        # each. Their sizes are powers of two, so the statements compiled stay few.
+        k = 0
+        while k < len(encoded):
+            n = min(_INSERT_CHUNK, 1 << ((len(encoded) - k).bit_length() - 1))
+            c.execute(_insert_many(n), [v for e in encoded[k : k + n] for v in e])
+            k += n
 
     def close(self) -> None:
         with self._lock:
