@@ -338,6 +338,7 @@ runs_dir = "runs"
             "cpu_direct": [],
             "cpu_tether": [],
             "cpu_pi": [],
+            "cpu_run_direct_ext": [],
         }
         lags: list[float] = []
         tether_run = [sys.executable, "-m", "tether", "run"]
@@ -365,24 +366,32 @@ runs_dir = "runs"
             timings["direct"].append(time.perf_counter() - t)
 
             spec = baseline_spec(i, extensions=True)
+            kids = cpu()[1]
             t = time.perf_counter()
             subprocess.run([sys.executable, __file__, "baseline", str(spec)], check=True)
             timings["direct_ext"].append(time.perf_counter() - t)
+            timings["cpu_run_direct_ext"].append(cpu()[1] - kids)
 
-            def cli(config: Path, session: str, env: dict[str, str]) -> float:
+            def cli(
+                config: Path, session: str, env: dict[str, str], cpu_as: str | None = None
+            ) -> float:
                 argv = [*tether_run, "--config", str(config), "-s", session, *run_args]
+                kids = cpu()[1]
                 t = time.perf_counter()
                 done = subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env)
                 took = time.perf_counter() - t
+                if cpu_as is not None:
+                    # The CLI and all it reaped: the keeper, and through it pi and its sandbox.
+                    timings.setdefault(cpu_as, []).append(cpu()[1] - kids)
                 if done.returncode != 0 or json.loads(done.stdout)["status"] != "finished":
                     raise SystemExit(f"tether run failed: {argv} {done.stdout} {done.stderr}")
                 return took
 
-            timings["cli"].append(cli(cfg_path, f"cli-{i}", cli_env))
+            timings["cli"].append(cli(cfg_path, f"cli-{i}", cli_env, "cpu_run_cli"))
             timings["cli_none"].append(cli(unconfined_cfg, f"none-{i}", cli_env))
             if against_env is not None:
                 timings.setdefault("against", []).append(
-                    cli(against_cfg, f"against-{i}", against_env)
+                    cli(against_cfg, f"against-{i}", against_env, "cpu_run_against")
                 )
             if sink is not None:
                 env = {
@@ -489,6 +498,12 @@ runs_dir = "runs"
         f"  CPU of this process per run (the provider's threads included in both): direct "
         f"{med('cpu_direct'):.3f} s, execute_run {med('cpu_tether'):.3f} s; pi itself "
         f"{med('cpu_pi'):.3f} s"
+    )
+    against_cpu = f", from {args.against} {med('cpu_run_against'):.3f} s" if args.against else ""
+    print(
+        f"  CPU of a whole run (the process and all it reaped: pi, and for tether run its keeper "
+        f"and sandbox): direct RPC + tether's extensions {med('cpu_run_direct_ext'):.3f} s, "
+        f"tether run {med('cpu_run_cli'):.3f} s{against_cpu}"
     )
     added = sorted(x * 1000 for x in forwarded)
     print(
