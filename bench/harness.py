@@ -23,9 +23,14 @@ for every row, the time from pi creating the entry (its own timestamp) to the ro
 to the ledger, over all in-process runs: median and p99. Last, the provider forwarder (which a
 sandboxed run's provider calls pass through): a streamed reply timed direct and through it.
 
+The CLI runs as installed, its bytecode compiled once (into a scratch ``PYTHONPYCACHEPREFIX``,
+one untimed run of each tree) rather than at every start, as this workplace's
+``PYTHONDONTWRITEBYTECODE`` would have it (``--compile-each-start`` keeps that).
+
     .venv/bin/python bench/harness.py                 # 20 turns, 5 repetitions
     .venv/bin/python bench/harness.py --turns 50 --reps 3 --latency-ms 50
     .venv/bin/python bench/harness.py --otel          # and tracing on : off
+    .venv/bin/python bench/harness.py --against /tmp/base/src   # and main's `tether run`
 """
 
 from __future__ import annotations
@@ -221,6 +226,11 @@ def main() -> None:
         "--against", type=Path, help="also time `tether run` from this src/ (before/after, one run)"
     )
     parser.add_argument(
+        "--compile-each-start",
+        action="store_true",
+        help="run the CLI with this environment's PYTHONDONTWRITEBYTECODE (no bytecode cache)",
+    )
+    parser.add_argument(
         "--otel", action="store_true", help="also time runs traced (OTLP/HTTP to a local sink)"
     )
     args = parser.parse_args()
@@ -328,8 +338,26 @@ runs_dir = "runs"
             "cpu_direct": [],
             "cpu_tether": [],
             "cpu_pi": [],
+            "cpu_run_direct_ext": [],
         }
         lags: list[float] = []
+        tether_run = [sys.executable, "-m", "tether", "run"]
+        run_args = ["-a", "bench", "--json", prompt]
+        # The CLI runs as installed: its modules' bytecode compiled once and cached (in a scratch
+        # PYTHONPYCACHEPREFIX, so no tree is written to), not compiled again at every start as
+        # PYTHONDONTWRITEBYTECODE (set in this workplace) would have it; one untimed run of
+        # each tree fills the cache (and warms the file cache).
+        cli_env = dict(os.environ)
+        if not args.compile_each_start:
+            cli_env.pop("PYTHONDONTWRITEBYTECODE", None)
+            cli_env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+        against_env = None
+        if args.against:
+            against_env = {**cli_env, "PYTHONPATH": str(args.against.resolve())}
+        for config, env in ((cfg_path, cli_env), (against_cfg, against_env)):
+            if env is not None:
+                argv = [*tether_run, "--config", str(config), "-s", "warm-up", *run_args]
+                subprocess.run(argv, capture_output=True, cwd=work, env=env, check=True)
         store = open_ledger(f"sqlite://{work}/inproc.db")
         for i in range(args.reps):
             spec = baseline_spec(i)
@@ -338,64 +366,44 @@ runs_dir = "runs"
             timings["direct"].append(time.perf_counter() - t)
 
             spec = baseline_spec(i, extensions=True)
+            kids = cpu()[1]
             t = time.perf_counter()
             subprocess.run([sys.executable, __file__, "baseline", str(spec)], check=True)
             timings["direct_ext"].append(time.perf_counter() - t)
+            timings["cpu_run_direct_ext"].append(cpu()[1] - kids)
 
-            t = time.perf_counter()
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "tether",
-                    "run",
-                    "--config",
-                    str(cfg_path),
-                    "-s",
-                    f"cli-{i}",
-                    "-a",
-                    "bench",
-                    "--json",
-                    prompt,
-                ],
-                capture_output=True,
-                text=True,
-                cwd=work,
-            )
-            timings["cli"].append(time.perf_counter() - t)
-            if done.returncode != 0 or json.loads(done.stdout)["status"] != "finished":
-                raise SystemExit(f"tether run failed: {done.stdout} {done.stderr}")
-            argv = [*done.args[:5], str(unconfined_cfg), "-s", f"none-{i}", *done.args[8:]]
-            t = time.perf_counter()
-            other = subprocess.run(argv, capture_output=True, text=True, cwd=work)
-            timings["cli_none"].append(time.perf_counter() - t)
-            if other.returncode != 0:
-                raise SystemExit(f"tether run (sandbox none) failed: {other.stderr}")
-            if args.against:
-                argv = [*done.args[:5], str(against_cfg), "-s", f"against-{i}", *done.args[8:]]
-                env = {**os.environ, "PYTHONPATH": str(args.against.resolve())}
+            def cli(
+                config: Path, session: str, env: dict[str, str], cpu_as: str | None = None
+            ) -> float:
+                argv = [*tether_run, "--config", str(config), "-s", session, *run_args]
+                kids = cpu()[1]
                 t = time.perf_counter()
-                other = subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env)
-                timings.setdefault("against", []).append(time.perf_counter() - t)
-                if other.returncode != 0:
-                    raise SystemExit(f"tether run ({args.against}) failed: {other.stderr}")
+                done = subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env)
+                took = time.perf_counter() - t
+                if cpu_as is not None:
+                    # The CLI and all it reaped: the keeper, and through it pi and its sandbox.
+                    timings.setdefault(cpu_as, []).append(cpu()[1] - kids)
+                if done.returncode != 0 or json.loads(done.stdout)["status"] != "finished":
+                    raise SystemExit(f"tether run failed: {argv} {done.stdout} {done.stderr}")
+                return took
 
+            timings["cli"].append(cli(cfg_path, f"cli-{i}", cli_env, "cpu_run_cli"))
+            timings["cli_none"].append(cli(unconfined_cfg, f"none-{i}", cli_env))
+            if against_env is not None:
+                timings.setdefault("against", []).append(
+                    cli(against_cfg, f"against-{i}", against_env, "cpu_run_against")
+                )
             if sink is not None:
-                argv = [*done.args[:7], f"cli-otel-{i}", *done.args[8:]]
                 env = {
-                    **os.environ,
+                    **cli_env,
                     "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
                     "OTEL_SERVICE_NAME": "tether-bench",
                 }
-                t = time.perf_counter()
-                traced = subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env)
-                timings.setdefault("cli_otel", []).append(time.perf_counter() - t)
-                if traced.returncode != 0:
-                    raise SystemExit(f"tether run (traced) failed: {traced.stderr}")
+                timings.setdefault("cli_otel", []).append(cli(cfg_path, f"cli-otel-{i}", env))
 
             # The CLI's fixed cost: interpreter, imports (typer, rich, pydantic …), no run.
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "tether", "run", "--help"], capture_output=True)
+            subprocess.run([*tether_run, "--help"], capture_output=True, env=cli_env)
             timings["startup"].append(time.perf_counter() - t)
 
             spec_in = json.loads(baseline_spec(1000 + i).read_text())
@@ -458,7 +466,14 @@ runs_dir = "runs"
     if args.against:
         print(
             f"  tether run from {args.against}  median {med('against'):6.3f} s   "
-            f"ratio {med('against') / med('direct'):.3f}"
+            f"ratio {med('against') / med('direct'):.3f}   (paired "
+            f"{paired('against', 'direct'):.3f}); against direct RPC + tether's extensions "
+            f"{med('against') / med('direct_ext'):.3f} (paired "
+            f"{paired('against', 'direct_ext'):.3f})"
+        )
+        print(
+            f"    this tree : {args.against} = {med('cli') / med('against'):.3f} "
+            f"(paired {paired('cli', 'against'):.3f})"
         )
     print(
         f'    sandboxed : unsandboxed (the same CLI run with sandbox = "none", median '
@@ -483,6 +498,12 @@ runs_dir = "runs"
         f"  CPU of this process per run (the provider's threads included in both): direct "
         f"{med('cpu_direct'):.3f} s, execute_run {med('cpu_tether'):.3f} s; pi itself "
         f"{med('cpu_pi'):.3f} s"
+    )
+    against_cpu = f", from {args.against} {med('cpu_run_against'):.3f} s" if args.against else ""
+    print(
+        f"  CPU of a whole run (the process and all it reaped: pi, and for tether run its keeper "
+        f"and sandbox): direct RPC + tether's extensions {med('cpu_run_direct_ext'):.3f} s, "
+        f"tether run {med('cpu_run_cli'):.3f} s{against_cpu}"
     )
     added = sorted(x * 1000 for x in forwarded)
     print(

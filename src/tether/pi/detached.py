@@ -29,17 +29,19 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
-import psutil
 
 from tether.pi import keeper
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.jsonl import LineSplitter
 from tether.pi.keeper import read_placement
 from tether.processes import alive, start_time
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = ["KeeperTransport", "Placement", "read_placement"]
 
@@ -333,6 +335,8 @@ class KeeperTransport:
         if self._disowned:
             return
         if self.pi_alive():
+            import psutil  # only on the way to a kill (8 ms of a run's start otherwise)
+
             strays = _descendants(self.pid)
             self._signal(signal.SIGKILL)
             for proc in strays:
@@ -465,6 +469,8 @@ def _size(path: Path) -> int:
 def _kill_run_strays(run_dir: Path) -> None:
     """Kill the processes this run's pi started that are left: each one inherited pi's agent
     directory (``PI_CODING_AGENT_DIR``, inside the run directory), whoever its parent is now."""
+    import psutil
+
     inside = str(run_dir.resolve()) + os.sep
     for proc in psutil.process_iter():
         try:
@@ -479,6 +485,8 @@ def _kill_run_strays(run_dir: Path) -> None:
 
 
 def _descendants(root: int) -> list[psutil.Process]:
+    import psutil
+
     try:
         return psutil.Process(root).children(recursive=True)
     except psutil.Error:

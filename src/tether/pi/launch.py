@@ -147,6 +147,11 @@ def pi_command(
     agent_dir = write_agent_dir(run_dir / "agent", config, agent_name, sandboxed=sandboxed)
     session_dir: Path | None = None
     if sandboxed:
+        # Node keys its compile cache by a module's real path, and a path that passes through a
+        # symlink outside (a linked node_modules) is a plain directory inside: pi's modules
+        # missed the cache, read-only inside, at every run (41 modules compiled again). With
+        # Node and pi at their real paths, inside and outside read the same entries.
+        pi = msgspec.structs.replace(pi, node=pi.node.resolve(), cli=pi.cli.resolve())
         # pi's session file lives in a directory of its own, bound into the sandbox (a path
         # bound in must exist, and the file does not until the harness writes it); the run's
         # session.jsonl names it, so everything else reads and writes it where it always is.

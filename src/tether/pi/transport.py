@@ -21,17 +21,19 @@ import signal
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
-import psutil
 
 from tether.files import private_file
 from tether.pi import keeper
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.jsonl import LineSplitter
 from tether.processes import start_time
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = ["AgentTransport", "SubprocessTransport"]
 
@@ -94,7 +96,10 @@ class AgentTransport(Protocol):
 
 def _descendants(root: int) -> list[psutil.Process]:
     """Every live descendant of ``root``, found now (pi starts tool shells in groups of their
-    own, so the group signal alone does not reach them)."""
+    own, so the group signal alone does not reach them). psutil is imported here, on the
+    way to a kill, not by every run (8 ms of a run's start)."""
+    import psutil
+
     try:
         return psutil.Process(root).children(recursive=True)
     except psutil.Error:
@@ -252,6 +257,8 @@ class SubprocessTransport:
 
     async def _kill_everything(self) -> None:
         if self._process.returncode is None:
+            import psutil  # loaded by _descendants already
+
             strays = _descendants(self._process.pid)
             self._signal_group(signal.SIGKILL)
             for proc in strays:

@@ -29,7 +29,6 @@ from typing import Any
 
 import anyio
 import msgspec
-import psutil
 
 from tether import telemetry
 from tether.clock import Clock, SystemClock
@@ -241,6 +240,8 @@ def _confirmed_by_keeper(keeper_place: dict[str, Any], run_dir: Path) -> dict[st
     keeper_pid, pi_pid = keeper_place.get("keeper_pid"), keeper_place.get("pi_pid")
     if not isinstance(keeper_pid, int) or not isinstance(pi_pid, int):
         return {}
+    import psutil  # here, not at every run's reconcile (8 ms of its start)
+
     try:
         keeper_proc = psutil.Process(keeper_pid)
         pi_proc = psutil.Process(pi_pid)
