@@ -523,6 +523,35 @@ def test_under_umask_000_every_directory_tether_causes_is_0700(
     assert loose == {}
 
 
+def test_sandboxed_runs_alone_still_fill_the_compile_cache_once_outside_the_sandbox(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    # A host where every run is sandboxed: pi may read the compile cache but not write it, so
+    # without the warm-up outside, the cache would stay empty and every run compile pi again.
+    url = f"sqlite://{tmp_path}/state/ledger.db"
+    p = scripted_provider(lambda _req: Reply("ok"))
+    cfg = write_config(tmp_path, p.url, url)
+    cache = tmp_path / "xdg-cache"
+    env = {**os.environ, KEY_ENV: "k", "XDG_CACHE_HOME": str(cache)}
+    compiled = cache / "tether" / "node-compile-cache"
+    markers: list[float] = []
+    for session in ("s1", "s2"):
+        done = subprocess.run(
+            [*TETHER, "run", "--config", str(cfg), "-s", session, "-a", "rev", "--json", "hi"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        entries = [q for q in compiled.rglob("*") if q.is_file() and q.parent != compiled]
+        assert len(entries) >= 10, sorted(compiled.rglob("*"))
+        (marker,) = compiled.glob(".warmed-*")
+        markers.append(marker.stat().st_mtime_ns)
+    assert markers[0] == markers[1]  # warmed once, by the first run
+
+
 def test_a_sandboxed_run_as_an_unprivileged_user(
     scripted_provider: Callable[..., ScriptedProvider],
 ) -> None:

@@ -15,7 +15,9 @@ so Node's default place would never be read again.
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -37,6 +39,7 @@ __all__ = [
     "find_pi",
     "pi_argv",
     "pi_env",
+    "warm_compile_cache",
 ]
 
 PI_PACKAGE = "node_modules/@earendil-works/pi-coding-agent"
@@ -100,6 +103,43 @@ def compile_cache() -> Path | None:
     except OSError:
         return None
     return path
+
+
+def warm_compile_cache(pi: PiInstall, cache: Path) -> None:
+    """Fill the compile cache for ``pi`` once, outside any sandbox, when nothing has yet.
+
+    A sandboxed pi reads the cache but may not write it: an entry the agent could write is code
+    the next run (another session's, perhaps) would execute. So on a host where every run is
+    sandboxed the cache would stay empty and each run would compile pi's runtime again (about
+    0.3 s of CPU). pi's own entry run with ``--version`` (pi's code only: no agent, no prompt,
+    no key) compiles its bundled runtime, the bulk of what a run loads; what a run loads later
+    (a provider's client, the tools) stays uncompiled. Done once per Node and pi (a marker file
+    says so), under a lock so that concurrent first runs warm it once; a failure only costs
+    time."""
+    tag = hashlib.sha256(f"{pi.node}\0{pi.cli}\0{pi.version}".encode()).hexdigest()[:16]
+    marker = cache / f".warmed-{tag}"
+    if marker.exists():
+        return
+    try:
+        with open(cache / ".warm.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if marker.exists():
+                return
+            env = {k: os.environ[k] for k in ALLOWED_ENV if k in os.environ}
+            env.update(NODE_COMPILE_CACHE=str(cache), PI_OFFLINE="1")
+            subprocess.run(
+                [str(pi.node), str(pi.cli), "--version"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=60,
+                check=True,
+                umask=0o077,
+            )
+            marker.touch(mode=0o600)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 def _candidate_roots() -> list[Path]:

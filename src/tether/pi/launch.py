@@ -32,6 +32,7 @@ from tether.pi.install import (
     extension_file,
     pi_argv,
     pi_env,
+    warm_compile_cache,
 )
 from tether.pi.keys import KeyChannel, key_channel
 from tether.pi.toolchannel import TOOL_NAMES, TOOLS_EXTENSION, ToolChannel
@@ -205,6 +206,7 @@ def pi_command(
     read_only = [_node_root(pi.node), _node_root(pi.cli), EXTENSION_DIR]
     read_only += [Path(ext).resolve().parent for ext in extensions]
     if (cache := compile_cache()) is not None:
+        warm_compile_cache(pi, cache)
         read_only.append(cache)
     assert home is not None
     assert session_dir is not None
