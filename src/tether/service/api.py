@@ -333,6 +333,8 @@ async def _post_request(
         traced = queued_context(traceparent)  # the worker's run continues this trace
         if traced:
             await blocking(st.ledger.update_queued_extra, run.id, traced)
+        if body.deliver is Deliver.QUEUE:
+            st.queued()
     if not created or body.deliver is Deliver.QUEUE:
         return _answer(run, body.request_id)
     return await _relay(st, run, body)
@@ -372,6 +374,7 @@ async def _relay(st: ServiceState, run: Run, body: RequestIn) -> RequestOut:
     """Mark the queued run for delivery into the live run and wait (a little) for the worker
     holding that run to take it; otherwise it stays the session's next queued run."""
     marked = await blocking(st.ledger.update_queued_extra, run.id, {"deliver": body.deliver.value})
+    st.queued()  # the live run's relay takes it now; with no live run, a worker claims it
     deadline = anyio.current_time() + st.config.service.relay_wait_s
     while marked:
         current = await blocking(st.ledger.get_run, run.id)

@@ -24,6 +24,11 @@ class ServiceState:
     workers: list[Any] = field(default_factory=list)
     """The workers running inside this process (``tether serve --workers N``)."""
 
+    def queued(self) -> None:
+        """A request was queued or marked for relay: this process's workers look at once."""
+        for worker in self.workers:
+            worker.notify()
+
 
 def service_of(app: Any) -> ServiceState:
     state: ServiceState = app.state.service

@@ -51,6 +51,9 @@ RELAYED = (Deliver.STEER.value, Deliver.FOLLOW_UP.value)
 RETENTION_ACTOR = "tether:retention"
 """The actor retention's erasure receipts name."""
 RETENTION_EVERY_S = 86_400.0
+RELAY_POLL_S = 0.5
+"""How often a live run's relay asks the ledger for requests queued by another process (at
+least ``[service] poll_s``); a request posted to this process wakes it at once."""
 
 
 class Worker:
@@ -83,6 +86,9 @@ class Worker:
         self.handed_over: list[Fence] = []
         self.executed = 0
         self._stopping = False
+        self._signals = 0
+        """Bumped by every :meth:`notify`, finished run and stop: a loop that saw it change
+        while it looked at the ledger looks again instead of sleeping (no wake-up is lost)."""
         self._wake: anyio.Event | None = None
         self._stopped_event: anyio.Event | None = None
 
@@ -93,10 +99,21 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming; live runs go on until the drain deadline. Safe before ``run``."""
         self._stopping = True
-        if self._wake is not None:
-            self._wake.set()
+        self._signal()
         if self._stopped_event is not None:
             self._stopped_event.set()
+
+    def notify(self) -> None:
+        """A request was queued (or marked for relay) by this process: claim at once, and let
+        the live runs' relays look at once, instead of at their next poll. Call it from the
+        event loop the worker runs on. Requests queued elsewhere are found by polling."""
+        self._signal()
+
+    def _signal(self) -> None:
+        self._signals += 1
+        if self._wake is not None:
+            self._wake.set()
+            self._wake = None
 
     @property
     def _stopped(self) -> anyio.Event:
@@ -110,11 +127,13 @@ class Worker:
     def stopping(self) -> bool:
         return self._stopping
 
-    async def _idle(self, seconds: float) -> None:
-        """Wait for ``seconds``, a finished run, or a stop, whichever comes first."""
-        self._wake = anyio.Event()
-        if self._stopping and not self.live:
+    async def _idle(self, seconds: float, seen: int | None = None) -> None:
+        """Wait for ``seconds``, a notice, a finished run, or a stop, whichever comes first;
+        at once when one came since ``seen`` (``self._signals`` when the caller last looked)."""
+        if (self._stopping and not self.live) or (seen is not None and seen != self._signals):
             return
+        if self._wake is None:
+            self._wake = anyio.Event()
         with anyio.move_on_after(seconds):
             await self._wake.wait()
 
@@ -132,6 +151,7 @@ class Worker:
                 if len(self.live) >= self.concurrency:
                     await self._idle(poll)
                     continue
+                seen = self._signals
                 try:
                     fence = await in_thread(
                         self.ledger.claim_next, owner=self.owner, lease_s=self.lease_s
@@ -141,7 +161,7 @@ class Worker:
                     await self._idle(poll * 5)
                     continue
                 if fence is None:
-                    await self._idle(poll)
+                    await self._idle(poll, seen)
                     continue
                 self.live[fence.run] = (fence, StopControl())
                 runs.start_soon(self._execute, fence)
@@ -210,15 +230,18 @@ class Worker:
             if self.hub is not None:
                 self.hub.done(fence.run)
             self.live.pop(fence.run, None)
-            if self._wake is not None:
-                self._wake.set()
+            self._signal()
 
     async def _relay(self, live: LivePi) -> None:
         """While the run's task turn is live: deliver the session's queued requests marked
         ``steer``/``follow_up`` into it, oldest first; each is then ended as delivered (its row
-        is the user message pi writes, with the sender's actor)."""
-        poll = self.config.service.poll_s
+        is the user message pi writes, with the sender's actor). It looks when this process
+        queues a request (:meth:`notify`) and every :data:`RELAY_POLL_S` for requests queued
+        by other processes: each look is a ledger read in a thread, so a fast poll per live run
+        would cost the event loop (and so every run) more than the requests it finds."""
+        poll = max(self.config.service.poll_s, RELAY_POLL_S)
         while True:
+            seen = self._signals
             for queued in await in_thread(self.ledger.queued_runs, live.session, limit=100):
                 how = queued.extra.get("deliver")
                 request: dict[str, Any] = queued.extra.get("request") or {}
@@ -232,7 +255,7 @@ class Worker:
                     RunStatus.FINISHED,
                     extra={"delivered_into": live.run, "deliver": how},
                 )
-            await anyio.sleep(poll)
+            await self._idle(poll, seen)
 
     async def _retention_loop(self, idle_days: int) -> None:
         """Erase sessions idle for ``[retention] idle_days`` (DESIGN §3.15), at start and then
