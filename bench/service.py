@@ -61,7 +61,7 @@ from tether.config import load_config  # noqa: E402
 from tether.harness import EXTENSION_PATH  # noqa: E402
 from tether.ledger import Ledger, RunStatus, open_ledger  # noqa: E402
 from tether.pi.agentdir import write_agent_dir  # noqa: E402
-from tether.pi.install import find_pi, pi_argv, pi_env  # noqa: E402
+from tether.pi.install import PiInstall, find_pi, pi_argv, pi_env  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -164,7 +164,7 @@ class Service:
     cpu: float = 0.0
     """CPU seconds the serve process itself spent (user + system) during the rounds."""
 
-    def start(self, cfg_path: Path, workers: int) -> None:
+    def start(self, cfg_path: Path, workers: int, pi: PiInstall) -> None:
         port = free_port()
         log = (self.work / "serve.log").open("wb")
         self.process = subprocess.Popen(
@@ -183,7 +183,13 @@ class Service:
             cwd=self.work,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(self.src)},
+            # The same pi for every checkout (another one may have no node_modules of its own).
+            env={
+                **os.environ,
+                "PYTHONPATH": str(self.src),
+                "TETHER_PI": str(pi.cli),
+                "TETHER_NODE": str(pi.node),
+            },
         )
         self.client = httpx.Client(
             base_url=f"http://127.0.0.1:{port}",
@@ -315,6 +321,11 @@ def main() -> None:
         help="also serve from another checkout (PATH/src), on its own SQLite ledger, same rounds",
     )
     parser.add_argument(
+        "--cli",
+        action="store_true",
+        help="also run the same requests with `tether run` (one process per run), same rounds",
+    )
+    parser.add_argument(
         "--rss-runs",
         type=int,
         metavar="N",
@@ -360,7 +371,7 @@ def main() -> None:
             )
             for service in services:
                 try:
-                    service.start(service.work / "tether.toml", args.workers)
+                    service.start(service.work / "tether.toml", args.workers, pi)
                     rss_runs(service, args.sessions, args.rss_runs)
                 finally:
                     service.stop()
@@ -413,15 +424,58 @@ def main() -> None:
         def served_round(service: Service, n: int) -> float:
             return service.round(args.sessions, n)
 
+        cli_home = work / "cli"
+        cli_runs: list[float] = []
+        cli_walls: list[float] = []
+        if args.cli:
+            cli_home.mkdir()
+            (cli_home / "tether.toml").write_text(
+                CONFIG.format(
+                    ledger=f"sqlite://{cli_home}/ledger.db",
+                    provider=provider.url,
+                    tree=work / "tree",
+                    digest=digest,
+                )
+            )
+
+        def cli_round(n: int) -> float:
+            """``tether run`` on every session, ``--workers`` at a time."""
+
+            def one(s: int) -> float:
+                t = time.perf_counter()
+                argv = [sys.executable, "-m", "tether", "run", "-c", str(cli_home / "tether.toml")]
+                done = subprocess.run(
+                    [*argv, "-s", f"b{s}", "-a", "bench", "--json", f"request {n}"],
+                    cwd=cli_home,
+                    capture_output=True,
+                    env={
+                        **os.environ,
+                        "PYTHONPATH": str(ROOT / "src"),
+                        "TETHER_PI": str(pi.cli),
+                        "TETHER_NODE": str(pi.node),
+                    },
+                )
+                if done.returncode != 0:
+                    raise SystemExit(f"tether run failed ({done.returncode}): {done.stderr!r}")
+                return time.perf_counter() - t
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(args.workers) as pool:
+                cli_runs.extend(pool.map(one, range(args.sessions)))
+            wall = time.perf_counter() - started
+            cli_walls.append(wall)
+            return wall
+
         try:
             for service in services:
-                service.start(service.work / "tether.toml", args.workers)
+                service.start(service.work / "tether.toml", args.workers, pi)
             # Interleaved by round (the load of a shared machine drifts): one request on every
             # session through each service, then as many prompts straight into pi; which goes
             # first rotates by round, so a drifting load favours none.
             for n in range(args.requests):
                 steps: list[tuple[str, Callable[[int], float]]] = [
                     ("direct", direct_round),
+                    *((("cli", cli_round),) if args.cli else ()),
                     *((s.name, functools.partial(served_round, s)) for s in services),
                 ]
                 shift = n % len(steps)
@@ -429,6 +483,14 @@ def main() -> None:
                 shown = ", ".join(f"{name} {wall:.1f}s" for name, wall in took)
                 print(f"round {n + 1}: {shown}, load {os.getloadavg()[0]:.1f}", flush=True)
             measured = [(s, s.durations()) for s in services]
+            if args.cli:
+                with open_ledger(f"sqlite://{cli_home}/ledger.db") as cli_store:
+                    cli_ran = [
+                        seconds(r.ended) - seconds(r.started)
+                        for s in range(args.sessions)
+                        for r in cli_store.runs(f"b{s}")
+                        if r.ended and r.started
+                    ]
         finally:
             for service in services:
                 service.stop()
@@ -463,6 +525,19 @@ def main() -> None:
             f"p99 {pct(service.posts, 0.99) * 1000:.1f} ms"
         )
         print(f"serve process CPU per run (its own, not pi's): {service.cpu / total * 1000:.0f} ms")
+    if args.cli:
+        tp = total / sum(cli_walls)
+        print("-- tether run (one process per run)")
+        print(
+            f"throughput   direct {tp_direct:.2f} runs/s   cli {tp:.2f} runs/s   "
+            f"ratio {tp / tp_direct:.3f}"
+        )
+        for q, name in ((0.5, "p50"), (0.99, "p99")):
+            d, c, w = pct(direct, q), pct(cli_ran, q), pct(cli_runs, q)
+            print(
+                f"per run {name}  direct {d * 1000:.0f} ms   cli {c * 1000:.0f} ms   "
+                f"overhead {c / d - 1:+.1%}   (the process, start to exit: {w * 1000:.0f} ms)"
+            )
     print(f"(work dir {work})")
 
 

@@ -63,7 +63,8 @@ CallerDep = Annotated[Caller, Depends(caller)]
 blocking = in_thread  # a ledger call (synchronous) in a worker thread
 
 
-def state(request: Request) -> ServiceState:
+async def state(request: Request) -> ServiceState:
+    """Async, as :func:`~tether.service.auth.caller`: not a thread hand-off per request."""
     return service_of(request.app)
 
 
@@ -311,16 +312,8 @@ async def post_request(
 async def _post_request(
     session: str, body: RequestIn, who: Caller, st: ServiceState, traceparent: str | None
 ) -> RequestOut:
-    await blocking(_admit_request, st, session, body, who)
     try:
-        run, created = await blocking(
-            st.ledger.enqueue_run,
-            session,
-            body.agent,
-            actor=who.actor,
-            text=body.text,
-            request_id=scoped_request_id(who.actor, body.request_id),
-        )
+        run, created = await blocking(_admit_and_enqueue, st, session, body, who)
     except SessionRefusing as exc:
         raise refused(status.HTTP_409_CONFLICT, "session_refusing", str(exc)) from None
     if not created:
@@ -338,6 +331,21 @@ async def _post_request(
     if not created or body.deliver is Deliver.QUEUE:
         return _answer(run, body.request_id)
     return await _relay(st, run, body)
+
+
+def _admit_and_enqueue(
+    st: ServiceState, session: str, body: RequestIn, who: Caller
+) -> tuple[Run, bool]:
+    """Admission, then the queued run: one thread hand-off for the two (each costs the event
+    loop, which the service's runs share, more than the ledger's work)."""
+    _admit_request(st, session, body, who)
+    return st.ledger.enqueue_run(
+        session,
+        body.agent,
+        actor=who.actor,
+        text=body.text,
+        request_id=scoped_request_id(who.actor, body.request_id),
+    )
 
 
 def scoped_request_id(actor: str, request_id: str | None) -> str | None:
