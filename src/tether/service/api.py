@@ -382,7 +382,7 @@ async def _relay(st: ServiceState, run: Run, body: RequestIn) -> RequestOut:
     """Mark the queued run for delivery into the live run and wait (a little) for the worker
     holding that run to take it; otherwise it stays the session's next queued run."""
     marked = await blocking(st.ledger.update_queued_extra, run.id, {"deliver": body.deliver.value})
-    st.queued()  # the live run's relay takes it now; with no live run, a worker claims it
+    st.queued(run.session)  # the live run's relay takes it now; or a worker claims it
     deadline = anyio.current_time() + st.config.service.relay_wait_s
     while marked:
         current = await blocking(st.ledger.get_run, run.id)

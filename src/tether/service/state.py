@@ -24,10 +24,11 @@ class ServiceState:
     workers: list[Any] = field(default_factory=list)
     """The workers running inside this process (``tether serve --workers N``)."""
 
-    def queued(self) -> None:
-        """A request was queued or marked for relay: this process's workers look at once."""
+    def queued(self, relay: str | None = None) -> None:
+        """A request was queued (``relay``: marked for relay into that session's live run):
+        this process's workers look at once."""
         for worker in self.workers:
-            worker.notify()
+            worker.notify(relay)
 
 
 def service_of(app: Any) -> ServiceState:

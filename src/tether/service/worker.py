@@ -91,6 +91,8 @@ class Worker:
         while it looked at the ledger looks again instead of sleeping (no wake-up is lost)."""
         self._wake: anyio.Event | None = None
         self._stopped_event: anyio.Event | None = None
+        self._relays: dict[str, _Poke] = {}
+        """The sessions whose live runs this worker relays into (one each, while relaying)."""
 
     @property
     def lease_s(self) -> float:
@@ -103,10 +105,13 @@ class Worker:
         if self._stopped_event is not None:
             self._stopped_event.set()
 
-    def notify(self) -> None:
-        """A request was queued (or marked for relay) by this process: claim at once, and let
-        the live runs' relays look at once, instead of at their next poll. Call it from the
-        event loop the worker runs on. Requests queued elsewhere are found by polling."""
+    def notify(self, relay: str | None = None) -> None:
+        """A request was queued by this process: claim at once instead of at the next poll.
+        ``relay``: it was marked for relay into that session's live run, whose relay looks at
+        once (only that one: a look is a ledger read, and a plain request needs none). Call it
+        from the event loop the worker runs on. Requests queued elsewhere are found by polling."""
+        if relay is not None and relay in self._relays:
+            self._relays[relay].poke()
         self._signal()
 
     def _signal(self) -> None:
@@ -236,12 +241,20 @@ class Worker:
         """While the run's task turn is live: deliver the session's queued requests marked
         ``steer``/``follow_up`` into it, oldest first; each is then ended as delivered (its row
         is the user message pi writes, with the sender's actor). It looks when this process
-        queues a request (:meth:`notify`) and every :data:`RELAY_POLL_S` for requests queued
+        marks a request for relay into the session (:meth:`notify`) and every :data:`RELAY_POLL_S` for requests queued
         by other processes: each look is a ledger read in a thread, so a fast poll per live run
         would cost the event loop (and so every run) more than the requests it finds."""
         poll = max(self.config.service.poll_s, RELAY_POLL_S)
+        poke = self._relays[live.session] = _Poke()
+        try:
+            await self._relay_into(live, poke, poll)
+        finally:
+            if self._relays.get(live.session) is poke:
+                del self._relays[live.session]
+
+    async def _relay_into(self, live: LivePi, poke: _Poke, poll: float) -> None:
         while True:
-            seen = self._signals
+            seen = poke.count
             for queued in await in_thread(self.ledger.queued_runs, live.session, limit=100):
                 how = queued.extra.get("deliver")
                 request: dict[str, Any] = queued.extra.get("request") or {}
@@ -255,7 +268,7 @@ class Worker:
                     RunStatus.FINISHED,
                     extra={"delivered_into": live.run, "deliver": how},
                 )
-            await self._idle(poll, seen)
+            await poke.wait(poll, seen)
 
     async def _retention_loop(self, idle_days: int) -> None:
         """Erase sessions idle for ``[retention] idle_days`` (DESIGN §3.15), at start and then
@@ -289,3 +302,26 @@ class Worker:
                     log.info("reconciled run %s: %s", found.run, found.resolution)
             with anyio.move_on_after(min(self.lease_s / 3, 5.0)):
                 await self._stopped.wait()
+
+
+class _Poke:
+    """A wake-up that is never lost: ``wait`` returns at once when ``poke`` came since the
+    waiter's last look (``count`` then)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._event: anyio.Event | None = None
+
+    def poke(self) -> None:
+        self.count += 1
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, seconds: float, seen: int) -> None:
+        if seen != self.count:
+            return
+        if self._event is None:
+            self._event = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await self._event.wait()
