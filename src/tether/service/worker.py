@@ -241,9 +241,10 @@ class Worker:
         """While the run's task turn is live: deliver the session's queued requests marked
         ``steer``/``follow_up`` into it, oldest first; each is then ended as delivered (its row
         is the user message pi writes, with the sender's actor). It looks when this process
-        marks a request for relay into the session (:meth:`notify`) and every :data:`RELAY_POLL_S` for requests queued
-        by other processes: each look is a ledger read in a thread, so a fast poll per live run
-        would cost the event loop (and so every run) more than the requests it finds."""
+        marks a request for relay into the session (:meth:`notify`), and every
+        :data:`RELAY_POLL_S` for requests queued by other processes: each look is a ledger read
+        in a thread, so a fast poll per live run would cost the event loop (and so every run)
+        more than the requests it finds."""
         poll = max(self.config.service.poll_s, RELAY_POLL_S)
         poke = self._relays[live.session] = _Poke()
         try:
