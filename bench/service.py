@@ -130,6 +130,7 @@ provider = "local"
 model = "scripted"
 deadline_s = 600
 workdir = "{tree}"
+{sandbox}
 [harness]
 runs_dir = "runs"
 [service]
@@ -245,6 +246,22 @@ class Service:
         self.cpu += sum(proc.cpu_times()[:2]) - cpu
         return took
 
+    def server_post_p(self, q: float) -> str:
+        """The service's own view of ``POST …/requests`` (its /metrics histogram, so without
+        this process's share): the bucket bound that ``q`` of them stayed within."""
+        assert self.client is not None
+        route = 'method="POST",route="/v1/sessions/{session}/requests"'
+        buckets: list[tuple[str, int]] = []
+        for line in self.client.get("/metrics").text.splitlines():
+            if line.startswith("tether_http_request_seconds_bucket{") and route in line:
+                bound = line.split('le="')[1].split('"')[0]
+                buckets.append((bound, int(line.rsplit(" ", 1)[1])))
+        if not buckets:
+            return "?"
+        total = buckets[-1][1]
+        bound = next(b for b, n in buckets if n >= q * total)
+        return f"≤ {float(bound) * 1000:.0f} ms" if bound != "+Inf" else "> 10 s"
+
     def stop(self) -> None:
         if self.client is not None:
             self.client.close()
@@ -321,6 +338,12 @@ def main() -> None:
         help="also serve from another checkout (PATH/src), on its own SQLite ledger, same rounds",
     )
     parser.add_argument(
+        "--unconfined",
+        action="store_true",
+        help='run the agent with sandbox = "none" (default: its sandbox, bubblewrap), to see '
+        "what confinement costs a run (the baseline's pi is never confined)",
+    )
+    parser.add_argument(
         "--cli",
         action="store_true",
         help="also run the same requests with `tether run` (one process per run), same rounds",
@@ -345,6 +368,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tether-bench-service-"))
     pi = find_pi()
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    sandbox = 'sandbox = "none"' if args.unconfined else ""
     (work / "tree").mkdir()
     with ScriptedProvider(reply) as provider:
         services: list[Service] = []
@@ -358,7 +382,13 @@ def main() -> None:
             home.mkdir()
             url = args.ledger or f"sqlite://{home}/ledger.db"
             (home / "tether.toml").write_text(
-                CONFIG.format(ledger=url, provider=provider.url, tree=work / "tree", digest=digest)
+                CONFIG.format(
+                    ledger=url,
+                    provider=provider.url,
+                    tree=work / "tree",
+                    digest=digest,
+                    sandbox=sandbox,
+                )
             )
             services.append(Service(name, src, home, url))
         cfg = load_config(services[0].work / "tether.toml")
@@ -435,6 +465,7 @@ def main() -> None:
                     provider=provider.url,
                     tree=work / "tree",
                     digest=digest,
+                    sandbox=sandbox,
                 )
             )
 
@@ -483,6 +514,7 @@ def main() -> None:
                 shown = ", ".join(f"{name} {wall:.1f}s" for name, wall in took)
                 print(f"round {n + 1}: {shown}, load {os.getloadavg()[0]:.1f}", flush=True)
             measured = [(s, s.durations()) for s in services]
+            server_posts = {s.name: (s.server_post_p(0.5), s.server_post_p(0.99)) for s in services}
             if args.cli:
                 with open_ledger(f"sqlite://{cli_home}/ledger.db") as cli_store:
                     cli_ran = [
@@ -524,6 +556,8 @@ def main() -> None:
             f"POST /requests  p50 {pct(service.posts, 0.5) * 1000:.1f} ms   "
             f"p99 {pct(service.posts, 0.99) * 1000:.1f} ms"
         )
+        p50, p99 = server_posts[service.name]
+        print(f"POST /requests, as the service timed it (its /metrics): p50 {p50}   p99 {p99}")
         print(f"serve process CPU per run (its own, not pi's): {service.cpu / total * 1000:.0f} ms")
     if args.cli:
         tp = total / sum(cli_walls)

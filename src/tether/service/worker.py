@@ -106,13 +106,17 @@ class Worker:
             self._stopped_event.set()
 
     def notify(self, relay: str | None = None) -> None:
-        """A request was queued by this process: claim at once instead of at the next poll.
-        ``relay``: it was marked for relay into that session's live run, whose relay looks at
-        once (only that one: a look is a ledger read, and a plain request needs none). Call it
-        from the event loop the worker runs on. Requests queued elsewhere are found by polling."""
+        """A request was queued by this process. An idle worker claims at once instead of at
+        its next poll; a busy one claims at its poll or when a run ends: claiming and starting
+        a run on every post of a burst would put that work right under the next posts (their
+        p99 tripled in bench/service.py) for no sooner end. ``relay``: it was marked for relay
+        into that session's live run, whose relay looks at once (only that one: a look is a
+        ledger read, and a plain request needs none). Call it from the event loop the worker
+        runs on. Requests queued elsewhere are found by polling."""
         if relay is not None and relay in self._relays:
             self._relays[relay].poke()
-        self._signal()
+        if not self.live:
+            self._signal()
 
     def _signal(self) -> None:
         self._signals += 1
