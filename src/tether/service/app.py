@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -32,8 +31,6 @@ __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
 
-GIL_SWITCH_S = 0.001
-"""The interpreter's switch interval while the service runs (Python's default: 5 ms)."""
 STOPPING = "stopping: no more claims; live runs finish until [service] drain_s or are handed over"
 
 
@@ -53,19 +50,6 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        switch = sys.getswitchinterval()
-        # The event loop answers requests and drives every run of this process, and hands the
-        # ledger calls to threads: a thread holding the GIL keeps the loop waiting up to the
-        # switch interval (5 ms) at each hand-off back. 1 ms bounds that wait for the loop.
-        sys.setswitchinterval(min(switch, GIL_SWITCH_S))
-        try:
-            async with _workers(app):
-                yield
-        finally:
-            sys.setswitchinterval(switch)
-
-    @contextlib.asynccontextmanager
-    async def _workers(app: FastAPI) -> AsyncIterator[None]:
         if workers <= 0:
             yield
             st.stopping = True
