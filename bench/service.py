@@ -17,7 +17,12 @@ at p50 and p99 and the overhead as a ratio against the baseline; the latency of 
 
 ``--against PATH`` serves a second service from another checkout (PATH or PATH/src holding
 ``tether``; e.g. ``git worktree add /tmp/base main``), on a ledger of its own, in the same rounds
-(the order rotates by round), so before and after are one run on one machine's load.
+(the order rotates by round), so before and after are one run on one machine's load. Every
+checkout runs this checkout's pi (``TETHER_PI``, ``TETHER_NODE``): it needs no node_modules.
+``--cli`` times ``tether run`` in the same rounds too (its ledger's ``started`` comes after pi
+was started, so its per-run figure is not the service's). ``--unconfined`` runs the agent with
+``sandbox = "none"``, to see what confinement costs a run. The service's own timing of
+``POST …/requests`` (its /metrics histogram) is printed beside the client's.
 
 ``--rss-runs N`` measures memory instead: requests go to the service (``--sessions`` sessions,
 one queued request each at a time) until N runs ended; the serve process's resident set size
