@@ -8,21 +8,38 @@ time. The scripted provider (tests/provider.py) answers every request at once (p
 ``--latency-ms``). The load of a shared machine drifts, so the two alternate by round: one
 request on every session through the service, then as many prompts straight into pi.
 
-Printed: throughput (runs per second, whole batch, each way) and its ratio; per run, the wall
+Printed: the serve process's own CPU per run (user + system, not its children: pi and its
+keeper); throughput (runs per second, whole batch, each way) and its ratio; per run, the wall
 time of the run (service: the run's ``started`` → ``ended`` in the ledger, i.e. claim, view,
 request row, pi under its keeper, mirror, checkpoint step, end; baseline: pi's start → exit)
 at p50 and p99 and the overhead as a ratio against the baseline; the latency of ``POST
 …/requests`` (p50/p99).
 
+``--against PATH`` serves a second service from another checkout (PATH or PATH/src holding
+``tether``; e.g. ``git worktree add /tmp/base main``), on a ledger of its own, in the same rounds
+(the order rotates by round), so before and after are one run on one machine's load. Every
+checkout runs this checkout's pi (``TETHER_PI``, ``TETHER_NODE``): it needs no node_modules.
+``--cli`` times ``tether run`` in the same rounds too (its ledger's ``started`` comes after pi
+was started, so its per-run figure is not the service's). ``--unconfined`` runs the agent with
+``sandbox = "none"``, to see what confinement costs a run. The service's own timing of
+``POST …/requests`` (its /metrics histogram) is printed beside the client's.
+
+``--rss-runs N`` measures memory instead: requests go to the service (``--sessions`` sessions,
+one queued request each at a time) until N runs ended; the serve process's resident set size
+is sampled every 100 runs and the ratio of run N's to run 100's printed (flat: within ±10 %).
+
     .venv/bin/python bench/service.py                        # 50 sessions × 3, 4 workers
     .venv/bin/python bench/service.py --sessions 10 --requests 2 --workers 2
     .venv/bin/python bench/service.py --baseline-extension   # the baseline's pi loads the
                                                               # continuation extension too
+    .venv/bin/python bench/service.py --baseline-extension --against /tmp/base
+    .venv/bin/python bench/service.py --rss-runs 1000        # RSS at run 100 and run 1,000
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -32,7 +49,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -40,13 +59,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
+import psutil  # noqa: E402
 
 from provider import RecordedRequest, Reply, ScriptedProvider  # noqa: E402
 from tether.config import load_config  # noqa: E402
 from tether.harness import EXTENSION_PATH  # noqa: E402
-from tether.ledger import RunStatus, open_ledger  # noqa: E402
+from tether.ledger import Ledger, RunStatus, open_ledger  # noqa: E402
 from tether.pi.agentdir import write_agent_dir  # noqa: E402
-from tether.pi.install import find_pi, pi_argv, pi_env  # noqa: E402
+from tether.pi.install import PiInstall, find_pi, pi_argv, pi_env  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -103,6 +123,208 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+CONFIG = """
+[ledger]
+url = "{ledger}"
+[providers.local]
+base_url = "{provider}"
+context_window = 1000000
+max_tokens = 1024
+[agents.bench]
+provider = "local"
+model = "scripted"
+deadline_s = 600
+workdir = "{tree}"
+{sandbox}
+[harness]
+runs_dir = "runs"
+[service]
+poll_s = 0.05
+[service.tokens]
+"{digest}" = "user:bench"
+"""
+
+
+def source_dir(path: str) -> Path:
+    """The directory holding the ``tether`` package of a checkout (PATH/src or PATH)."""
+    for candidate in (Path(path) / "src", Path(path)):
+        if (candidate / "tether" / "__init__.py").is_file():
+            return candidate.resolve()
+    raise SystemExit(f"--against {path}: no tether package in {path}/src or {path}")
+
+
+@dataclass
+class Service:
+    """One ``tether serve --workers N`` on a ledger of its own, and what was measured on it."""
+
+    name: str
+    src: Path
+    work: Path
+    ledger_url: str
+    process: subprocess.Popen[bytes] | None = None
+    client: httpx.Client | None = None
+    store: Ledger | None = None
+    posts: list[float] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+    wall: float = 0.0
+    cpu: float = 0.0
+    """CPU seconds the serve process itself spent (user + system) during the rounds."""
+
+    def start(self, cfg_path: Path, workers: int, pi: PiInstall) -> None:
+        port = free_port()
+        log = (self.work / "serve.log").open("wb")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tether",
+                "serve",
+                "--config",
+                str(cfg_path),
+                "--port",
+                str(port),
+                "--workers",
+                str(workers),
+            ],
+            cwd=self.work,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # The same pi for every checkout (another one may have no node_modules of its own).
+            env={
+                **os.environ,
+                "PYTHONPATH": str(self.src),
+                "TETHER_PI": str(pi.cli),
+                "TETHER_NODE": str(pi.node),
+            },
+        )
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=60,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.client.get("/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise SystemExit(f"tether serve did not start: {self.work / 'serve.log'}")
+            time.sleep(0.05)
+        self.store = open_ledger(self.ledger_url)
+
+    def post(self, session: str, text: str, request_id: str) -> str:
+        assert self.client is not None
+        t = time.perf_counter()
+        r = self.client.post(
+            f"/v1/sessions/{session}/requests",
+            json={"agent": "bench", "text": text, "request_id": request_id},
+        )
+        self.posts.append(time.perf_counter() - t)
+        r.raise_for_status()
+        run = str(r.json()["run"])
+        self.runs.append(run)
+        return run
+
+    def pending(self) -> int:
+        assert self.store is not None
+        counts = self.store.run_counts()
+        return counts[RunStatus.QUEUED] + counts[RunStatus.RUNNING]
+
+    def rss(self) -> int:
+        assert self.process is not None
+        return int(psutil.Process(self.process.pid).memory_info().rss)
+
+    def round(self, sessions: int, n: int) -> float:
+        """One request on every session; seconds until all of them ended."""
+        assert self.process is not None
+        proc = psutil.Process(self.process.pid)
+        cpu = sum(proc.cpu_times()[:2])
+        started = time.perf_counter()
+        for s in range(sessions):
+            self.post(f"b{s}", f"request {n}", f"{s}-{n}")
+        while self.pending():
+            time.sleep(0.05)
+        took = time.perf_counter() - started
+        self.wall += took
+        self.cpu += sum(proc.cpu_times()[:2]) - cpu
+        return took
+
+    def server_post_p(self, q: float) -> str:
+        """The service's own view of ``POST …/requests`` (its /metrics histogram, so without
+        this process's share): the bucket bound that ``q`` of them stayed within."""
+        assert self.client is not None
+        route = 'method="POST",route="/v1/sessions/{session}/requests"'
+        buckets: list[tuple[str, int]] = []
+        for line in self.client.get("/metrics").text.splitlines():
+            if line.startswith("tether_http_request_seconds_bucket{") and route in line:
+                bound = line.split('le="')[1].split('"')[0]
+                buckets.append((bound, int(line.rsplit(" ", 1)[1])))
+        if not buckets:
+            return "?"
+        total = buckets[-1][1]
+        bound = next(b for b, n in buckets if n >= q * total)
+        return f"≤ {float(bound) * 1000:.0f} ms" if bound != "+Inf" else "> 10 s"
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.store is not None:
+            self.store.close()
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(60)
+
+    def durations(self) -> list[float]:
+        """Each run's ``started`` → ``ended``; exits when a run did not finish."""
+        assert self.store is not None
+        details = [self.store.get_run(r) for r in self.runs]
+        bad = [
+            (r.id, r.status.value, r.extra.get("error"))
+            for r in details
+            if r.status is not RunStatus.FINISHED
+        ]
+        if bad:
+            raise SystemExit(f"{self.name}: {len(bad)} runs did not finish: {bad[:3]}")
+        return [seconds(r.ended) - seconds(r.started) for r in details if r.ended and r.started]
+
+
+def rss_runs(service: Service, sessions: int, runs: int) -> None:
+    """Requests until ``runs`` ended, one queued at a time per session; RSS every 100 runs."""
+    assert service.store is not None
+    samples: dict[int, int] = {}
+    posted = 0
+    per_session = [0] * sessions
+    started = time.perf_counter()
+    next_sample = 100
+    while True:
+        counts = service.store.run_counts()
+        ended = posted - counts[RunStatus.QUEUED] - counts[RunStatus.RUNNING]
+        while ended >= next_sample and next_sample <= runs:
+            samples[next_sample] = service.rss()
+            print(
+                f"{service.name}: run {next_sample}: RSS {samples[next_sample] / 2**20:.1f} MiB "
+                f"({time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+            next_sample += 100
+        if ended >= runs:
+            break
+        # Keep one request queued or running on every session while runs remain to post.
+        if counts[RunStatus.QUEUED] == 0 and posted < runs:
+            for s in range(min(sessions, runs - posted)):
+                service.post(f"m{s}", f"request {per_session[s]}", f"m{s}-{per_session[s]}")
+                per_session[s] += 1
+                posted += 1
+        time.sleep(0.05)
+    first, last = samples[100], samples[max(samples)]
+    print(
+        f"{service.name}: RSS run 100 {first / 2**20:.1f} MiB, run {max(samples)} "
+        f"{last / 2**20:.1f} MiB: ratio {last / first:.3f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=50)
@@ -115,7 +337,33 @@ def main() -> None:
         action="store_true",
         help="load tether's continuation extension in the baseline's pi too (as the service's)",
     )
+    parser.add_argument(
+        "--against",
+        metavar="PATH",
+        help="also serve from another checkout (PATH/src), on its own SQLite ledger, same rounds",
+    )
+    parser.add_argument(
+        "--unconfined",
+        action="store_true",
+        help='run the agent with sandbox = "none" (default: its sandbox, bubblewrap), to see '
+        "what confinement costs a run (the baseline's pi is never confined)",
+    )
+    parser.add_argument(
+        "--cli",
+        action="store_true",
+        help="also run the same requests with `tether run` (one process per run), same rounds",
+    )
+    parser.add_argument(
+        "--rss-runs",
+        type=int,
+        metavar="N",
+        help="measure the serve process's RSS from run 100 to run N instead (N ≥ 100)",
+    )
     args = parser.parse_args()
+    if args.rss_runs is not None and args.rss_runs < 100:
+        parser.error("--rss-runs needs at least 100 runs (RSS is compared to run 100's)")
+    if args.against and args.ledger:
+        parser.error("--against serves each checkout on a SQLite ledger of its own: no --ledger")
     total = args.sessions * args.requests
     delay = args.latency_ms / 1000
 
@@ -123,35 +371,47 @@ def main() -> None:
         return Reply(f"answer to {req.last_user_text}", delay_s=delay)
 
     work = Path(tempfile.mkdtemp(prefix="tether-bench-service-"))
-    ledger_url = args.ledger or f"sqlite://{work}/ledger.db"
     pi = find_pi()
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    sandbox = 'sandbox = "none"' if args.unconfined else ""
+    (work / "tree").mkdir()
     with ScriptedProvider(reply) as provider:
-        digest = hashlib.sha256(TOKEN.encode()).hexdigest()
-        cfg_path = work / "tether.toml"
-        cfg_path.write_text(
-            f"""
-[ledger]
-url = "{ledger_url}"
-[providers.local]
-base_url = "{provider.url}"
-context_window = 1000000
-max_tokens = 1024
-[agents.bench]
-provider = "local"
-model = "scripted"
-deadline_s = 600
-workdir = "tree"
-[harness]
-runs_dir = "runs"
-[service]
-poll_s = 0.05
-[service.tokens]
-"{digest}" = "user:bench"
-"""
-        )
-        cfg = load_config(cfg_path)
+        services: list[Service] = []
+        for name, src in (("service", ROOT / "src"), ("against", None)):
+            if name == "against":
+                if not args.against:
+                    continue
+                src = source_dir(args.against)
+            assert src is not None
+            home = work / name
+            home.mkdir()
+            url = args.ledger or f"sqlite://{home}/ledger.db"
+            (home / "tether.toml").write_text(
+                CONFIG.format(
+                    ledger=url,
+                    provider=provider.url,
+                    tree=work / "tree",
+                    digest=digest,
+                    sandbox=sandbox,
+                )
+            )
+            services.append(Service(name, src, home, url))
+        cfg = load_config(services[0].work / "tether.toml")
         agent = cfg.agent("bench")
-        (work / "tree").mkdir()
+
+        if args.rss_runs is not None:
+            print(
+                f"RSS over {args.rss_runs} runs ({args.sessions} sessions, {args.workers} "
+                f"workers); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+            )
+            for service in services:
+                try:
+                    service.start(service.work / "tether.toml", args.workers, pi)
+                    rss_runs(service, args.sessions, args.rss_runs)
+                finally:
+                    service.stop()
+            print(f"(work dir {work})")
+            return
 
         def baseline(label: str, count: int) -> tuple[list[tuple[float, float]], float]:
             specs = []
@@ -187,129 +447,136 @@ poll_s = 0.05
             f"{total} runs ({args.sessions} sessions × {args.requests}), {args.workers} at a "
             f"time; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
         )
-        port = free_port()
-        log = (work / "serve.log").open("wb")
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tether",
-                "serve",
-                "--config",
-                str(cfg_path),
-                "--port",
-                str(port),
-                "--workers",
-                str(args.workers),
-            ],
-            cwd=work,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        client = httpx.Client(
-            base_url=f"http://127.0.0.1:{port}",
-            headers={"Authorization": f"Bearer {TOKEN}"},
-            timeout=60,
-        )
-        posts: list[float] = []
-        runs: list[str] = []
         direct_both: list[tuple[float, float]] = []
-        direct_wall = service_wall = 0.0
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if client.get("/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit(f"tether serve did not start: {work / 'serve.log'}")
-                time.sleep(0.05)
-            store = open_ledger(ledger_url)
-            # Interleaved by round (the load of a shared machine drifts): one request on every
-            # session through the service, then as many prompts straight into pi.
-            for n in range(args.requests):
+        direct_walls: list[float] = []
 
-                def through_service(n: int = n) -> float:
-                    started = time.perf_counter()
-                    for s in range(args.sessions):
-                        t = time.perf_counter()
-                        r = client.post(
-                            f"/v1/sessions/b{s}/requests",
-                            json={
-                                "agent": "bench",
-                                "text": f"request {n}",
-                                "request_id": f"{s}-{n}",
-                            },
-                        )
-                        posts.append(time.perf_counter() - t)
-                        r.raise_for_status()
-                        runs.append(r.json()["run"])
-                    while True:
-                        counts = store.run_counts()
-                        if counts[RunStatus.QUEUED] == 0 and counts[RunStatus.RUNNING] == 0:
-                            break
-                        time.sleep(0.05)
-                    return time.perf_counter() - started
+        def direct_round(n: int) -> float:
+            times, wall = baseline(f"{n}", args.sessions)
+            direct_both.extend(times)
+            direct_walls.append(wall)
+            return wall
 
-                # Which goes first alternates by round, so a drifting load favours neither.
-                if n % 2 == 0:
-                    took = through_service()
-                    times, wall = baseline(f"{n}", args.sessions)
-                else:
-                    times, wall = baseline(f"{n}", args.sessions)
-                    took = through_service()
-                service_wall += took
-                direct_both += times
-                direct_wall += wall
-                print(
-                    f"round {n + 1}: service {took:.1f}s, direct {wall:.1f}s, "
-                    f"load {os.getloadavg()[0]:.1f}"
+        def served_round(service: Service, n: int) -> float:
+            return service.round(args.sessions, n)
+
+        cli_home = work / "cli"
+        cli_runs: list[float] = []
+        cli_walls: list[float] = []
+        if args.cli:
+            cli_home.mkdir()
+            (cli_home / "tether.toml").write_text(
+                CONFIG.format(
+                    ledger=f"sqlite://{cli_home}/ledger.db",
+                    provider=provider.url,
+                    tree=work / "tree",
+                    digest=digest,
+                    sandbox=sandbox,
                 )
-            details = [store.get_run(r) for r in runs]
-            store.close()
+            )
+
+        def cli_round(n: int) -> float:
+            """``tether run`` on every session, ``--workers`` at a time."""
+
+            def one(s: int) -> float:
+                t = time.perf_counter()
+                argv = [sys.executable, "-m", "tether", "run", "-c", str(cli_home / "tether.toml")]
+                done = subprocess.run(
+                    [*argv, "-s", f"b{s}", "-a", "bench", "--json", f"request {n}"],
+                    cwd=cli_home,
+                    capture_output=True,
+                    env={
+                        **os.environ,
+                        "PYTHONPATH": str(ROOT / "src"),
+                        "TETHER_PI": str(pi.cli),
+                        "TETHER_NODE": str(pi.node),
+                    },
+                )
+                if done.returncode != 0:
+                    raise SystemExit(f"tether run failed ({done.returncode}): {done.stderr!r}")
+                return time.perf_counter() - t
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(args.workers) as pool:
+                cli_runs.extend(pool.map(one, range(args.sessions)))
+            wall = time.perf_counter() - started
+            cli_walls.append(wall)
+            return wall
+
+        try:
+            for service in services:
+                service.start(service.work / "tether.toml", args.workers, pi)
+            # Interleaved by round (the load of a shared machine drifts): one request on every
+            # session through each service, then as many prompts straight into pi; which goes
+            # first rotates by round, so a drifting load favours none.
+            for n in range(args.requests):
+                steps: list[tuple[str, Callable[[int], float]]] = [
+                    ("direct", direct_round),
+                    *((("cli", cli_round),) if args.cli else ()),
+                    *((s.name, functools.partial(served_round, s)) for s in services),
+                ]
+                shift = n % len(steps)
+                took = [(name, step(n)) for name, step in steps[shift:] + steps[:shift]]
+                shown = ", ".join(f"{name} {wall:.1f}s" for name, wall in took)
+                print(f"round {n + 1}: {shown}, load {os.getloadavg()[0]:.1f}", flush=True)
+            measured = [(s, s.durations()) for s in services]
+            server_posts = {s.name: (s.server_post_p(0.5), s.server_post_p(0.99)) for s in services}
+            if args.cli:
+                with open_ledger(f"sqlite://{cli_home}/ledger.db") as cli_store:
+                    cli_ran = [
+                        seconds(r.ended) - seconds(r.started)
+                        for s in range(args.sessions)
+                        for r in cli_store.runs(f"b{s}")
+                        if r.ended and r.started
+                    ]
         finally:
-            client.close()
-            server.terminate()
-            server.wait(60)
-    bad = [
-        (r.id, r.status.value, r.extra.get("error"))
-        for r in details
-        if r.status is not RunStatus.FINISHED
-    ]
-    if bad:
-        raise SystemExit(f"{len(bad)} runs did not finish: {bad[:3]}")
-    service = [seconds(r.ended) - seconds(r.started) for r in details if r.ended and r.started]
+            for service in services:
+                service.stop()
     direct = [exited for _, exited in direct_both]
     to_settle = [settled for settled, _ in direct_both]
-    tp_direct, tp_service = total / direct_wall, total / service_wall
+    tp_direct = total / sum(direct_walls)
     print()
-    print(
-        f"throughput   direct {tp_direct:.2f} runs/s   service {tp_service:.2f} runs/s   "
-        f"ratio {tp_service / tp_direct:.3f}"
-    )
-    for q, name in ((0.5, "p50"), (0.99, "p99")):
-        d, s = pct(direct, q), pct(service, q)
-        print(
-            f"per run {name}  direct {d * 1000:.0f} ms   service {s * 1000:.0f} ms   "
-            f"overhead {s / d - 1:+.1%}"
-        )
     print(
         f"direct, start → agent_settled only: p50 {pct(to_settle, 0.5) * 1000:.0f} ms, "
         f"p99 {pct(to_settle, 0.99) * 1000:.0f} ms"
     )
-    print(
-        f"mean         direct {statistics.mean(direct) * 1000:.0f} ms   "
-        f"service {statistics.mean(service) * 1000:.0f} ms   "
-        f"overhead {statistics.mean(service) / statistics.mean(direct) - 1:+.1%}"
-    )
-    print(
-        f"POST /requests  p50 {pct(posts, 0.5) * 1000:.1f} ms   "
-        f"p99 {pct(posts, 0.99) * 1000:.1f} ms"
-    )
+    for service, times in measured:
+        tp = total / service.wall
+        print(f"-- {service.name} ({service.src})")
+        print(
+            f"throughput   direct {tp_direct:.2f} runs/s   {service.name} {tp:.2f} runs/s   "
+            f"ratio {tp / tp_direct:.3f}"
+        )
+        for q, name in ((0.5, "p50"), (0.99, "p99")):
+            d, s = pct(direct, q), pct(times, q)
+            print(
+                f"per run {name}  direct {d * 1000:.0f} ms   {service.name} {s * 1000:.0f} ms   "
+                f"overhead {s / d - 1:+.1%}"
+            )
+        print(
+            f"mean         direct {statistics.mean(direct) * 1000:.0f} ms   "
+            f"{service.name} {statistics.mean(times) * 1000:.0f} ms   "
+            f"overhead {statistics.mean(times) / statistics.mean(direct) - 1:+.1%}"
+        )
+        print(
+            f"POST /requests  p50 {pct(service.posts, 0.5) * 1000:.1f} ms   "
+            f"p99 {pct(service.posts, 0.99) * 1000:.1f} ms"
+        )
+        p50, p99 = server_posts[service.name]
+        print(f"POST /requests, as the service timed it (its /metrics): p50 {p50}   p99 {p99}")
+        print(f"serve process CPU per run (its own, not pi's): {service.cpu / total * 1000:.0f} ms")
+    if args.cli:
+        tp = total / sum(cli_walls)
+        print("-- tether run (one process per run)")
+        print(
+            f"throughput   direct {tp_direct:.2f} runs/s   cli {tp:.2f} runs/s   "
+            f"ratio {tp / tp_direct:.3f}"
+        )
+        for q, name in ((0.5, "p50"), (0.99, "p99")):
+            d, c, w = pct(direct, q), pct(cli_ran, q), pct(cli_runs, q)
+            print(
+                f"per run {name}  direct {d * 1000:.0f} ms   cli {c * 1000:.0f} ms   "
+                f"overhead {c / d - 1:+.1%}   (the process, start to exit: {w * 1000:.0f} ms)"
+            )
     print(f"(work dir {work})")
 
 

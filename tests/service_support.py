@@ -37,6 +37,7 @@ def write_config(
     extra: str = "",
     lease_s: float = 30,
     drain_s: float = 20,
+    poll_s: float = 0.05,
 ) -> Path:
     tokens = "\n".join(f'"{digest(t)}" = "{a}"' for t, a in TOKENS.items())
     path = tmp / "tether.toml"
@@ -68,7 +69,7 @@ lease_s = {lease_s}
 "user:carl" = ["repo:acme/*"]
 
 [service]
-poll_s = 0.05
+poll_s = {poll_s}
 drain_s = {drain_s}
 {extra}
 

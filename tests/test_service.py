@@ -258,6 +258,34 @@ def test_steer_goes_into_the_live_run_with_the_senders_actor(
     assert "also check the tests" in p.task_requests[1].user_texts
 
 
+@pytest.mark.slow
+def test_a_request_posted_here_wakes_the_idle_worker_and_the_live_runs_relay(
+    tmp_path: Path, scripted_provider: Provider
+) -> None:
+    """With ``poll_s`` at a minute, only the post's own wake-up gets a run claimed and a steer
+    delivered in time: polling alone would claim the second run after up to a minute, and the
+    steer would wait past ``relay_wait_s`` (5 s) and be answered as queued."""
+    p = scripted_provider(
+        [
+            Reply("first"),
+            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})]),
+            Reply("steered answer"),
+        ]
+    )
+    with serve(tmp_path, write_config(tmp_path, p.url, poll_s=60)) as s:
+        first = s.post("s1", "one").json()["run"]
+        assert s.wait_run(first, timeout=30)["answer"] == "first"
+        # The worker found nothing more after the first run: it idles for poll_s now.
+        posted = time.monotonic()
+        run = s.post("s1", "start the long job").json()["run"]
+        p.wait_for_requests(2, timeout=20)
+        assert time.monotonic() - posted < 20, "the worker waited for its poll to claim the run"
+        steered = s.post("s1", "also check the tests", token="carl-token", deliver="steer")
+        assert steered.status_code == 202, steered.text
+        assert (steered.json()["status"], steered.json()["run"]) == ("delivered", run)
+        assert s.wait_run(run, timeout=30)["answer"] == "steered answer"
+
+
 def test_follow_up_goes_into_the_live_run_once_it_would_stop(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:

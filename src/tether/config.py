@@ -216,7 +216,8 @@ class ServiceConfig(_Section, frozen=True):
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
     poll_s: PositiveSeconds = 0.2
-    """How often an idle worker looks for queued runs (and a stream for new rows)."""
+    """How often an idle worker looks for queued runs (and a stream for new rows). A request
+    posted to the same serve process wakes its idle workers at once."""
     drain_s: NonNegativeSeconds = 30.0
     """On SIGTERM, how long live runs may go on before they are handed over (lease released)."""
     relay_wait_s: NonNegativeSeconds = 5.0

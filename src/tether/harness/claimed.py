@@ -171,7 +171,13 @@ async def _run_claimed(
         start_error: OSError | None = None
         if launch is None and config.custody.detached:
             # A worker's run: pi loads while the view is built and the run's files written.
-            launch, start_error = start_pi(config, request, pi=pi, run_id=run_id, workdir=workdir)
+            # Started in a thread: its files and spawn would hold up the event loop, which a
+            # service shares between its runs and requests. Shielded, so a cancel lands after
+            # it, where the launch is discarded below instead of lost.
+            with anyio.CancelScope(shield=True):
+                launch, start_error = await in_thread(
+                    start_pi, config, request, pi=pi, run_id=run_id, workdir=workdir
+                )
         building = telemetry.now_ns()
         try:
             view = await followup_view(ledger, config, request)

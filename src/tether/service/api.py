@@ -65,7 +65,8 @@ CallerDep = Annotated[Caller, Depends(caller)]
 blocking = in_thread  # a ledger call (synchronous) in a worker thread
 
 
-def state(request: Request) -> ServiceState:
+async def state(request: Request) -> ServiceState:
+    """Async, as :func:`~tether.service.auth.caller`: not a thread hand-off per request."""
     return service_of(request.app)
 
 
@@ -317,16 +318,8 @@ async def post_request(
 async def _post_request(
     session: str, body: RequestIn, who: Caller, st: ServiceState, traceparent: str | None
 ) -> RequestOut:
-    await blocking(_admit_request, st, session, body, who)
     try:
-        run, created = await blocking(
-            st.ledger.enqueue_run,
-            session,
-            body.agent,
-            actor=who.actor,
-            text=body.text,
-            request_id=scoped_request_id(who.actor, body.request_id),
-        )
+        run, created = await blocking(_admit_and_enqueue, st, session, body, who)
     except SessionRefusing as exc:
         raise refused(status.HTTP_409_CONFLICT, "session_refusing", str(exc)) from None
     if not created:
@@ -339,9 +332,26 @@ async def _post_request(
         traced = queued_context(traceparent)  # the worker's run continues this trace
         if traced:
             await blocking(st.ledger.update_queued_extra, run.id, traced)
+        if body.deliver is Deliver.QUEUE:
+            st.queued()
     if not created or body.deliver is Deliver.QUEUE:
         return _answer(run, body.request_id)
     return await _relay(st, run, body)
+
+
+def _admit_and_enqueue(
+    st: ServiceState, session: str, body: RequestIn, who: Caller
+) -> tuple[Run, bool]:
+    """Admission, then the queued run: one thread hand-off for the two (each costs the event
+    loop, which the service's runs share, more than the ledger's work)."""
+    _admit_request(st, session, body, who)
+    return st.ledger.enqueue_run(
+        session,
+        body.agent,
+        actor=who.actor,
+        text=body.text,
+        request_id=scoped_request_id(who.actor, body.request_id),
+    )
 
 
 def scoped_request_id(actor: str, request_id: str | None) -> str | None:
@@ -378,6 +388,7 @@ async def _relay(st: ServiceState, run: Run, body: RequestIn) -> RequestOut:
     """Mark the queued run for delivery into the live run and wait (a little) for the worker
     holding that run to take it; otherwise it stays the session's next queued run."""
     marked = await blocking(st.ledger.update_queued_extra, run.id, {"deliver": body.deliver.value})
+    st.queued(run.session)  # the live run's relay takes it now; or a worker claims it
     deadline = anyio.current_time() + st.config.service.relay_wait_s
     while marked:
         current = await blocking(st.ledger.get_run, run.id)

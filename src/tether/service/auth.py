@@ -65,9 +65,10 @@ def authenticate(tokens: Mapping[str, str], authorization: str) -> str:
     return actor
 
 
-def caller(request: Request) -> Caller:
+async def caller(request: Request) -> Caller:
     """The FastAPI dependency every endpoint but ``/healthz`` and ``/metrics`` takes: 401 without
-    a valid ``Authorization: Bearer TOKEN``."""
+    a valid ``Authorization: Bearer TOKEN``. Async (it only hashes): FastAPI would run a plain
+    function in a worker thread, a hand-off per request."""
     state = service_of(request.app)
     actor = authenticate(state.config.service.tokens, request.headers.get("authorization", ""))
     return Caller(actor=actor, admission=Admission(state.config.access.grants, actor))

@@ -24,6 +24,12 @@ class ServiceState:
     workers: list[Any] = field(default_factory=list)
     """The workers running inside this process (``tether serve --workers N``)."""
 
+    def queued(self, relay: str | None = None) -> None:
+        """A request was queued (``relay``: marked for relay into that session's live run):
+        this process's workers look at once."""
+        for worker in self.workers:
+            worker.notify(relay)
+
 
 def service_of(app: Any) -> ServiceState:
     state: ServiceState = app.state.service

@@ -50,6 +50,9 @@ RELAYED = (Deliver.STEER.value, Deliver.FOLLOW_UP.value)
 RETENTION_ACTOR = "tether:retention"
 """The actor retention's erasure receipts name."""
 RETENTION_EVERY_S = 86_400.0
+RELAY_POLL_S = 0.5
+"""How often a live run's relay asks the ledger for requests queued by another process (at
+least ``[service] poll_s``); a request posted to this process wakes it at once."""
 
 
 class Worker:
@@ -82,8 +85,13 @@ class Worker:
         self.handed_over: list[Fence] = []
         self.executed = 0
         self._stopping = False
+        self._signals = 0
+        """Bumped by every :meth:`notify`, finished run and stop: a loop that saw it change
+        while it looked at the ledger looks again instead of sleeping (no wake-up is lost)."""
         self._wake: anyio.Event | None = None
         self._stopped_event: anyio.Event | None = None
+        self._relays: dict[str, _Poke] = {}
+        """The sessions whose live runs this worker relays into (one each, while relaying)."""
 
     @property
     def lease_s(self) -> float:
@@ -92,10 +100,28 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming; live runs go on until the drain deadline. Safe before ``run``."""
         self._stopping = True
-        if self._wake is not None:
-            self._wake.set()
+        self._signal()
         if self._stopped_event is not None:
             self._stopped_event.set()
+
+    def notify(self, relay: str | None = None) -> None:
+        """A request was queued by this process. An idle worker claims at once instead of at
+        its next poll; a busy one claims at its poll or when a run ends: claiming and starting
+        a run on every post of a burst put that work right under the next posts (their p99
+        went from 13 to 40 ms in one bench/service.py run) for no sooner end. ``relay``: it
+        was marked for relay into that session's live run, whose relay looks at once (only
+        that one: a look is a ledger read, and a plain request needs none). Call it from the
+        event loop the worker runs on. Requests queued elsewhere are found by polling."""
+        if relay is not None and relay in self._relays:
+            self._relays[relay].poke()
+        if not self.live:
+            self._signal()
+
+    def _signal(self) -> None:
+        self._signals += 1
+        if self._wake is not None:
+            self._wake.set()
+            self._wake = None
 
     @property
     def _stopped(self) -> anyio.Event:
@@ -109,11 +135,13 @@ class Worker:
     def stopping(self) -> bool:
         return self._stopping
 
-    async def _idle(self, seconds: float) -> None:
-        """Wait for ``seconds``, a finished run, or a stop, whichever comes first."""
-        self._wake = anyio.Event()
-        if self._stopping and not self.live:
+    async def _idle(self, seconds: float, seen: int | None = None) -> None:
+        """Wait for ``seconds``, a notice, a finished run, or a stop, whichever comes first;
+        at once when one came since ``seen`` (``self._signals`` when the caller last looked)."""
+        if (self._stopping and not self.live) or (seen is not None and seen != self._signals):
             return
+        if self._wake is None:
+            self._wake = anyio.Event()
         with anyio.move_on_after(seconds):
             await self._wake.wait()
 
@@ -131,6 +159,7 @@ class Worker:
                 if len(self.live) >= self.concurrency:
                     await self._idle(poll)
                     continue
+                seen = self._signals
                 try:
                     fence = await in_thread(
                         self.ledger.claim_next, owner=self.owner, lease_s=self.lease_s
@@ -140,7 +169,7 @@ class Worker:
                     await self._idle(poll * 5)
                     continue
                 if fence is None:
-                    await self._idle(poll)
+                    await self._idle(poll, seen)
                     continue
                 self.live[fence.run] = (fence, StopControl())
                 runs.start_soon(self._execute, fence)
@@ -209,15 +238,27 @@ class Worker:
             if self.hub is not None:
                 self.hub.done(fence.run)
             self.live.pop(fence.run, None)
-            if self._wake is not None:
-                self._wake.set()
+            self._signal()
 
     async def _relay(self, live: LivePi) -> None:
         """While the run's task turn is live: deliver the session's queued requests marked
         ``steer``/``follow_up`` into it, oldest first; each is then ended as delivered (its row
-        is the user message pi writes, with the sender's actor)."""
-        poll = self.config.service.poll_s
+        is the user message pi writes, with the sender's actor). It looks when this process
+        marks a request for relay into the session (:meth:`notify`), and every
+        :data:`RELAY_POLL_S` for requests queued by other processes: each look is a ledger read
+        in a thread, so a fast poll per live run would cost the event loop (and so every run)
+        more than the requests it finds."""
+        poll = max(self.config.service.poll_s, RELAY_POLL_S)
+        poke = self._relays[live.session] = _Poke()
+        try:
+            await self._relay_into(live, poke, poll)
+        finally:
+            if self._relays.get(live.session) is poke:
+                del self._relays[live.session]
+
+    async def _relay_into(self, live: LivePi, poke: _Poke, poll: float) -> None:
         while True:
+            seen = poke.count
             for queued in await in_thread(self.ledger.queued_runs, live.session, limit=100):
                 how = queued.extra.get("deliver")
                 request: dict[str, Any] = queued.extra.get("request") or {}
@@ -231,7 +272,7 @@ class Worker:
                     RunStatus.FINISHED,
                     extra={"delivered_into": live.run, "deliver": how},
                 )
-            await anyio.sleep(poll)
+            await poke.wait(poll, seen)
 
     async def _retention_loop(self, idle_days: int) -> None:
         """Erase sessions idle for ``[retention] idle_days`` (DESIGN §3.15), at start and then
@@ -261,3 +302,26 @@ class Worker:
                     log.info("reconciled run %s: %s", found.run, found.resolution)
             with anyio.move_on_after(min(self.lease_s / 3, 5.0)):
                 await self._stopped.wait()
+
+
+class _Poke:
+    """A wake-up that is never lost: ``wait`` returns at once when ``poke`` came since the
+    waiter's last look (``count`` then)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._event: anyio.Event | None = None
+
+    def poke(self) -> None:
+        self.count += 1
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, seconds: float, seen: int) -> None:
+        if seen != self.count:
+            return
+        if self._event is None:
+            self._event = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await self._event.wait()
