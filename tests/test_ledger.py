@@ -356,3 +356,20 @@ def test_sqlite_full_text_index_keeps_step_with_appends_copies_and_erasures(
         dst.append(fence, [NewRow.message("user:ana", user("s3only both"))])
         assert [h.row.seq for h in dst.search("s3", ["s3only"])] == [1]
         assert in_step(dst) == 72
+
+
+def test_rows_with_copy_format_specials_round_trip_and_are_found(ledger: Ledger) -> None:
+    """PostgreSQL takes rows with COPY, whose text format gives tabs, newlines, backslashes and
+    \\N meanings of their own: a row holding them reads back exactly, and its words are found."""
+    fence = started(ledger)
+    text = 'tab\there\nnewline \\N back\\slash "quoted" \r\u00e9t\u00e9 \\. zebraword'
+    extra = {"k": "a\tb\\N"}
+    [row] = ledger.append(
+        fence, [NewRow.message("user:ana", user(text), sources=("x\\y",), extra=extra)]
+    )
+    [stored] = ledger.rows_range("s1", row.seq, row.seq)
+    assert stored.body == user(text)
+    assert stored.extra == extra
+    assert stored.sources == ("x\\y",)
+    assert stored.bytes == len(canonical_json(user(text)).encode())
+    assert [h.row.seq for h in ledger.search("s1", ["zebraword"])] == [row.seq]
