@@ -381,10 +381,15 @@ def _throughput(kind: str, url: str, writers: int, rows: int, batch: int) -> flo
 
 
 def bench_concurrent_append(
-    tmp: Path, schemas: PgSchemas, rows: int, batch: int, against: Path | None = None
+    tmp: Path,
+    schemas: PgSchemas,
+    rows: int,
+    batch: int,
+    against: Path | None = None,
+    rounds: int = 1,
 ) -> None:
     print(f"append {rows:,} rows in batches of {batch}, split over N writer processes, each on")
-    print("a session of its own (a transaction a batch), rows/s:")
+    print(f"a session of its own (a transaction a batch), rows/s, medians of {rounds}:")
     print("  raw: json.dumps + executemany of the row record's fields (see RAW_TABLE);")
     print("  pre: tether's encoded tuples, prepared outside the clock, into tether's schema.")
     head = (
@@ -395,25 +400,33 @@ def bench_concurrent_append(
         head += f"{'pg against':>12}{'against:raw':>13}{'speed-up':>10}"
     print(head)
     for n in WRITERS:
-        raw_url = schemas.url(f"raw{n}")
-        with psycopg.connect(raw_url, autocommit=True) as conn:
-            conn.execute(RAW_TABLE)
-        raw = _throughput("raw", raw_url, n, rows, batch)
-        pre = _throughput("raw-schema", schemas.url(f"pre{n}"), n, rows, batch)
-        if against is None:
-            pg = _throughput("tether", schemas.url(f"append{n}"), n, rows, batch)
-            lite = _throughput("tether", f"sqlite://{tmp}/append-{n}.db", n, rows, batch)
-        else:
+        # Each figure is the median of `rounds` measurements, taken in turn (raw, pre, tether,
+        # --against, then again): the host's speed moves within seconds.
+        got: dict[str, list[float]] = {k: [] for k in ("raw", "pre", "pg", "lite", "base")}
+        for i in range(rounds):
+            raw_url = schemas.url(f"raw{n}_{i}")
+            with psycopg.connect(raw_url, autocommit=True) as conn:
+                conn.execute(RAW_TABLE)
+            got["raw"].append(_throughput("raw", raw_url, n, rows, batch))
+            got["pre"].append(_throughput("raw-schema", schemas.url(f"pre{n}_{i}"), n, rows, batch))
             argv = ["throughput", "tether", str(n), str(rows), str(batch)]
-            pg = _in_tree(None, [*argv, schemas.url(f"append{n}")])[0]
-            lite = _in_tree(None, [*argv, f"sqlite://{tmp}/append-{n}.db"])[0]
+            lite_url = f"sqlite://{tmp}/append-{n}-{i}.db"
+            if against is None:
+                got["pg"].append(
+                    _throughput("tether", schemas.url(f"append{n}_{i}"), n, rows, batch)
+                )
+                got["lite"].append(_throughput("tether", lite_url, n, rows, batch))
+            else:
+                got["pg"].append(_in_tree(None, [*argv, schemas.url(f"append{n}_{i}")])[0])
+                got["lite"].append(_in_tree(None, [*argv, lite_url])[0])
+                got["base"].append(_in_tree(against, [*argv, schemas.url(f"against{n}_{i}")])[0])
+        raw, pre, pg, lite = (statistics.median(got[k]) for k in ("raw", "pre", "pg", "lite"))
         line = (
             f"  {n:<8}{raw:>10,.0f}{pre:>10,.0f}{pg:>11,.0f}{lite:>15,.0f}"
             f"{pg / raw:>12.2f}{pg / pre:>12.2f}"
         )
         if against is not None:
-            argv = ["throughput", "tether", str(n), str(rows), str(batch)]
-            base = _in_tree(against, [*argv, schemas.url(f"against{n}")])[0]
+            base = statistics.median(got["base"])
             line += f"{base:>12,.0f}{base / raw:>13.2f}{pg / base:>10.2f}"
         print(line, flush=True)
 
@@ -472,7 +485,10 @@ def main() -> None:
         help="also time the appends of this checkout's ledger (before/after)",
     )
     parser.add_argument(
-        "--rounds", type=int, default=3, help="with --against: SQLite appends timed per tree"
+        "--rounds",
+        type=int,
+        default=3,
+        help="measurements per figure, taken in turn (SQLite appends: with --against only)",
     )
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -498,7 +514,9 @@ def main() -> None:
             return
         with PgSchemas(args.postgres) as schemas:
             print()
-            bench_concurrent_append(tmp, schemas, args.append_rows, args.batch, against)
+            bench_concurrent_append(
+                tmp, schemas, args.append_rows, args.batch, against, args.rounds
+            )
             if args.no_reads:
                 return
             pg_sizes = [sizes[0], sizes[-1]]

@@ -293,7 +293,8 @@ def test_batches_of_any_size_are_stored_and_indexed_in_step(
 
 def test_sqlite_appends_a_batch_in_few_statements(tmp_path: Any) -> None:
     """FTS5 writes a new index segment at each statement: a statement a row (executemany) made a
-    segment a row and took three quarters of an append's time (bench/ledger.py)."""
+    segment a row and took three quarters of an append's time (bench/ledger.py); a trigger on
+    statements of 64 rows, a segment a statement. The ledger indexes an append in one."""
     from tether.ledger.sqlite import SQLiteLedger
 
     ledger = open_ledger(f"sqlite:{tmp_path}/l.db")
@@ -306,6 +307,69 @@ def test_sqlite_appends_a_batch_in_few_statements(tmp_path: Any) -> None:
         ledger._conn.set_trace_callback(None)
         # A new segment writes its first entry in rows_fts_idx (a statement the trace shows).
         segments = [s for s in statements if "INSERT INTO 'main'.'rows_fts_idx'" in s]
-        assert len(segments) == 4  # statements of 64 + 64 + 64 + 8 rows
-        with ledger._tx() as c:  # raises when the index and the rows disagree
-            c.execute("INSERT INTO rows_fts (rows_fts) VALUES ('integrity-check')")
+        assert len(segments) == 1
+        assert sum("INSERT INTO rows " in s for s in statements) == 4  # 64 + 64 + 64 + 8 rows
+        with ledger._tx() as c:  # raises when the index and the rows' text disagree
+            c.execute("INSERT INTO rows_fts (rows_fts, rank) VALUES ('integrity-check', 1)")
+
+
+def test_sqlite_full_text_index_keeps_step_with_appends_copies_and_erasures(
+    tmp_path: Any,
+) -> None:
+    """The ledger fills rows_fts itself (no insert trigger): every writer of rows (append,
+    import, copy) indexes what it wrote, in its transaction, and an erasure removes it."""
+    from tether.ledger.copy import copy_sessions
+    from tether.ledger.lifecycle import Selector, SelectorKind
+    from tether.ledger.sqlite import SQLiteLedger
+
+    def in_step(ledger: SQLiteLedger) -> int:
+        with ledger._tx() as c:  # raises when the index and the rows' text disagree
+            c.execute("INSERT INTO rows_fts (rows_fts, rank) VALUES ('integrity-check', 1)")
+            c.execute("SELECT count(*) FROM rows_fts")
+            return int(c.fetchone()[0])
+
+    src = open_ledger(f"sqlite:{tmp_path}/a.db")
+    dst = open_ledger(f"sqlite:{tmp_path}/b.db")
+    assert isinstance(src, SQLiteLedger)
+    assert isinstance(dst, SQLiteLedger)
+    with src, dst:
+        for sid in ("s1", "s2"):
+            fence = started(src, sid)
+            src.append(
+                fence, [NewRow.message("user:ana", user(f"{sid}w{i} both")) for i in range(70)]
+            )
+            src.append(fence, [NewRow.message("user:ana", user(f"{sid}late"))], request=True)
+            src.end_run(fence, RunStatus.FINISHED)
+        assert in_step(src) == 142
+        copy_sessions(src, dst)
+        assert in_step(dst) == 142
+        for ledger in (src, dst):
+            assert [h.row.seq for h in ledger.search("s2", ["s2w69"])] == [70]
+            assert [h.row.seq for h in ledger.search("s1", ["s1late"])] == [71]
+            assert len(ledger.search("s1", ["both"], limit=200)) == 70
+        dst.erase(Selector(SelectorKind.SESSION, "s1"), actor="user:op")
+        assert in_step(dst) == 71
+        assert dst.search("s2", ["s1w3"]) == []
+        assert len(dst.search("s2", ["both"], limit=200)) == 70
+        # A row appended after the erasure is indexed under its own key, beside the others.
+        fence = started(dst, "s3")
+        dst.append(fence, [NewRow.message("user:ana", user("s3only both"))])
+        assert [h.row.seq for h in dst.search("s3", ["s3only"])] == [1]
+        assert in_step(dst) == 72
+
+
+def test_rows_with_copy_format_specials_round_trip_and_are_found(ledger: Ledger) -> None:
+    """PostgreSQL takes rows with COPY, whose text format gives tabs, newlines, backslashes and
+    \\N meanings of their own: a row holding them reads back exactly, and its words are found."""
+    fence = started(ledger)
+    text = 'tab\there\nnewline \\N back\\slash "quoted" \r\u00e9t\u00e9 \\. zebraword'
+    extra = {"k": "a\tb\\N"}
+    [row] = ledger.append(
+        fence, [NewRow.message("user:ana", user(text), sources=("x\\y",), extra=extra)]
+    )
+    [stored] = ledger.rows_range("s1", row.seq, row.seq)
+    assert stored.body == user(text)
+    assert stored.extra == extra
+    assert stored.sources == ("x\\y",)
+    assert stored.bytes == len(canonical_json(user(text)).encode())
+    assert [h.row.seq for h in ledger.search("s1", ["zebraword"])] == [row.seq]

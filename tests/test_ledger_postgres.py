@@ -115,6 +115,10 @@ class _Recording:
     def executemany(self, sql: str, params: Any, /) -> Any:
         return self._inner.executemany(sql, params)
 
+    @property
+    def raw(self) -> Any:  # rows go in with COPY (PostgresLedger._insert_rows), not noted
+        return self._inner.raw  # type: ignore[attr-defined]
+
     def fetchone(self) -> Any:
         return self._inner.fetchone()
 

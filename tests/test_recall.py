@@ -194,7 +194,6 @@ def test_an_existing_sqlite_ledger_is_indexed_when_it_migrates(tmp_path: Path) -
         history(ledger)
     conn = sqlite3.connect(db)
     with conn:  # back to schema 4 (custody's): no full-text table, no note columns
-        conn.execute("DROP TRIGGER rows_fts_insert")
         conn.execute("DROP TRIGGER rows_fts_delete")
         conn.execute("DROP TABLE rows_fts")
         _drop_session_keys(conn)

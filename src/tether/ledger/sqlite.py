@@ -24,22 +24,25 @@ __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SQLiteLedger"]
 
 BUSY_TIMEOUT_S = 30.0
 
-# Rows one INSERT statement carries at most (a power of two; 12 parameters a row stays under
+# Rows one INSERT statement carries at most (a power of two; 13 parameters a row stays under
 # SQLite's oldest default limit of 999 parameters a statement).
 _INSERT_CHUNK = 64
-_ENCODED_WIDTH = 12  # the columns of codec.encode_row's tuple
+_WIDTH = 13  # the columns of codec.encode_row's tuple, then the row's key in rows_fts
 
 
 @functools.lru_cache(maxsize=8)
 def _insert_many(n: int) -> str:
-    """One INSERT of ``n`` rows from encode_row's tuples, laid end to end: each row's key in the
-    full-text index (migration 7) from its session's number and its seq."""
-    values = []
-    for b in range(0, n * _ENCODED_WIDTH, _ENCODED_WIDTH):
-        marks = ", ".join(f"?{b + i}" for i in range(1, _ENCODED_WIDTH + 1))
-        key = f"(SELECT num FROM sessions WHERE id = ?{b + 1}) * {FTS_KEY_SPAN} + ?{b + 2}"
-        values.append(f"({marks}, {key})")
-    return f"INSERT INTO rows ({ROW_COLS}, text, fts_key) VALUES {', '.join(values)}"
+    """One INSERT of ``n`` rows: encode_row's tuples, each followed by the row's key in the
+    full-text index (migration 7), laid end to end."""
+    row = "(" + ", ".join("?" for _ in range(_WIDTH)) + ")"
+    return f"INSERT INTO rows ({ROW_COLS}, text, fts_key) VALUES {', '.join([row] * n)}"
+
+
+# The rows just inserted (ids first..last: AUTOINCREMENT gives one write transaction's rows
+# consecutive ids) into the full-text index, from their stored text.
+_INDEX_ROWS = (
+    "INSERT INTO rows_fts (rowid, text) SELECT fts_key, text FROM rows WHERE id BETWEEN ? AND ?"
+)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -309,15 +312,34 @@ class SQLiteLedger(SqlLedger):
 
     def _insert_rows(self, c: Cursor, encoded: Sequence[tuple[Any, ...]]) -> None:
         # FTS5 writes its pending terms out as a new index segment at the start of every
-        # statement that opens a savepoint, and an INSERT with a trigger does: executemany (a
-        # statement a row) made a segment a row, which automerge then merged again; it took
-        # three quarters of an append's time. Few statements of many rows make one segment
-        # each. Their sizes are powers of two, so the statements compiled stay few.
+        # statement that opens a savepoint once it holds any, and automerge merges them again.
+        # A trigger a row (migration 7) made a segment per statement of rows; the rows go in
+        # first now, in few statements of many rows, and then into rows_fts in one statement:
+        # one segment per call (per append), in the same transaction. Chunk sizes are powers
+        # of two, so the statements compiled stay few.
+        if not encoded:
+            return
+        names = list(dict.fromkeys(e[0] for e in encoded))  # an import's batch may hold many
+        span: dict[str, int] = {}
+        for i in range(0, len(names), 500):
+            part = names[i : i + 500]
+            c.execute(
+                f"SELECT id, num FROM sessions WHERE id IN ({', '.join('?' * len(part))})", part
+            )
+            span.update((sid, num * FTS_KEY_SPAN) for sid, num in c.fetchall() if num is not None)
         k = 0
         while k < len(encoded):
             n = min(_INSERT_CHUNK, 1 << ((len(encoded) - k).bit_length() - 1))
-            c.execute(_insert_many(n), [v for e in encoded[k : k + n] for v in e])
+            params: list[Any] = []
+            for e in encoded[k : k + n]:
+                base = span.get(e[0])  # none: the session's foreign key refuses the row
+                params.extend(e)
+                params.append(None if base is None else base + e[1])
+            c.execute(_insert_many(n), params)
             k += n
+        c.execute("SELECT last_insert_rowid()")
+        last = int(c.fetchone()[0])
+        c.execute(_INDEX_ROWS, (last - len(encoded) + 1, last))
 
     def close(self) -> None:
         with self._lock:
