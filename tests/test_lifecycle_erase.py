@@ -449,8 +449,10 @@ def test_a_run_that_does_not_stop_fails_the_erasure_and_nothing_goes(
 ) -> None:
     _turn(ledger, "s1", "first", [("a", ())])
     fence = _live(ledger, "s1")
-    cfg = _config(tmp_path, lease_s=0.5)
-    with _Owner(ledger, fence, obeys=set(), lease_s=0.5), pytest.raises(SessionBusy) as caught:
+    # A lease long enough that a loaded machine's pause between the owner's heartbeats never
+    # lets it lapse (a lapsed lease is recovered, and the erasure then goes ahead, rightly).
+    cfg = _config(tmp_path, lease_s=3)
+    with _Owner(ledger, fence, obeys=set(), lease_s=3), pytest.raises(SessionBusy) as caught:
         _erase(ledger, cfg, Selector(SelectorKind.SESSION, "s1"), stop_grace_s=0.2)
     message = str(caught.value)
     assert f"run {fence.run} on session s1 did not end" in message
