@@ -158,18 +158,24 @@ class CustodySql(SessionsSql):
         request_id: str | None = None,
         run_id: str | None = None,
         waiter: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> tuple[Run, bool]:
         """A ``queued`` run carrying its request in ``extra["request"]`` (the request row is
         written when the run starts), the session created on first use. The same
         ``(session, request_id)`` again returns ``(that run, False)`` and writes nothing.
         Refused (``SessionRefusing``) while the session refuses prompts. ``waiter`` records the
         process that waits to run it itself (``tether run``), so a waiter that died can be
-        withdrawn from the queue (:meth:`waited_heads`)."""
+        withdrawn from the queue (:meth:`waited_heads`). ``extra`` is more of the run's record,
+        written with it (what a worker must see the moment it can claim the run, such as the
+        trace it continues)."""
         check_id("agent", agent)
         check_id("actor", actor)
         rid = check_id("run", run_id) if run_id is not None else new_run_id()
         self.ensure_session(session_id)
-        extra = {"request": {"text": text, "actor": actor, "request_id": request_id}}
+        extra = {
+            **(extra or {}),
+            "request": {"text": text, "actor": actor, "request_id": request_id},
+        }
         try:
             with self._tx() as c:
                 self._check_takes_prompts(c, session_id)

@@ -106,6 +106,7 @@ class Custody(Protocol):
         request_id: str | None = ...,
         run_id: str | None = ...,
         waiter: dict[str, Any] | None = ...,
+        extra: dict[str, Any] | None = ...,
     ) -> tuple[Run, bool]: ...
     def claim_next(
         self,

@@ -318,8 +318,11 @@ async def post_request(
 async def _post_request(
     session: str, body: RequestIn, who: Caller, st: ServiceState, traceparent: str | None
 ) -> RequestOut:
+    # The trace the worker's run continues is written with the queued run: a worker woken
+    # by another post may claim it the moment it is queued.
+    traced = queued_context(traceparent)
     try:
-        run, created = await blocking(_admit_and_enqueue, st, session, body, who)
+        run, created = await blocking(_admit_and_enqueue, st, session, body, who, traced)
     except SessionRefusing as exc:
         raise refused(status.HTTP_409_CONFLICT, "session_refusing", str(exc)) from None
     if not created:
@@ -328,19 +331,15 @@ async def _post_request(
         first = telemetry.trace_id_of(kept.get("parent") if isinstance(kept, dict) else None)
         if first is not None:
             return _answer(run, body.request_id).model_copy(update={"trace_id": first})
-    else:
-        traced = queued_context(traceparent)  # the worker's run continues this trace
-        if traced:
-            await blocking(st.ledger.update_queued_extra, run.id, traced)
-        if body.deliver is Deliver.QUEUE:
-            st.queued()
+    elif body.deliver is Deliver.QUEUE:
+        st.queued()
     if not created or body.deliver is Deliver.QUEUE:
         return _answer(run, body.request_id)
     return await _relay(st, run, body)
 
 
 def _admit_and_enqueue(
-    st: ServiceState, session: str, body: RequestIn, who: Caller
+    st: ServiceState, session: str, body: RequestIn, who: Caller, traced: dict[str, Any]
 ) -> tuple[Run, bool]:
     """Admission, then the queued run: one thread hand-off for the two (each costs the event
     loop, which the service's runs share, more than the ledger's work)."""
@@ -351,6 +350,7 @@ def _admit_and_enqueue(
         actor=who.actor,
         text=body.text,
         request_id=scoped_request_id(who.actor, body.request_id),
+        extra=traced,
     )
 
 
