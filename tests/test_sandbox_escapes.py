@@ -6,12 +6,9 @@ in the ledger, the run directory or the system temp directory."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import pwd
 import secrets
-import shutil
 import socket
 import stat
 import subprocess
@@ -26,6 +23,7 @@ import pytest
 from pg import drop_schema, new_schema, schema_url
 from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
 from service_support import serve
+from support.users import unprivileged
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 
 TETHER = [sys.executable, "-m", "tether"]
@@ -555,15 +553,7 @@ def test_sandboxed_runs_alone_still_fill_the_compile_cache_once_outside_the_sand
 def test_a_sandboxed_run_as_an_unprivileged_user(
     scripted_provider: Callable[..., ScriptedProvider],
 ) -> None:
-    if os.geteuid() != 0:
-        user = pwd.getpwuid(os.getuid()).pw_name  # already unprivileged: run as ourselves
-    else:
-        user = f"tsb{secrets.token_hex(3)}"
-        subprocess.run(["useradd", "--no-create-home", user], check=True)
-    # Not under pytest's own temporary root, which is root's alone (0700).
-    tmp = Path(tempfile.mkdtemp(prefix="tether-user-"))
-    uid = pwd.getpwnam(user).pw_uid
-    try:
+    with unprivileged() as (tmp, uid, user):
         home = tmp / "home"
         home.mkdir()
         url = f"sqlite://{tmp}/state/ledger.db"
@@ -592,16 +582,6 @@ def test_a_sandboxed_run_as_an_unprivileged_user(
         assert texts[0].split()[0] == str(uid)
         assert uid != 0
         assert "fork: retry: Resource temporarily unavailable" in texts[1], texts[1][-2000:]
-    finally:
-        if os.geteuid() == 0:
-            import psutil
-
-            for proc in psutil.process_iter(["uids"]):  # the throwaway user's, by pid
-                if proc.info["uids"] and proc.info["uids"].real == uid:
-                    with contextlib.suppress(psutil.Error):
-                        proc.kill()
-            subprocess.run(["userdel", user], check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_without_bwrap_a_run_is_refused_saying_how_to_install_it_or_opt_out(

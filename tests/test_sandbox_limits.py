@@ -8,17 +8,12 @@ sized for real work, and the machine is shared)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import pwd
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +23,7 @@ from fastapi.testclient import TestClient
 
 from provider import Reply, ScriptedProvider, Step, ToolCall, route
 from support.service import service_config
+from support.users import unprivileged
 from test_custody_run import run_placed, wait_until
 from test_custody_run import tether as tether_cli
 from test_custody_run import write_config as custody_config
@@ -168,37 +164,11 @@ def test_a_memory_hog_names_the_memory_limit_on_the_record_and_the_session_page(
         assert [(h["limit"], h["tool"], h["seq"]) for h in api] == hits(run)
 
 
-@contextlib.contextmanager
-def unprivileged() -> Iterator[tuple[Path, int, str]]:
-    """A directory owned by a throwaway user (or by us, already unprivileged), its uid and
-    name: root is exempt from the process limit. Every process of that user ends with it."""
-    if os.geteuid() != 0:
-        user = pwd.getpwuid(os.getuid()).pw_name
-    else:
-        user = f"tsb{secrets.token_hex(3)}"
-        subprocess.run(["useradd", "--no-create-home", user], check=True)
-    # Not under pytest's own temporary root, which is root's alone (0700).
-    tmp = Path(tempfile.mkdtemp(prefix="tether-limits-"))
-    uid = pwd.getpwnam(user).pw_uid
-    try:
-        yield tmp, uid, user
-    finally:
-        if os.geteuid() == 0:
-            import psutil
-
-            for proc in psutil.process_iter(["uids"]):  # the throwaway user's, by pid
-                if proc.info["uids"] and proc.info["uids"].real == uid:
-                    with contextlib.suppress(psutil.Error):
-                        proc.kill()
-            subprocess.run(["userdel", user], check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 @pytest.mark.slow
 def test_a_fork_bomb_names_the_process_limit(
     scripted_provider: Callable[..., ScriptedProvider],
 ) -> None:
-    with unprivileged() as (tmp, uid, user):
+    with unprivileged("tether-limits-") as (tmp, uid, user):
         home = tmp / "home"
         home.mkdir()
         url = f"sqlite://{tmp}/state/ledger.db"
