@@ -245,10 +245,9 @@ def test_a_run_on_the_local_model_is_sandboxed_behind_the_forwarder(
         assert first_line.startswith("tether: sandbox bwrap, network provider, limits "), first_line
         # pi itself runs under bubblewrap (started just after that line is written).
         assert _sandbox_pids(run_dir, time.monotonic() + 60), f"no bwrap process for {run_dir}"
-        # Written with a placeholder origin, which the relay inside replaces with its own
-        # loopback address before pi reads the file.
+        # pi is pointed at the placeholder origin, whose connections its relay sends to the
+        # forwarder's socket: the file never names an address pi could reach otherwise.
         assert models["providers"]["local"]["baseUrl"].startswith(PROVIDER_ORIGIN + "/"), models
-        models = _relayed_models(run_dir / "agent" / "models.json", time.monotonic() + 60)
         stdout, stderr = proc.communicate(timeout=DEADLINE_S + 60)
     finally:
         if proc.poll() is None:
@@ -261,27 +260,11 @@ def test_a_run_on_the_local_model_is_sandboxed_behind_the_forwarder(
     # the relay and the forwarder outside.
     assert isinstance(result["answer"], str), result
     assert result["answer"].strip(), result
-    # pi was pointed at its relay, never at the model server's port, and holds no key.
+    # pi was never pointed at the model server's port, and holds no key.
     provider = models["providers"]["local"]
-    relay = urlsplit(provider["baseUrl"])
     model_port = urlsplit(server.base_url).port
-    assert relay.hostname == "127.0.0.1", provider
-    assert relay.port != model_port, provider
     assert str(model_port) not in json.dumps(models), models
     assert provider["apiKey"] == NO_KEY, provider
-
-
-def _relayed_models(path: Path, deadline: float) -> dict[str, Any]:
-    """``models.json`` once the relay has put its address in it."""
-    while time.monotonic() < deadline:
-        try:
-            declared: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            declared = {}
-        if declared and not json.dumps(declared).count(PROVIDER_ORIGIN):
-            return declared
-        time.sleep(0.02)
-    raise AssertionError(f"the relay never wrote its address into {path}")
 
 
 def _sandbox_pids(run_dir: Path, deadline: float) -> list[int]:

@@ -23,7 +23,7 @@ from tether.sandbox.limits import (
     limits_text,
     recorded_limits,
 )
-from tether.sandbox.outside import _parse_upstream, _rewrite_head
+from tether.sandbox.outside import _parse_upstream, _Refusal, _upstream_request
 
 
 def confinement(tmp: Path, network: NetworkKind = NetworkKind.PROVIDER) -> Confinement:
@@ -85,22 +85,34 @@ def test_network_host_shares_the_host_s_network(tmp_path: Path) -> None:
 def test_the_forwarder_puts_the_key_where_pi_put_the_placeholder() -> None:
     head = (
         b"POST /v1/chat/completions?key=tether-no-key HTTP/1.1\r\n"
-        b"host: 127.0.0.1:41000\r\nAuthorization: Bearer tether-no-key\r\n"
-        b"x-api-key: tether-no-key\r\nConnection: keep-alive\r\ncontent-length: 2"
+        b"host: tether-provider.invalid\r\nAuthorization: Bearer tether-no-key\r\n"
+        b"x-api-key: tether-no-key\r\nConnection: keep-alive\r\ncontent-length: 2\r\n"
+        b"TE: trailers"
     )
-    out = _rewrite_head(head, key=b"sk-real", placeholder=NO_KEY.encode(), host=b"api.example:443")
-    lines = out.split(b"\r\n")
-    assert lines[0] == b"POST /v1/chat/completions?key=sk-real HTTP/1.1"
-    assert b"Authorization: Bearer sk-real" in lines
-    assert b"x-api-key: sk-real" in lines
-    assert b"content-length: 2" in lines
-    assert [ln for ln in lines if ln.lower().startswith(b"host:")] == [b"Host: api.example:443"]
-    assert [ln for ln in lines if ln.lower().startswith(b"connection:")] == [b"Connection: close"]
-    assert out.endswith(b"\r\n\r\n")
-    assert NO_KEY.encode() not in out
+    method, target, headers, length = _upstream_request(
+        head, key=b"sk-real", placeholder=NO_KEY.encode()
+    )
+    assert (method, target, length) == ("POST", "/v1/chat/completions?key=sk-real", 2)
+    # What belongs to pi's connection stays behind; the forwarder sets Host and the length.
+    assert headers == [(b"Authorization", b"Bearer sk-real"), (b"x-api-key", b"sk-real")]
     # A keyless provider: the placeholder goes through as pi sent it.
-    keyless = _rewrite_head(head, key=b"", placeholder=NO_KEY.encode(), host=b"h")
-    assert b"Authorization: Bearer tether-no-key" in keyless
+    _, _, keyless, _ = _upstream_request(head, key=b"", placeholder=NO_KEY.encode())
+    assert (b"Authorization", b"Bearer tether-no-key") in keyless
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"POST /v1 HTTP/1.1\r\ntransfer-encoding: chunked", "411 Length Required"),
+        (b"POST /v1 HTTP/1.1\r\ncontent-length: ten", "400 Bad Request"),
+        (b"POST /v1 HTTP/1.1\r\nno colon here", "400 Bad Request"),
+        (b"GARBAGE", "400 Bad Request"),
+    ],
+)
+def test_the_forwarder_refuses_what_it_cannot_pass_on(head: bytes, status: str) -> None:
+    with pytest.raises(_Refusal) as refused:
+        _upstream_request(head, key=b"k", placeholder=b"p")
+    assert refused.value.status == status
 
 
 def test_upstream_addresses() -> None:

@@ -3,59 +3,41 @@
  *
  * A sandboxed pi never holds its provider's credential: tether runs a forwarder outside the
  * sandbox (`sandbox/outside.py`) that adds it, reached through a Unix socket bound into the
- * sandbox (`TETHER_PROVIDER_SOCKET`). pi's HTTP client needs a TCP URL, so this Node preload
- * module (`node --import relay.js …`, before the gate) listens on the sandbox's own loopback,
- * on a port the kernel picks, and hands every request to the forwarder over a connection of its
- * own, streaming both ways. It then writes its address into the run's `models.json` (which
- * names the placeholder origin `http://tether-provider.invalid`) before pi reads it.
+ * sandbox (`TETHER_PROVIDER_SOCKET`). The run's `models.json` names the placeholder origin
+ * `http://tether-provider.invalid`; this Node preload module (`node --import relay.js …`, before
+ * the gate) turns every connection pi's HTTP clients open to that host into a connection to the
+ * forwarder's socket, in `net.connect` itself: undici (pi's `fetch`) and `node:http` both open
+ * their sockets there. The bytes pi writes go to the forwarder unchanged, one request per
+ * connection (the forwarder answers `Connection: close`).
  *
- * With `network = "host"` the loopback is the host's: the address carries a per-run token as
- * its first path segment (`TETHER_RELAY_TOKEN`), and a request without it is refused, so another
- * process on the host cannot use this run's provider.
+ * An earlier relay listened on the sandbox's loopback and re-sent each request; parsing every
+ * request and answer twice in pi's event loop cost a 20-turn run about 6 % of its time. Nothing
+ * listens now, so with `network = "host"` no other process on the host can reach this run's
+ * provider through pi either.
  */
 
-import { readFileSync, writeFileSync } from "node:fs";
-import { type IncomingHttpHeaders, type IncomingMessage, type ServerResponse, createServer, request } from "node:http";
-import type { AddressInfo } from "node:net";
-import { join } from "node:path";
+import net from "node:net";
+import { syncBuiltinESMExports } from "node:module";
 
 export const SOCKET_ENV = "TETHER_PROVIDER_SOCKET";
-export const TOKEN_ENV = "TETHER_RELAY_TOKEN";
-export const PLACEHOLDER_ORIGIN = "http://tether-provider.invalid";
+export const PLACEHOLDER_HOST = "tether-provider.invalid";
 
-/** Headers that belong to one connection, not to the request or answer. */
-const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"]);
-
-function endToEnd(headers: IncomingHttpHeaders): IncomingHttpHeaders {
-	const out: IncomingHttpHeaders = {};
-	for (const [name, value] of Object.entries(headers)) {
-		if (!HOP_BY_HOP.has(name)) out[name] = value;
-	}
-	return out;
-}
-
-function refuse(res: ServerResponse, status: number, why: string): void {
-	if (!res.headersSent) res.writeHead(status, { "content-type": "text/plain" });
-	res.end(`tether's provider relay: ${why}\n`);
-}
-
-function relay(socketPath: string, prefix: string, req: IncomingMessage, res: ServerResponse): void {
-	const url = req.url ?? "/";
-	if (!url.startsWith(`${prefix}/`)) {
-		refuse(res, 403, "not this run's provider address");
-		return;
-	}
-	const upstream = request(
-		{ socketPath, path: url.slice(prefix.length), method: req.method, headers: endToEnd(req.headers), agent: false },
-		(answer) => {
-			res.writeHead(answer.statusCode ?? 502, endToEnd(answer.headers));
-			res.flushHeaders();
-			answer.pipe(res);
-		},
-	);
-	upstream.on("error", (error) => refuse(res, 502, `cannot reach the forwarder: ${error.message}`));
-	res.on("close", () => upstream.destroy());
-	req.pipe(upstream);
+/** What a TCP connection's options become once they name the forwarder's socket instead. */
+function toSocket(options: net.TcpNetConnectOpts, socketPath: string): net.IpcNetConnectOpts {
+	// Drop what only a TCP connection means (address, port, name lookup, family racing).
+	const {
+		host: _host,
+		port: _port,
+		lookup: _lookup,
+		family: _family,
+		hints: _hints,
+		localAddress: _localAddress,
+		localPort: _localPort,
+		autoSelectFamily: _autoSelectFamily,
+		autoSelectFamilyAttemptTimeout: _attempt,
+		...rest
+	} = options;
+	return { ...rest, path: socketPath };
 }
 
 // A write over the sandbox's file size limit (RLIMIT_FSIZE) sends the writer SIGXFSZ, whose
@@ -65,24 +47,22 @@ function relay(socketPath: string, prefix: string, req: IncomingMessage, res: Se
 process.on("SIGXFSZ", () => {});
 
 const socketPath = process.env[SOCKET_ENV];
-const token = process.env[TOKEN_ENV];
-if (socketPath !== undefined && token !== undefined) {
-	// Neither pi's tools nor their children need them: the address is in models.json.
+if (socketPath !== undefined) {
+	// Neither pi's tools nor their children need it.
 	delete process.env[SOCKET_ENV];
-	delete process.env[TOKEN_ENV];
-	const prefix = `/${token}`;
-	const server = createServer({ noDelay: true }, (req, res) => relay(socketPath, prefix, req, res));
-	await new Promise<void>((resolve, reject) => {
-		server.once("error", reject);
-		server.listen(0, "127.0.0.1", () => resolve());
-	});
-	// Listening never keeps pi alive: pi ends when its work does.
-	server.unref();
-	const { port } = server.address() as AddressInfo;
-	const agentDir = process.env.PI_CODING_AGENT_DIR;
-	if (agentDir !== undefined) {
-		const models = join(agentDir, "models.json");
-		const text = readFileSync(models, "utf8");
-		writeFileSync(models, text.split(PLACEHOLDER_ORIGIN).join(`http://127.0.0.1:${port}${prefix}`));
-	}
+	const original = net.connect;
+	// net.connect(options[, listener]) names the host in an object; the (port, host) and
+	// (path) forms are left as they are: pi's clients use the first.
+	const connect = function (this: unknown, ...args: unknown[]): net.Socket {
+		const [first, listener] = args;
+		if (typeof first === "object" && first !== null && (first as net.TcpNetConnectOpts).host === PLACEHOLDER_HOST) {
+			const options = toSocket(first as net.TcpNetConnectOpts, socketPath);
+			return typeof listener === "function" ? original(options, listener as () => void) : original(options);
+		}
+		return (original as (...a: unknown[]) => net.Socket).apply(this, args);
+	} as typeof net.connect;
+	net.connect = connect;
+	net.createConnection = connect;
+	// `import { connect } from "node:net"` elsewhere sees the same function.
+	syncBuiltinESMExports();
 }

@@ -45,8 +45,8 @@ def pi_models(
 ) -> dict[str, Any]:
     base_url = provider.base_url
     if sandboxed:
-        # The relay inside the sandbox writes its own address over the placeholder origin, and
-        # the forwarder outside reaches the provider's (DESIGN §3.12).
+        # pi connects to the placeholder origin, which its relay turns into the forwarder's
+        # socket; the forwarder outside reaches the provider's origin (DESIGN §3.12).
         base_url = PROVIDER_ORIGIN + split_base_url(base_url)[1]
     entry: dict[str, Any] = {
         "baseUrl": base_url,

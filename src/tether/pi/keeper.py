@@ -4,6 +4,9 @@
 
 Started by :class:`tether.pi.detached.KeeperTransport` in a session of its own, it
 
+- starts pi in a session and group of its own (a sandboxed pi's command, the provider forwarder
+  ``sandbox/outside.py``, in a fork of itself: its bytecode loads faster than a second
+  interpreter starts);
 - makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), so the tools pi starts
   are reparented to it, not to init, when pi dies;
 - creates the command FIFO ``RUN_DIR/commands.fifo`` (0600) and holds it open for reading and
@@ -43,6 +46,7 @@ PLACEMENT_NAME = "keeper.json"
 EXIT_NAME = "exit.json"
 CONTROL_TYPE = "tether_keeper"
 CLOSE_STDIN = b'{"type":"tether_keeper","op":"close_stdin"}'
+_OUTSIDE = os.path.join("sandbox", "outside.py")
 PASSED_FDS = ("TETHER_KEY_FD", "TETHER_GATE_FD")
 UMASK_ENV = "TETHER_UMASK"
 """Variables naming descriptors the keeper hands on to pi (the key channel, the gate)."""
@@ -206,6 +210,49 @@ def _end_everything(me: int) -> None:
         time.sleep(0.01)
 
 
+def _start_pi(
+    argv: list[str], stdin_r: int, stdout_w: int, log_fd: int, *, close: tuple[int, ...]
+) -> int:
+    """Start pi: its stdin and stdout the keeper's pipes, its stderr the log, in a session and
+    group of its own (a stop reaches what it starts). A sandboxed pi's command is the provider
+    forwarder (``python -I -S outside.py …``, which starts bubblewrap): that program runs in a
+    fork of this one, since a second interpreter's start would delay pi's by as much again."""
+    if argv[1:3] == ["-I", "-S"] and len(argv) > 3 and argv[3].endswith(_OUTSIDE):
+        pid = os.fork()
+        if pid != 0:
+            return pid
+        try:  # the child: pi's stdio and session, nothing else of the keeper's
+            os.setsid()
+            for fd, target in ((stdin_r, 0), (stdout_w, 1), (log_fd, 2)):
+                os.dup2(fd, target)
+            for fd in {*close, stdin_r, stdout_w, log_fd} - {0, 1, 2}:
+                os.close(fd)  # (the key's and the gate's stay: they are the forwarder's and pi's)
+            # Imported, not compiled here: its cached bytecode loads in a fraction of the time.
+            sys.path.insert(0, os.path.dirname(argv[3]))
+            outside = __import__("outside")
+            del sys.path[0]
+            status = outside.main(argv[4:])
+        except BaseException as exc:
+            os.write(2, f"tether: cannot start the sandbox's forwarder: {exc!r}\n".encode())
+            status = 127
+        sys.stderr.flush()
+        os._exit(status)
+    return os.posix_spawn(
+        argv[0],
+        argv,
+        os.environ,
+        file_actions=[
+            (os.POSIX_SPAWN_DUP2, stdin_r, 0),
+            (os.POSIX_SPAWN_DUP2, stdout_w, 1),
+            (os.POSIX_SPAWN_DUP2, log_fd, 2),
+        ],
+        setsid=True,  # its own session and group, so a stop reaches what it starts
+        # Python ignores these; pi gets them back at their defaults, as subprocess would do.
+        # (_signal is the builtin under the signal module, which costs an enum import here.)
+        setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),
+    )
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         print("usage: keeper.py RUN_DIR STDERR_LOG -- PI_ARGV...", file=sys.stderr)
@@ -232,20 +279,8 @@ def main(argv: list[str]) -> int:
     # pi the user's own umask back (UMASK_ENV) once that is done, for the agent's files.
     umask = os.umask(0o077)
     os.environ[UMASK_ENV] = f"{umask:o}"
-    pi_pid = os.posix_spawn(
-        pi_argv[0],
-        pi_argv,
-        os.environ,
-        file_actions=[
-            (os.POSIX_SPAWN_DUP2, stdin_r, 0),
-            (os.POSIX_SPAWN_DUP2, stdout_w, 1),
-            (os.POSIX_SPAWN_DUP2, log_fd, 2),
-        ],
-        setsid=True,  # its own session and group, so a stop reaches what it starts
-        # Python ignores these; pi gets them back at their defaults, as subprocess would do.
-        # (_signal is the builtin under the signal module, which costs an enum import here.)
-        setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),
-    )
+    own = (fifo_fd, events_fd, stdin_w, stdout_r)
+    pi_pid = _start_pi(pi_argv, stdin_r, stdout_w, log_fd, close=own)
     for fd in (stdin_r, stdout_w, *passed):
         try:
             os.close(fd)

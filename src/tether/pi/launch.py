@@ -8,7 +8,6 @@ loads, then releases the gate. Nothing here touches the ledger.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import signal
@@ -56,7 +55,6 @@ SESSION_DIR = "pi-session"
 """A sandboxed run's session file is ``RUN_DIR/pi-session/session.jsonl``, which
 ``RUN_DIR/session.jsonl`` links to."""
 RELAY_SOCKET_ENV = "TETHER_PROVIDER_SOCKET"
-RELAY_TOKEN_ENV = "TETHER_RELAY_TOKEN"
 
 
 def runs_dir(config: Config) -> Path:
@@ -184,14 +182,12 @@ def pi_command(
     home: Path | None = None
     if sandboxed:
         home = private_dir(run_dir / "home")
-        # The relay goes first: it is listening, and models.json names it, before pi starts.
+        # The relay goes first: pi's connections to the provider's placeholder host reach the
+        # forwarder's socket from pi's first request on.
         argv = [argv[0], "--import", RELAY_MODULE.as_uri(), *argv[1:]]
-        # base64 of random bytes, spelled out as in ToolChannel.new (no secrets import here).
-        token = base64.urlsafe_b64encode(os.urandom(24)).rstrip(b"=").decode("ascii")
         extra.update(
             {
                 RELAY_SOCKET_ENV: str(tools.path.parent / "provider.sock"),
-                RELAY_TOKEN_ENV: token,
                 PLACEHOLDER_ENV: NO_KEY,
             }
         )

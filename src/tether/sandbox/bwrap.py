@@ -50,7 +50,8 @@ __all__ = [
 OUTSIDE_SCRIPT = Path(__file__).resolve().parent / "outside.py"
 PROVIDER_ORIGIN = "http://tether-provider.invalid"
 """The origin of a sandboxed pi's provider URL in ``models.json``: its relay
-(``extension/relay.ts``) puts its own loopback address there before pi reads the file."""
+(``extension/relay.ts``) turns pi's connections to this host into connections to the
+forwarder's socket."""
 
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; `make install` does it), "

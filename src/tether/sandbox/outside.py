@@ -8,10 +8,12 @@ Started in pi's place (by the keeper, or by the harness when pi is its child), t
   child before it execs, and the provider key's descriptor (``TETHER_KEY_FD``) neither inherited
   nor named in its environment: the key never enters the sandbox;
 - serves the provider forwarder on the Unix socket ``PATH`` (in a directory bound into the
-  sandbox): each connection carries one HTTP request from pi's relay (``extension/relay.ts``),
-  whose head gets the credential in place of the placeholder pi was configured with, the
-  upstream's ``Host`` and ``Connection: close``; the request goes to ``URL``'s host (TLS for
-  ``https``) and the answer comes back byte for byte as it arrives (streaming, unbuffered);
+  sandbox): each connection carries one HTTP request from pi (whose connections to its
+  placeholder provider host land here: ``extension/relay.ts``), whose head gets the credential
+  in place of the placeholder pi was configured with and the upstream's ``Host``; the request
+  goes to ``URL``'s host (TLS for ``https``) over a connection kept alive for the next one, and
+  the answer comes back as it arrives (streaming, unbuffered), its head saying
+  ``Connection: close``;
 - exits with the sandbox's status (128 + N when it was killed by signal N). Killed itself, it
   takes nothing with it: pi's end is the sandbox's first process ending.
 
@@ -29,7 +31,6 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
-    from typing import Any
 
 KEY_FD_ENV = "TETHER_KEY_FD"
 PLACEHOLDER_ENV = "TETHER_KEY_PLACEHOLDER"
@@ -37,15 +38,17 @@ LIMIT_NAMES = {"nproc": "RLIMIT_NPROC", "data": "RLIMIT_DATA", "fsize": "RLIMIT_
 _HEAD_MAX = 256 * 1024
 _CHUNK = 64 * 1024
 _CLOSE_WAIT_S = 30.0
-_HOP_BY_HOP = (b"connection", b"keep-alive", b"proxy-connection", b"host", b"upgrade")
+_HOP_BY_HOP = (b"connection", b"keep-alive", b"proxy-connection", b"host", b"upgrade", b"te")
+_ANSWER_HOP = (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding")
+_IDLE_MAX = 4
+"""Upstream connections kept idle at most (pi sends one request at a time; a checkpoint's
+summary may overlap a relayed one)."""
 
 
-def _read_key(env: dict[str, str]) -> bytes:
+def _read_key(fd: int | None) -> bytes:
     """The provider key from its pipe (written whole before this program started), or b""."""
-    text = env.pop(KEY_FD_ENV, "")
-    if not text.isdigit():
+    if fd is None:
         return b""
-    fd = int(text)
     data = b""
     try:
         while chunk := os.read(fd, 65536):
@@ -59,10 +62,14 @@ def _read_key(env: dict[str, str]) -> bytes:
     return str(grants[0]["key"]).encode() if grants else b""
 
 
-def _start(argv: list[str], env: dict[str, str], limits: list[tuple[int, int]]) -> int:
+def _start(
+    argv: list[str], env: dict[str, str], limits: list[tuple[int, int]], key_fd: int | None
+) -> int:
     pid = os.fork()
     if pid == 0:  # the child: limits first, then the sandbox
         try:
+            if key_fd is not None:
+                os.close(key_fd)  # the key's pipe stays outside
             import resource
 
             # Python ignores these; the sandbox gets them back at their defaults (a write over
@@ -82,40 +89,58 @@ def _start(argv: list[str], env: dict[str, str], limits: list[tuple[int, int]]) 
     return pid
 
 
-def _rewrite_head(head: bytes, *, key: bytes, placeholder: bytes, host: bytes) -> bytes:
-    """pi's request head for the upstream: the credential in place of the placeholder (in the
-    request line and every header: the API decides where its key goes), the upstream's host,
-    one request per connection."""
+class _Refusal(Exception):
+    """A request the forwarder answers itself: its status line and why."""
+
+    def __init__(self, status: str, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+        self.why = why
+
+
+def _upstream_request(
+    head: bytes, *, key: bytes, placeholder: bytes
+) -> tuple[str, str, list[tuple[bytes, bytes]], int]:
+    """pi's request head as the upstream gets it: method, target and headers with the
+    credential in place of the placeholder (in the target and every header: the API decides
+    where its key goes), without what belongs to one connection (the forwarder sets ``Host``
+    and the length itself); and the body's length. Raises :class:`_Refusal`."""
     lines = head.split(b"\r\n")
-    out = [lines[0].replace(placeholder, key) if key else lines[0]]
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        raise _Refusal("400 Bad Request", "not an HTTP/1.1 request line")
+    method, target = parts[0], parts[1]
+    if key:
+        target = target.replace(placeholder, key)
+    headers: list[tuple[bytes, bytes]] = []
+    length = 0
     for line in lines[1:]:
-        if not line:
-            continue
-        name = line.split(b":", 1)[0].strip().lower()
-        if name in _HOP_BY_HOP:
-            continue
-        out.append(line.replace(placeholder, key) if key else line)
-    out += [b"Host: " + host, b"Connection: close"]
-    return b"\r\n".join(out) + b"\r\n\r\n"
-
-
-def _pump(src: socket.socket, dst: socket.socket, done: Any = None) -> None:
-    """``src`` to ``dst`` until end of file, then end of file to ``dst``; ``done`` (a held
-    lock) is released at the end."""
+        name, sep, value = line.partition(b":")
+        lower = name.strip().lower()
+        if not sep or not lower:
+            raise _Refusal("400 Bad Request", "a malformed header line")
+        if lower == b"content-length":
+            if not value.strip().isdigit():
+                raise _Refusal("400 Bad Request", "a malformed Content-Length")
+            length = int(value)
+        elif lower == b"transfer-encoding":
+            raise _Refusal("411 Length Required", "a request body needs a Content-Length")
+        elif lower not in _HOP_BY_HOP:
+            value = value.strip()
+            headers.append((name.strip(), value.replace(placeholder, key) if key else value))
     try:
-        while chunk := src.recv(_CHUNK):
-            dst.sendall(chunk)
+        return method.decode("ascii"), target.decode("ascii"), headers, length
+    except UnicodeDecodeError:
+        raise _Refusal("400 Bad Request", "a request line that is not ASCII") from None
+
+
+def _end_writes(sock: socket.socket) -> None:
+    import socket as _socket
+
+    try:  # noqa: SIM105  (contextlib is not imported here: this program starts pi)
+        sock.shutdown(_socket.SHUT_WR)
     except OSError:
         pass
-    finally:
-        import socket as _socket
-
-        try:  # noqa: SIM105  (contextlib is not imported here: this program starts pi)
-            dst.shutdown(_socket.SHUT_WR)
-        except OSError:
-            pass
-        if done is not None:
-            done.release()
 
 
 def _refuse(client: socket.socket, status: str, why: str) -> None:
@@ -127,47 +152,252 @@ def _refuse(client: socket.socket, status: str, why: str) -> None:
         pass
 
 
-def _handle(
-    client: socket.socket, upstream: tuple[str, str, int], key: bytes, placeholder: bytes
-) -> None:
-    import socket
+def _read_head(sock: socket.socket) -> tuple[bytes, bytes] | None:
+    """A request head (without its blank line) and what came after it; None at end of file
+    first. Raises :class:`_Refusal` when the head is over ``_HEAD_MAX``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(_CHUNK)
+        if not chunk:
+            return None
+        data += chunk
+        if len(data) > _HEAD_MAX:
+            raise _Refusal("431 Request Header Fields Too Large", "request head too large")
+    head, rest = data.split(b"\r\n\r\n", 1)
+    return head, rest
 
-    scheme, host, port = upstream
-    try:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = client.recv(_CHUNK)
-            if not chunk:
-                return
-            data += chunk
-            if len(data) > _HEAD_MAX:
-                _refuse(client, "431 Request Header Fields Too Large", "request head too large")
-                return
-        head, rest = data.split(b"\r\n\r\n", 1)
+
+class _Upstream:
+    """The provider's origin, and its connections kept alive between pi's requests (pi sends
+    one at a time; a fresh TCP and TLS handshake per request would cost a remote provider
+    several round trips each time)."""
+
+    def __init__(self, scheme: str, host: str, port: int) -> None:
+        self.scheme, self.host, self.port = scheme, host, port
         default = 443 if scheme == "https" else 80
-        netloc = host if port == default else f"{host}:{port}"
-        head = _rewrite_head(head, key=key, placeholder=placeholder, host=netloc.encode())
-        try:
-            server = socket.create_connection((host, port), timeout=30)
-            server.settimeout(None)
-            server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if scheme == "https":
-                import ssl
+        self.netloc = host if port == default else f"{host}:{port}"
+        self._idle: list[socket.socket] = []
+        self._lock = _thread.allocate_lock()
 
-                server = ssl.create_default_context().wrap_socket(server, server_hostname=host)
-        except OSError as exc:
-            _refuse(client, "502 Bad Gateway", f"cannot reach {scheme}://{netloc}: {exc}")
+    def take(self) -> tuple[socket.socket, bool]:
+        """An idle connection (and True), or a new one (and False). Raises ``OSError``."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        import socket
+
+        # The address as bytes: a str would import the idna codec, a few ms of a first request.
+        address = self.host.encode("ascii") if self.host.isascii() else self.host.encode("idna")
+        conn = socket.create_connection((address, self.port), timeout=30)  # type: ignore[arg-type]  # (getaddrinfo takes bytes; typeshed names str)
+        # Connected: an answer may pause for as long as the model thinks.
+        conn.settimeout(None)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.scheme == "https":
+            import ssl
+
+            conn = ssl.create_default_context().wrap_socket(conn, server_hostname=self.host)
+        return conn, False
+
+    def give_back(self, conn: socket.socket) -> None:
+        with self._lock:
+            if len(self._idle) < _IDLE_MAX:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+
+class _Answer:
+    """The upstream's answer on one connection, read as it arrives. Its framing (RFC 9112:
+    a length, chunks, or the connection's end) is undone, so pi gets the body alone, ended by
+    the end of its connection; what is left tells whether the connection can take another
+    request. (http.client would do the same, for 16 ms of imports in every run's start.)"""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.buf = b""
+        self.started = False  # a byte came: a failure now is not a stale kept connection's
+        self.head = b""
+        self.length: int | None = None
+        self.chunked = self.reusable = self._done = False
+        self._chunk_left = 0
+
+    def begin(self, method: str) -> None:
+        """Read the answer's head (past any interim 1xx one) and learn its framing."""
+        while True:
+            head = self._head()
+            status = head.split(b"\r\n", 1)[0].split(b" ", 2)
+            if len(status) < 2 or not status[0].startswith(b"HTTP/1.") or not status[1].isdigit():
+                raise ValueError("not an HTTP/1.1 answer")
+            code = int(status[1])
+            if code >= 200 or code == 101:
+                break  # (an interim 1xx answer, such as 103, goes by)
+        self.head = head
+        fields: dict[bytes, bytes] = {}
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            fields[name.strip().lower()] = value.strip().lower()
+        self.chunked = b"chunked" in fields.get(b"transfer-encoding", b"")
+        if method == "HEAD" or code in (204, 304):
+            self.length = 0
+        elif not self.chunked and fields.get(b"content-length", b"").isdigit():
+            self.length = int(fields[b"content-length"])
+        framed = self.chunked or self.length is not None
+        self.reusable = (
+            framed and status[0] == b"HTTP/1.1" and b"close" not in fields.get(b"connection", b"")
+        )
+
+    def _fill(self) -> None:
+        chunk = self.conn.recv(_CHUNK)
+        if not chunk:
+            raise EOFError("the provider closed the connection mid-answer")
+        self.started = True
+        self.buf += chunk
+
+    def _head(self) -> bytes:
+        while b"\r\n\r\n" not in self.buf:
+            if len(self.buf) > _HEAD_MAX:
+                raise ValueError("the provider's answer head is too large")
+            self._fill()
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        return head
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            if len(self.buf) > _HEAD_MAX:
+                raise ValueError("a chunk line of the provider's answer is too long")
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _take(self, most: int) -> bytes:
+        if not self.buf:
+            self._fill()
+        out, self.buf = self.buf[:most], self.buf[most:]
+        return out
+
+    def pi_head(self) -> bytes:
+        """The head for pi: as it came, but for what belongs to the upstream's connection and
+        framing, and ``Connection: close``."""
+        lines = self.head.split(b"\r\n")
+        kept = [ln for ln in lines[1:] if ln.split(b":", 1)[0].strip().lower() not in _ANSWER_HOP]
+        if self.chunked:  # unframed for pi: its length is unknown
+            kept = [ln for ln in kept if not ln.lower().startswith(b"content-length")]
+        return b"\r\n".join([lines[0], *kept, b"Connection: close"]) + b"\r\n\r\n"
+
+    def read(self) -> bytes:
+        """The next bytes of the body as they arrive; b"" at its end."""
+        if self._done:
+            return b""
+        if self.chunked:
+            if self._chunk_left == 0:
+                size = self._line().split(b";", 1)[0].strip()
+                if not size or any(c not in b"0123456789abcdefABCDEF" for c in size):
+                    raise ValueError("a malformed chunk in the provider's answer")
+                self._chunk_left = int(size, 16)
+                if self._chunk_left == 0:
+                    while self._line():  # the trailer, to its blank line
+                        pass
+                    self._done = True
+                    return b""
+            out = self._take(self._chunk_left)
+            self._chunk_left -= len(out)
+            if self._chunk_left == 0:
+                while len(self.buf) < 2:
+                    self._fill()
+                if self.buf[:2] != b"\r\n":
+                    raise ValueError("a malformed chunk in the provider's answer")
+                self.buf = self.buf[2:]
+            return out
+        if self.length is not None:
+            if self.length == 0:
+                self._done = True
+                return b""
+            out = self._take(self.length)
+            self.length -= len(out)
+            return out
+        # Ended by the connection's end.
+        if not self.buf:
+            chunk = self.conn.recv(_CHUNK)
+            if not chunk:
+                self._done = True
+                return b""
+            return chunk
+        out, self.buf = self.buf, b""
+        return out
+
+    @property
+    def done(self) -> bool:
+        return self._done and not self.buf
+
+
+def _ask(up: _Upstream, request: bytes, method: str) -> tuple[socket.socket, _Answer]:
+    """Send ``request`` upstream; the connection and its answer, its head read. Raises
+    :class:`_Refusal` (502) when the provider cannot be reached or answers no head."""
+    for attempt in (1, 2):
+        try:
+            conn, reused = up.take()
+        except (OSError, UnicodeError) as exc:
+            raise _Refusal(
+                "502 Bad Gateway", f"cannot reach {up.scheme}://{up.netloc}: {exc}"
+            ) from None
+        answer = _Answer(conn)
+        try:
+            conn.sendall(request)
+            answer.begin(method)
+            return conn, answer
+        except (OSError, EOFError, ValueError) as exc:
+            conn.close()
+            # A kept connection the provider closed while it was idle: once more, on a new
+            # one (no byte of an answer came: the request never reached it).
+            if not (reused and attempt == 1 and not answer.started):
+                raise _Refusal("502 Bad Gateway", f"the provider's answer failed: {exc}") from None
+    raise AssertionError("unreachable")
+
+
+def _handle(client: socket.socket, up: _Upstream, key: bytes, placeholder: bytes) -> None:
+    try:
+        try:
+            received = _read_head(client)
+            if received is None:
+                return
+            head, body = received
+            method, target, headers, length = _upstream_request(
+                head, key=key, placeholder=placeholder
+            )
+        except _Refusal as refusal:
+            _refuse(client, refusal.status, refusal.why)
             return
-        with server:
-            server.sendall(head + rest)
-            body_done = _thread.allocate_lock()
-            body_done.acquire()
-            _thread.start_new_thread(_pump, (client, server, body_done))
-            _pump(server, client)  # the answer, then end of file to the relay
-            # The relay closes once it has the whole answer: closing first could reset the
-            # connection under a request it is still ending (EPIPE there, a lost answer).
-            body_done.acquire(timeout=_CLOSE_WAIT_S)
-    except OSError:
+        while len(body) < length and (chunk := client.recv(_CHUNK)):
+            body += chunk
+        body = body[:length]
+        lines = [f"{method} {target} HTTP/1.1".encode(), b"Host: " + up.netloc.encode()]
+        lines += [name + b": " + value for name, value in headers]
+        if body or method not in ("GET", "HEAD"):
+            lines.append(b"Content-Length: %d" % len(body))
+        request = b"\r\n".join(lines) + b"\r\n\r\n" + body
+        try:
+            conn, answer = _ask(up, request, method)
+        except _Refusal as refusal:
+            _refuse(client, refusal.status, refusal.why)
+            return
+        try:
+            client.sendall(answer.pi_head())
+            while chunk := answer.read():  # as it arrives: streaming, unbuffered
+                client.sendall(chunk)
+        except (OSError, EOFError, ValueError):
+            conn.close()  # mid-answer: neither side can go on
+            raise
+        if answer.reusable and answer.done:
+            up.give_back(conn)
+        else:
+            conn.close()
+        _end_writes(client)
+        # pi closes once it has the whole answer: closing first could reset the connection
+        # under a request it is still ending (EPIPE there, a lost answer).
+        client.settimeout(_CLOSE_WAIT_S)
+        while client.recv(_CHUNK):
+            pass
+    except (OSError, EOFError, ValueError):
         pass
     finally:
         client.close()
@@ -187,9 +417,10 @@ def _serve(path: str, upstream: tuple[str, str, int], key: bytes, placeholder: b
     finally:
         os.umask(old)
     listener.listen(64)
+    up = _Upstream(*upstream)
     while True:
         client, _ = listener.accept()
-        _thread.start_new_thread(_handle, (client, upstream, key, placeholder))
+        _thread.start_new_thread(_handle, (client, up, key, placeholder))
 
 
 def _parse_upstream(url: str) -> tuple[str, str, int]:
@@ -221,14 +452,17 @@ def main(argv: list[str]) -> int:
             which, _, number = value.partition("=")
             wanted.append((LIMIT_NAMES[which], int(number)))
     env = dict(os.environ)
-    key = _read_key(env)
+    fd_text = env.pop(KEY_FD_ENV, "")
+    key_fd = int(fd_text) if fd_text.isdigit() else None
     placeholder = env.pop(PLACEHOLDER_ENV, "").encode()
     limits: list[tuple[int, int]] = []
     if wanted:
         import resource
 
         limits = [(getattr(resource, name), value) for name, value in wanted]
-    pid = _start(command, env, limits)
+    pid = _start(command, env, limits, key_fd)
+    # The key is read while the sandbox starts: pi asks for nothing before it has loaded.
+    key = _read_key(key_fd)
 
     # The sandbox is starting: now the forwarder, on the builtins _thread and _signal (the
     # threading and signal modules cost more to import than the rest of this program).
