@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -387,19 +388,30 @@ runs_dir = "runs"
                     raise SystemExit(f"tether run failed: {argv} {done.stdout} {done.stderr}")
                 return took
 
-            timings["cli"].append(cli(cfg_path, f"cli-{i}", cli_env, "cpu_run_cli"))
-            timings["cli_none"].append(cli(unconfined_cfg, f"none-{i}", cli_env))
+            # The CLI runs compared with each other, in an order rotated every repetition: a
+            # run's place (just after pi's direct runs, or after another CLI run) weighs on its
+            # time, and rotating keeps that out of their ratios.
+            variants: list[tuple[str, Callable[[], float]]] = [
+                ("cli", functools.partial(cli, cfg_path, f"cli-{i}", cli_env, "cpu_run_cli")),
+                ("cli_none", functools.partial(cli, unconfined_cfg, f"none-{i}", cli_env)),
+            ]
             if against_env is not None:
-                timings.setdefault("against", []).append(
-                    cli(against_cfg, f"against-{i}", against_env, "cpu_run_against")
+                against = functools.partial(
+                    cli, against_cfg, f"against-{i}", against_env, "cpu_run_against"
                 )
+                variants.append(("against", against))
             if sink is not None:
-                env = {
+                otel_env = {
                     **cli_env,
                     "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
                     "OTEL_SERVICE_NAME": "tether-bench",
                 }
-                timings.setdefault("cli_otel", []).append(cli(cfg_path, f"cli-otel-{i}", env))
+                variants.append(
+                    ("cli_otel", functools.partial(cli, cfg_path, f"cli-otel-{i}", otel_env))
+                )
+            turn = i % len(variants)
+            for name, timed in variants[turn:] + variants[:turn]:
+                timings.setdefault(name, []).append(timed())
 
             # The CLI's fixed cost: interpreter, imports (typer, rich, pydantic …), no run.
             t = time.perf_counter()
