@@ -6,6 +6,8 @@ checkpoint decision for each reason it was not tried, and nothing a person or th
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,9 +82,6 @@ def test_off_without_otel_variables_and_nothing_imported() -> None:
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_SDK_DISABLED": "true"}
     )
     # A fresh interpreter that runs a span without OTEL_* variables loads no OpenTelemetry.
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     code = (
         "import sys; from tether import telemetry\n"
@@ -94,6 +93,64 @@ def test_off_without_otel_variables_and_nothing_imported() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+EXPORT_ONE_SPAN = """
+import sys
+from tether import telemetry
+with telemetry.span("tether.test") as s:
+    s.set({"a": 1})
+telemetry.flush()
+print("requests" in sys.modules)
+"""
+
+
+def test_the_otlp_exporter_sends_on_its_urllib3_transport() -> None:
+    """Configured by the variables alone, a span arrives at an OTLP/HTTP receiver, sent by the
+    exporter's urllib3 transport: requests (its default's) is never imported."""
+    from otlp_receiver import Receiver
+
+    receiver = Receiver()
+    receiver.start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.url
+        done = subprocess.run(
+            [sys.executable, "-c", EXPORT_ONE_SPAN],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        names = [span.name for _, span in receiver.spans()]
+    finally:
+        receiver.close()
+    assert names == ["tether.test"], done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_a_credential_provider_takes_the_exporter_s_own_default_and_a_bad_one_runs_untraced() -> (
+    None
+):
+    """A named credential provider makes the exporter build a requests session (its default
+    transport, not urllib3's); one that does not exist is the SDK's error, said on stderr, and
+    the program goes on without traces."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
+    env["OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER"] = "tether-none"
+    done = subprocess.run(
+        [sys.executable, "-c", EXPORT_ONE_SPAN],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "'tether-none' not found" in done.stderr
+    assert "running without traces" in done.stderr
+    assert done.stdout.strip() == "True"  # the default's requests was on its way
 
 
 def test_an_exporter_tether_does_not_ship_is_named_and_the_run_goes_on_untraced(
