@@ -17,9 +17,11 @@ install: $(VENV)/.installed node_modules/.installed
 	command -v bwrap >/dev/null || (apt-get update && apt-get install -y bubblewrap)
 
 # The pages' browser tests drive Debian's chromium (never a browser Playwright downloads); only
-# the targets that run them install it.
+# the targets that run them install it. The forwarder's TLS test makes its certificate with
+# Debian's openssl.
 browser:
 	$(call apt_need,/usr/bin/chromium,chromium)
+	$(call apt_need,/usr/bin/openssl,openssl)
 
 $(VENV)/.installed: requirements/dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

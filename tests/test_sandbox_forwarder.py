@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -29,12 +30,16 @@ class Upstream:
     """A provider on 127.0.0.1 that keeps connections alive (HTTP/1.1, lengths or chunks) and
     records each request's head and the connection it came on."""
 
-    def __init__(self, answer: Callable[[socket.socket, bytes], bool]) -> None:
+    def __init__(
+        self, answer: Callable[[socket.socket, bytes], bool], tls: ssl.SSLContext | None = None
+    ) -> None:
         self.answer = answer  # writes the answer; False: close the connection after it
+        self.tls = tls
         self.heads: list[tuple[int, bytes, bytes]] = []  # (connection number, head, body)
         self.connections = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.origin = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        scheme = "https" if tls is not None else "http"
+        self.origin = f"{scheme}://127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -44,6 +49,12 @@ class Upstream:
             except OSError:
                 return
             self.connections += 1
+            if self.tls is not None:
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                except (OSError, ssl.SSLError):
+                    conn.close()
+                    continue
             threading.Thread(target=self._serve, args=(conn, self.connections), daemon=True).start()
 
     def _serve(self, conn: socket.socket, number: int) -> None:
@@ -82,17 +93,18 @@ def length_answer(conn: socket.socket, body: bytes) -> bool:
 
 
 @pytest.fixture
-def forwarder(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+def forwarder(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     """Start the forwarder for an upstream origin (with the key on its pipe, as the keeper
     hands it on); the socket's path."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(origin: str) -> Path:
+    def start(origin: str, **extra_env: str) -> Path:
         path = tmp_path / f"provider-{len(started)}.sock"
         read, write = os.pipe()
         os.write(write, json.dumps([{"key": KEY}]).encode())
         os.close(write)
         env = {**os.environ, "TETHER_KEY_FD": str(read), "TETHER_KEY_PLACEHOLDER": PLACEHOLDER}
+        env.update(extra_env)
         argv = [sys.executable, "-I", "-S", str(OUTSIDE_SCRIPT), "--socket", str(path)]
         proc = subprocess.Popen(
             [*argv, "--upstream", origin, "--", "/bin/sleep", "3600"],
@@ -137,7 +149,7 @@ def post(body: bytes, *, path: str = f"/v1/chat?key={PLACEHOLDER}") -> bytes:
 
 
 def test_requests_reach_the_provider_with_the_key_on_one_kept_connection(
-    forwarder: Callable[[str], Path],
+    forwarder: Callable[..., Path],
 ) -> None:
     upstream = Upstream(length_answer)
     try:
@@ -166,8 +178,44 @@ def test_requests_reach_the_provider_with_the_key_on_one_kept_connection(
         assert "tether-provider.invalid" not in text
 
 
+def test_an_https_provider_is_reached_over_tls_on_one_kept_connection(
+    forwarder: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The forwarder verifies the provider's certificate (the system's trust store, here one
+    that holds only this test's certificate) and keeps the TLS connection for the next
+    request."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    upstream = Upstream(length_answer, tls=context)
+    try:
+        sock = forwarder(upstream.origin, SSL_CERT_FILE=str(cert))
+        answers = [exchange(sock, post(b"over tls %d" % i)) for i in range(2)]
+        untrusted = forwarder(upstream.origin, SSL_CERT_FILE=os.devnull)
+        refused = exchange(untrusted, post(b"{}"))
+    finally:
+        upstream.close()
+    assert [a.rsplit(b"\r\n\r\n", 1)[1] for a in answers] == [
+        b"echo:over tls 0",
+        b"echo:over tls 1",
+    ]
+    assert upstream.connections == 2  # one kept for both requests, one the refused handshake
+    assert [number for number, _, _ in upstream.heads] == [1, 1]
+    assert refused.startswith(b"HTTP/1.1 502 Bad Gateway")
+    assert b"CERTIFICATE_VERIFY_FAILED" in refused
+
+
 def test_a_kept_connection_the_provider_closed_is_replaced_without_losing_the_request(
-    forwarder: Callable[[str], Path],
+    forwarder: Callable[..., Path],
 ) -> None:
     # The provider answers, then drops the connection (an idle timeout): the forwarder's kept
     # connection is dead by the next request.
@@ -190,7 +238,7 @@ def test_a_kept_connection_the_provider_closed_is_replaced_without_losing_the_re
 
 
 def test_a_streamed_answer_passes_chunk_by_chunk_unbuffered(
-    forwarder: Callable[[str], Path],
+    forwarder: Callable[..., Path],
 ) -> None:
     # The upstream sends its second chunk only once the first has come out of the forwarder.
     first_seen = threading.Event()
@@ -231,7 +279,7 @@ def test_a_streamed_answer_passes_chunk_by_chunk_unbuffered(
 
 
 def test_an_unreachable_provider_and_a_bad_request_are_answered_by_the_forwarder(
-    forwarder: Callable[[str], Path],
+    forwarder: Callable[..., Path],
 ) -> None:
     closed = socket.create_server(("127.0.0.1", 0))
     port = closed.getsockname()[1]

@@ -24,13 +24,12 @@ and only ``os`` and ``sys`` before the sandbox is started.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # (no stubs: the builtin under signal)
+import _socket
 import _thread
 import os
 import sys
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import socket
 
 KEY_FD_ENV = "TETHER_KEY_FD"
 PLACEHOLDER_ENV = "TETHER_KEY_PLACEHOLDER"
@@ -134,16 +133,14 @@ def _upstream_request(
         raise _Refusal("400 Bad Request", "a request line that is not ASCII") from None
 
 
-def _end_writes(sock: socket.socket) -> None:
-    import socket as _socket
-
+def _end_writes(sock: _socket.socket) -> None:
     try:  # noqa: SIM105  (contextlib is not imported here: this program starts pi)
         sock.shutdown(_socket.SHUT_WR)
     except OSError:
         pass
 
 
-def _refuse(client: socket.socket, status: str, why: str) -> None:
+def _refuse(client: _socket.socket, status: str, why: str) -> None:
     body = f"tether's provider forwarder: {why}\n".encode()
     head = f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
     try:  # noqa: SIM105
@@ -152,7 +149,7 @@ def _refuse(client: socket.socket, status: str, why: str) -> None:
         pass
 
 
-def _read_head(sock: socket.socket) -> tuple[bytes, bytes] | None:
+def _read_head(sock: _socket.socket) -> tuple[bytes, bytes] | None:
     """A request head (without its blank line) and what came after it; None at end of file
     first. Raises :class:`_Refusal` when the head is over ``_HEAD_MAX``."""
     data = b""
@@ -167,6 +164,26 @@ def _read_head(sock: socket.socket) -> tuple[bytes, bytes] | None:
     return head, rest
 
 
+def _connect(address: bytes, port: int) -> _socket.socket:
+    """A TCP connection to the first of ``address``'s addresses that answers (as
+    ``socket.create_connection``, on the builtin ``_socket``). Raises ``OSError``."""
+    failure: OSError = OSError(f"no address for {address!r}")
+    for family, kind, proto, _, where in _socket.getaddrinfo(address, port, 0, _socket.SOCK_STREAM):
+        conn = _socket.socket(family, kind, proto)
+        try:
+            conn.settimeout(30)
+            conn.connect(where)
+        except OSError as exc:
+            conn.close()
+            failure = exc
+            continue
+        # Connected: an answer may pause for as long as the model thinks.
+        conn.settimeout(None)
+        conn.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+        return conn
+    raise failure
+
+
 class _Upstream:
     """The provider's origin, and its connections kept alive between pi's requests (pi sends
     one at a time; a fresh TCP and TLS handshake per request would cost a remote provider
@@ -176,29 +193,27 @@ class _Upstream:
         self.scheme, self.host, self.port = scheme, host, port
         default = 443 if scheme == "https" else 80
         self.netloc = host if port == default else f"{host}:{port}"
-        self._idle: list[socket.socket] = []
+        self._idle: list[_socket.socket] = []
         self._lock = _thread.allocate_lock()
 
-    def take(self) -> tuple[socket.socket, bool]:
+    def take(self) -> tuple[_socket.socket, bool]:
         """An idle connection (and True), or a new one (and False). Raises ``OSError``."""
         with self._lock:
             if self._idle:
                 return self._idle.pop(), True
-        import socket
-
         # The address as bytes: a str would import the idna codec, a few ms of a first request.
         address = self.host.encode("ascii") if self.host.isascii() else self.host.encode("idna")
-        conn = socket.create_connection((address, self.port), timeout=30)  # type: ignore[arg-type]  # (getaddrinfo takes bytes; typeshed names str)
-        # Connected: an answer may pause for as long as the model thinks.
-        conn.settimeout(None)
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _connect(address, self.port)
         if self.scheme == "https":
+            import socket
             import ssl
 
-            conn = ssl.create_default_context().wrap_socket(conn, server_hostname=self.host)
+            wrapped = socket.socket(fileno=conn.detach())
+            context = ssl.create_default_context()
+            return context.wrap_socket(wrapped, server_hostname=self.host), False
         return conn, False
 
-    def give_back(self, conn: socket.socket) -> None:
+    def give_back(self, conn: _socket.socket) -> None:
         with self._lock:
             if len(self._idle) < _IDLE_MAX:
                 self._idle.append(conn)
@@ -212,7 +227,7 @@ class _Answer:
     the end of its connection; what is left tells whether the connection can take another
     request. (http.client would do the same, for 16 ms of imports in every run's start.)"""
 
-    def __init__(self, conn: socket.socket) -> None:
+    def __init__(self, conn: _socket.socket) -> None:
         self.conn = conn
         self.buf = b""
         self.started = False  # a byte came: a failure now is not a stale kept connection's
@@ -330,7 +345,7 @@ class _Answer:
         return self._done and not self.buf
 
 
-def _ask(up: _Upstream, request: bytes, method: str) -> tuple[socket.socket, _Answer]:
+def _ask(up: _Upstream, request: bytes, method: str) -> tuple[_socket.socket, _Answer]:
     """Send ``request`` upstream; the connection and its answer, its head read. Raises
     :class:`_Refusal` (502) when the provider cannot be reached or answers no head."""
     for attempt in (1, 2):
@@ -354,7 +369,7 @@ def _ask(up: _Upstream, request: bytes, method: str) -> tuple[socket.socket, _An
     raise AssertionError("unreachable")
 
 
-def _handle(client: socket.socket, up: _Upstream, key: bytes, placeholder: bytes) -> None:
+def _handle(client: _socket.socket, up: _Upstream, key: bytes, placeholder: bytes) -> None:
     try:
         try:
             received = _read_head(client)
@@ -404,13 +419,11 @@ def _handle(client: socket.socket, up: _Upstream, key: bytes, placeholder: bytes
 
 
 def _serve(path: str, upstream: tuple[str, str, int], key: bytes, placeholder: bytes) -> None:
-    import socket
-
     try:  # noqa: SIM105
         os.unlink(path)
     except FileNotFoundError:
         pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     old = os.umask(0o177)  # the socket is 0600 from the start
     try:
         listener.bind(path)
@@ -419,7 +432,8 @@ def _serve(path: str, upstream: tuple[str, str, int], key: bytes, placeholder: b
     listener.listen(64)
     up = _Upstream(*upstream)
     while True:
-        client, _ = listener.accept()
+        fd, _ = listener._accept()  # type: ignore[attr-defined]  # (the C method accept wraps)
+        client = _socket.socket(fileno=fd)
         _thread.start_new_thread(_handle, (client, up, key, placeholder))
 
 
