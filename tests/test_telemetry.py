@@ -293,6 +293,64 @@ def assert_no_content(found: tuple[ReadableSpan, ...], *texts: str) -> None:
                 assert text not in item, f"{text!r} leaked into span {span.name}: {item!r}"
 
 
+def test_a_run_s_end_does_not_wait_for_the_collector(
+    store: Ledger, tmp_path: Path, scripted_provider: Any
+) -> None:
+    """A collector that holds the export's POST unanswered: the run ends regardless (it
+    starts the export and goes on), and the spans arrive once the collector answers."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    posted = threading.Event()
+    answer = threading.Event()
+    names: list[str] = []
+
+    class Holding(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            posted.set()
+            answer.wait(20)  # (a run that waited for this answer would see it only now)
+            for res in ExportTraceServiceRequest.FromString(body).resource_spans:
+                names.extend(span.name for scope in res.scope_spans for span in scope.spans)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Holding)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    provider = TracerProvider(shutdown_on_exit=False)
+    # The exporter waits longer than the collector holds: it never gives up on its own.
+    exporter = OTLPSpanExporter(endpoint=url, timeout=60)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    telemetry.install(provider)
+    try:
+        llm = scripted_provider([Reply("done")])
+        outcome = run(store, config(tmp_path, llm), tmp_path, text="say done")
+        # The run is over while its spans' POST is still held by the collector.
+        assert outcome.answer == "done"
+        assert posted.wait(30), "the run's end started no export"
+        assert not names
+        answer.set()
+        provider.force_flush(30_000)
+    finally:
+        answer.set()
+        telemetry.reset()
+        provider.shutdown()
+        server.shutdown()
+        server.server_close()
+    assert any(name.startswith("invoke_agent") for name in names), names
+
+
 def test_content_goes_on_spans_only_when_configured(
     scripted_provider: Any, store: Ledger, tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:

@@ -127,8 +127,7 @@ async def run_claimed(
     finally:
         trace.span.end()
         if trace:
-            with anyio.CancelScope(shield=True):
-                await in_thread(telemetry.flush)
+            telemetry.flush_later()
 
 
 async def _run_claimed(

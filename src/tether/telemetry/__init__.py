@@ -5,7 +5,7 @@ OpenTelemetry is imported and every call returns at once. :mod:`.setup` decides 
 tracer provider; :mod:`.spans` is what the harness, the service and the CLI call.
 """
 
-from tether.telemetry.setup import flush, install, reset, tracer, wanted
+from tether.telemetry.setup import flush, flush_later, install, reset, tracer, wanted
 from tether.telemetry.spans import (
     NO_SPAN,
     Attr,
@@ -21,6 +21,7 @@ __all__ = [
     "Attr",
     "Span",
     "flush",
+    "flush_later",
     "install",
     "now_ns",
     "reset",

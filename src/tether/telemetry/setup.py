@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Tracer
 
-__all__ = ["flush", "install", "reset", "tracer", "wanted"]
+__all__ = ["flush", "flush_later", "install", "reset", "tracer", "wanted"]
 
 _EXPORT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 _CREDENTIAL_PROVIDER_VARS = (
@@ -170,6 +170,16 @@ def reset() -> None:
     """Forget the decision: the next span reads the environment again."""
     with _lock:
         _state.update(decided=False, provider=None, tracer=None)
+
+
+def flush_later() -> None:
+    """Start sending what is buffered, and return at once: the end of a run. A run never waits
+    for the collector (one that is slow or down would hold every run's end for the exporter's
+    timeout, 10 s by default). A process that exits still sends it: the SDK's exit handler
+    shuts the provider down, which waits for the export (``tether`` runs exit handlers too)."""
+    provider = _state["provider"]
+    if provider is not None:
+        threading.Thread(target=provider.force_flush, daemon=True, name="tether-otel-flush").start()
 
 
 def flush(timeout_s: float = 5.0) -> None:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 import msgspec
 
 from tether import telemetry
@@ -411,8 +410,7 @@ async def _resume(
     finally:
         trace.span.end()
         if trace:
-            with anyio.CancelScope(shield=True):
-                await in_thread(telemetry.flush)
+            telemetry.flush_later()
     return Reconciled(run.id, run.session, Resolution.RESUMED, outcome=outcome)
 
 
