@@ -105,6 +105,20 @@ print("requests" in sys.modules)
 """
 
 
+def export_one_span(**otel: str) -> subprocess.CompletedProcess[str]:
+    """A fresh interpreter that sends one span as the ``OTEL_*`` variables ``otel`` say (and
+    no others); it prints whether requests was imported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return subprocess.run(
+        [sys.executable, "-c", EXPORT_ONE_SPAN],
+        env={**env, **otel},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
 def test_the_otlp_exporter_sends_on_its_urllib3_transport() -> None:
     """Configured by the variables alone, a span arrives at an OTLP/HTTP receiver, sent by the
     exporter's urllib3 transport: requests (its default's) is never imported."""
@@ -113,16 +127,7 @@ def test_the_otlp_exporter_sends_on_its_urllib3_transport() -> None:
     receiver = Receiver()
     receiver.start()
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.url
-        done = subprocess.run(
-            [sys.executable, "-c", EXPORT_ONE_SPAN],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        )
+        done = export_one_span(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url)
         names = [span.name for _, span in receiver.spans()]
     finally:
         receiver.close()
@@ -136,16 +141,9 @@ def test_a_credential_provider_takes_the_exporter_s_own_default_and_a_bad_one_ru
     """A named credential provider makes the exporter build a requests session (its default
     transport, not urllib3's); one that does not exist is the SDK's error, said on stderr, and
     the program goes on without traces."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
-    env["OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER"] = "tether-none"
-    done = subprocess.run(
-        [sys.executable, "-c", EXPORT_ONE_SPAN],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
+    done = export_one_span(
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+        OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER="tether-none",
     )
     assert done.returncode == 0, done.stderr
     assert "'tether-none' not found" in done.stderr

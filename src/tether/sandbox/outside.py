@@ -268,21 +268,20 @@ class _Answer:
         self.started = True
         self.buf += chunk
 
-    def _head(self) -> bytes:
-        while b"\r\n\r\n" not in self.buf:
+    def _until(self, mark: bytes, what: str) -> bytes:
+        """What comes before ``mark`` (taken, with the mark), at most ``_HEAD_MAX`` bytes."""
+        while mark not in self.buf:
             if len(self.buf) > _HEAD_MAX:
-                raise ValueError("the provider's answer head is too large")
+                raise ValueError(f"{what} of the provider's answer is too long")
             self._fill()
-        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
-        return head
+        found, self.buf = self.buf.split(mark, 1)
+        return found
+
+    def _head(self) -> bytes:
+        return self._until(b"\r\n\r\n", "the head")
 
     def _line(self) -> bytes:
-        while b"\r\n" not in self.buf:
-            if len(self.buf) > _HEAD_MAX:
-                raise ValueError("a chunk line of the provider's answer is too long")
-            self._fill()
-        line, self.buf = self.buf.split(b"\r\n", 1)
-        return line
+        return self._until(b"\r\n", "a chunk line")
 
     def _take(self, most: int) -> bytes:
         if not self.buf:
