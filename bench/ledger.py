@@ -431,6 +431,57 @@ def bench_concurrent_append(
         print(line, flush=True)
 
 
+# The ways PostgreSQL could keep recall's text index, each on the raw table plus the row's
+# search text (what tether derives once at append): without an index; tether's GIN index on the
+# expression; a tsvector column filled at append (generated from the same expression) with a
+# GIN index on it; the same expression index with fastupdate off. Every one but the first parses
+# the text with to_tsvector at insert: what differs is where the lexemes live.
+TEXT_INDEXES = {
+    "none": "",
+    "expression (tether)": "CREATE INDEX log_fts ON log USING gin ({doc})",
+    "lexeme column": (
+        "ALTER TABLE log ADD COLUMN lexemes tsvector GENERATED ALWAYS AS ({doc}) STORED;"
+        "CREATE INDEX log_fts ON log USING gin (lexemes)"
+    ),
+    "expression, fastupdate off": (
+        "CREATE INDEX log_fts ON log USING gin ({doc}) WITH (fastupdate = off)"
+    ),
+}
+
+
+def bench_pg_text_index(schemas: PgSchemas, rows: int, batch: int, rounds: int) -> None:
+    """Raw inserts (one writer, a transaction a batch) into the raw table with its search
+    text, under each of TEXT_INDEXES, in turn ``rounds`` times: rows/s, and against none."""
+    from tether.ledger.ddl.postgres import FTS_SESSION_DOCUMENT
+    from tether.ledger.text import row_text
+
+    news = [NewRow.message(actor(i), message(i)) for i in range(rows)]
+    tuples = [(*raw_tuple("s", i + 1, r), row_text(r.kind, r.body)) for i, r in enumerate(news)]
+    got: dict[str, list[float]] = {name: [] for name in TEXT_INDEXES}
+    for i in range(rounds):
+        for k, (name, ddl) in enumerate(TEXT_INDEXES.items()):
+            with psycopg.connect(schemas.url(f"text{k}_{i}"), autocommit=True) as conn:
+                conn.execute(RAW_TABLE.replace("body TEXT,", "body TEXT, text TEXT,"))
+                for statement in filter(None, ddl.format(doc=FTS_SESSION_DOCUMENT).split(";")):
+                    conn.execute(statement)
+                t0 = time.perf_counter()
+                for j in range(0, rows, batch):
+                    with conn.transaction(), conn.cursor() as cur:
+                        cur.executemany(
+                            "INSERT INTO log VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                            tuples[j : j + batch],
+                        )
+                got[name].append(rows / (time.perf_counter() - t0))
+    print(
+        f"\npostgres text index, {rows:,} raw inserts with their search text, batches of "
+        f"{batch}, one writer, medians of {rounds}:"
+    )
+    none = statistics.median(got["none"])
+    for name, found in got.items():
+        rate = statistics.median(found)
+        print(f"  {name:<28}{rate:>10,.0f} rows/s   {rate / none:5.2f} of no index")
+
+
 def measure(argv: list[str]) -> None:
     """One measurement in this process (``--against`` runs these in another tree's tether)."""
     what, rest = argv[0], argv[1:]
@@ -490,6 +541,11 @@ def main() -> None:
         default=3,
         help="measurements per figure, taken in turn (SQLite appends: with --against only)",
     )
+    parser.add_argument(
+        "--text-index",
+        action="store_true",
+        help="also time PostgreSQL inserts under each way of keeping the text index",
+    )
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -517,6 +573,8 @@ def main() -> None:
             bench_concurrent_append(
                 tmp, schemas, args.append_rows, args.batch, against, args.rounds
             )
+            if args.text_index:
+                bench_pg_text_index(schemas, args.append_rows, args.batch, args.rounds)
             if args.no_reads:
                 return
             pg_sizes = [sizes[0], sizes[-1]]
