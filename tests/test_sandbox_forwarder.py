@@ -5,6 +5,7 @@ turns connections to the placeholder host into connections to that socket."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -272,10 +274,40 @@ def test_a_streamed_answer_passes_chunk_by_chunk_unbuffered(
         upstream.close()
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.lower().split(b"\r\n")
-    # The chunks are undone: the body ends with the connection, as its head says.
+    # Byte for byte, chunks included; only the connection is the forwarder's.
     assert b"connection: close" in lines
-    assert not any(line.startswith(b"transfer-encoding") for line in lines)
-    assert body == b"data: first\n\ndata: second\n\n"
+    assert b"transfer-encoding: chunked" in lines
+    assert body == b"d\r\ndata: first\n\n\r\ne\r\ndata: second\n\n\r\n0\r\n\r\n"
+
+
+def test_an_answer_the_provider_cuts_short_reaches_pi_cut_short(
+    forwarder: Callable[..., Path],
+) -> None:
+    """The provider dies mid-stream: pi's client must see a truncated answer, not a complete
+    one (a truncated summary must never look whole)."""
+    import http.client
+
+    def cut(conn: socket.socket, body: bytes) -> bool:
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nd\r\ndata: first\n\n\r\n"
+        )
+        return False  # and the connection closes: no last chunk
+
+    upstream = Upstream(cut)
+    try:
+        data = exchange(forwarder(upstream.origin), post(b"{}"))
+    finally:
+        upstream.close()
+
+    class Replay:  # what pi's end of the connection got, read as an HTTP client reads it
+        def makefile(self, *args: object, **kwargs: object) -> Any:
+            return io.BytesIO(data)
+
+    answer = http.client.HTTPResponse(Replay())  # type: ignore[arg-type]
+    answer.begin()
+    with pytest.raises(http.client.IncompleteRead):
+        answer.read()
 
 
 def test_an_unreachable_provider_and_a_bad_request_are_answered_by_the_forwarder(

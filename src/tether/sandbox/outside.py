@@ -38,7 +38,7 @@ _HEAD_MAX = 256 * 1024
 _CHUNK = 64 * 1024
 _CLOSE_WAIT_S = 30.0
 _HOP_BY_HOP = (b"connection", b"keep-alive", b"proxy-connection", b"host", b"upgrade", b"te")
-_ANSWER_HOP = (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding")
+_ANSWER_HOP = (b"connection", b"keep-alive", b"proxy-connection")
 _IDLE_MAX = 4
 """Upstream connections kept idle at most (pi sends one request at a time; a checkpoint's
 summary may overlap a relayed one)."""
@@ -222,10 +222,10 @@ class _Upstream:
 
 
 class _Answer:
-    """The upstream's answer on one connection, read as it arrives. Its framing (RFC 9112:
-    a length, chunks, or the connection's end) is undone, so pi gets the body alone, ended by
-    the end of its connection; what is left tells whether the connection can take another
-    request. (http.client would do the same, for 16 ms of imports in every run's start.)"""
+    """The upstream's answer on one connection, passed on as it arrives. Its framing (RFC
+    9112: a length, chunks, or the connection's end) is followed, not undone, to know where the
+    answer ends and whether the connection can take another request. (http.client would find
+    that too, but it undoes the chunks, and costs 16 ms of imports at every run's start.)"""
 
     def __init__(self, conn: _socket.socket) -> None:
         self.conn = conn
@@ -290,37 +290,40 @@ class _Answer:
         return out
 
     def pi_head(self) -> bytes:
-        """The head for pi: as it came, but for what belongs to the upstream's connection and
-        framing, and ``Connection: close``."""
+        """The head for pi: as it came, framing included, but ``Connection: close`` in place
+        of what belongs to the upstream's connection."""
         lines = self.head.split(b"\r\n")
         kept = [ln for ln in lines[1:] if ln.split(b":", 1)[0].strip().lower() not in _ANSWER_HOP]
-        if self.chunked:  # unframed for pi: its length is unknown
-            kept = [ln for ln in kept if not ln.lower().startswith(b"content-length")]
         return b"\r\n".join([lines[0], *kept, b"Connection: close"]) + b"\r\n\r\n"
 
     def read(self) -> bytes:
-        """The next bytes of the body as they arrive; b"" at its end."""
+        """The next bytes of the answer as they arrive, byte for byte (chunks keep their
+        framing: an answer cut short stays one, for pi's client to see); b"" at its end."""
         if self._done:
             return b""
         if self.chunked:
             if self._chunk_left == 0:
-                size = self._line().split(b";", 1)[0].strip()
+                line = self._line()
+                size = line.split(b";", 1)[0].strip()
                 if not size or any(c not in b"0123456789abcdefABCDEF" for c in size):
                     raise ValueError("a malformed chunk in the provider's answer")
                 self._chunk_left = int(size, 16)
-                if self._chunk_left == 0:
-                    while self._line():  # the trailer, to its blank line
-                        pass
+                if self._chunk_left == 0:  # the last chunk, then the trailer to its blank line
+                    out = line + b"\r\n"
+                    while trailer := self._line():
+                        out += trailer + b"\r\n"
                     self._done = True
-                    return b""
+                    return out + b"\r\n"
+                return line + b"\r\n"
             out = self._take(self._chunk_left)
             self._chunk_left -= len(out)
-            if self._chunk_left == 0:
+            if self._chunk_left == 0:  # the chunk's data ends with CRLF
                 while len(self.buf) < 2:
                     self._fill()
                 if self.buf[:2] != b"\r\n":
                     raise ValueError("a malformed chunk in the provider's answer")
                 self.buf = self.buf[2:]
+                out += b"\r\n"
             return out
         if self.length is not None:
             if self.length == 0:
@@ -383,6 +386,8 @@ def _handle(client: _socket.socket, up: _Upstream, key: bytes, placeholder: byte
             return
         while len(body) < length and (chunk := client.recv(_CHUNK)):
             body += chunk
+        if len(body) < length:
+            return  # pi went away mid-request: nothing to send, nobody to answer
         body = body[:length]
         lines = [f"{method} {target} HTTP/1.1".encode(), b"Host: " + up.netloc.encode()]
         lines += [name + b": " + value for name, value in headers]
