@@ -427,13 +427,21 @@ def _serve(path: str, upstream: tuple[str, str, int], key: bytes, placeholder: b
         os.unlink(path)
     except FileNotFoundError:
         pass
+    # Bound and listening under a short name of its own first, then renamed into place: a
+    # client that finds the path never meets a socket that is not listening yet (refused).
+    fresh = os.path.join(os.path.dirname(path), ".new")
+    try:  # noqa: SIM105
+        os.unlink(fresh)
+    except FileNotFoundError:
+        pass
     listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     old = os.umask(0o177)  # the socket is 0600 from the start
     try:
-        listener.bind(path)
+        listener.bind(fresh)
     finally:
         os.umask(old)
     listener.listen(64)
+    os.rename(fresh, path)
     up = _Upstream(*upstream)
     while True:
         fd, _ = listener._accept()  # type: ignore[attr-defined]  # (the C method accept wraps)
