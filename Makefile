@@ -17,11 +17,9 @@ install: $(VENV)/.installed node_modules/.installed
 	command -v bwrap >/dev/null || (apt-get update && apt-get install -y bubblewrap)
 
 # The pages' browser tests drive Debian's chromium (never a browser Playwright downloads); only
-# the targets that run them install it. The forwarder's TLS test makes its certificate with
-# Debian's openssl.
+# the targets that run them install it.
 browser:
 	$(call apt_need,/usr/bin/chromium,chromium)
-	$(call apt_need,/usr/bin/openssl,openssl)
 
 $(VENV)/.installed: requirements/dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -67,8 +65,10 @@ lint-python: $(VENV)/.installed
 typecheck: install $(VENV)/.local-installed
 	$(BIN)/mypy
 
-# Every test: the unit tier, the ones that start pi or use PostgreSQL, the slow ones.
+# Every test: the unit tier, the ones that start pi or use PostgreSQL, the slow ones. Debian's
+# openssl makes the certificate of the provider forwarder's TLS test.
 pytest: install $(VENV)/.local-installed browser
+	$(call apt_need,/usr/bin/openssl,openssl)
 	$(BIN)/python tests/check_postgres.py
 	$(BIN)/pytest -n 2 --dist loadgroup
 
