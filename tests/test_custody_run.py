@@ -122,6 +122,16 @@ def run_placed(
         raise
 
 
+def lose_everything(proc: subprocess.Popen[str], placed: dict[str, Any]) -> None:
+    """SIGKILL the CLI, its keeper and pi's group, and wait until pi is gone: what a host's
+    crash leaves for ``tether recover``."""
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    os.kill(placed["keeper_pid"], signal.SIGKILL)
+    os.killpg(placed["pi_pid"], signal.SIGKILL)
+    wait_until(lambda: not psutil.pid_exists(placed["pi_pid"]), what="pi to die")
+
+
 def by_request(tool_command: Callable[[str], str | None]) -> Callable[[Any], Step]:
     """A script that answers each request by its text: first a bash call (when
     ``tool_command`` gives one), then ``answer to <request>``."""
@@ -353,11 +363,7 @@ def test_pi_gone_with_its_harness_ends_the_run_harness_lost(
     cfg = write_config(tmp_path, provider.url)
     proc, run, placed = run_placed(tmp_path, cfg, store)
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=10)
-    os.kill(placed["keeper_pid"], signal.SIGKILL)
-    os.killpg(placed["pi_pid"], signal.SIGKILL)
-    wait_until(lambda: not psutil.pid_exists(placed["pi_pid"]), what="pi to die")
+    lose_everything(proc, placed)
 
     done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
     assert done.returncode == 0, done.stderr

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from fastapi.testclient import TestClient
 
 from provider import Reply, ScriptedProvider, Step, ToolCall, route
 from support.service import service_config
 from support.users import unprivileged
-from test_custody_run import run_placed, wait_until
+from test_custody_run import lose_everything, run_placed, wait_until
 from test_custody_run import tether as tether_cli
 from test_custody_run import write_config as custody_config
 from test_sandbox_escapes import run_tether, write_config
@@ -241,11 +239,7 @@ def test_a_run_ended_by_recover_after_its_harness_and_pi_died_names_the_limit_hi
         proc, run, placed = run_placed(tmp_path, cfg, store)
         # The hog's result went to the model: pi sleeps in its next tool. All of it dies.
         wait_until(lambda: len(p.requests) >= 2, what="the hog's result")
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=10)
-        os.kill(placed["keeper_pid"], signal.SIGKILL)
-        os.killpg(placed["pi_pid"], signal.SIGKILL)
-        wait_until(lambda: not psutil.pid_exists(placed["pi_pid"]), what="pi to die")
+        lose_everything(proc, placed)
     done = tether_cli(tmp_path, "recover", "--config", str(cfg), "--json")
     assert done.returncode == 0, done.stderr
     assert [json.loads(line)["resolution"] for line in done.stdout.splitlines()] == ["harness_lost"]
