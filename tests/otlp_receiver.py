@@ -19,6 +19,9 @@ class Receiver:
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
+        self.hold = threading.Event()
+        """Cleared, every POST waits (unanswered, unkept) until it is set again."""
+        self.hold.set()
         self.paths: list[str] = []
         lock = threading.Lock()
         outer = self
@@ -26,6 +29,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                outer.hold.wait(60)
                 with lock:
                     outer.paths.append(self.path)
                     outer.bodies.append(body)

@@ -6,6 +6,7 @@ checkpoint decision for each reason it was not tried, and nothing a person or th
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from checkpoint_support import AGENT, ANSWER, SUMMARY, config, long_task, run
 from provider import Reply, route
+from support.wait import wait_for
 from tether import telemetry
 from tether.config import TelemetryConfig
 from tether.harness.checkpoint import continuation_checkpoint
@@ -133,6 +135,79 @@ def test_the_otlp_exporter_sends_on_its_urllib3_transport() -> None:
         receiver.close()
     assert names == ["tether.test"], done.stderr
     assert done.stdout.strip() == "False"
+
+
+SHORT_PROCESS = """
+import atexit, os, sys, time
+from tether import telemetry
+with telemetry.span("tether.test") as s:
+    s.set({"a": 1})
+telemetry.flush_later()  # a run's end
+time.sleep(float(sys.argv[1]))
+print(sorted(m for m in sys.modules if m.startswith("opentelemetry.exporter")), flush=True)
+atexit._run_exitfuncs()  # as tether's exit_now
+os._exit(0)
+"""
+
+
+def run_short(receiver: Any, stay_s: float, **otel: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    return subprocess.run(
+        [sys.executable, "-c", SHORT_PROCESS, str(stay_s)],
+        env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **otel},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_a_process_that_ends_before_its_spans_are_due_hands_them_to_a_child() -> None:
+    """A ``tether run`` is over in about a second, before the spans' first export is due: it
+    never loads the exporter, and its exit does not wait for the collector (which here holds
+    the POST): a child sends the spans after the process is gone."""
+    from otlp_receiver import Receiver
+
+    receiver = Receiver()
+    receiver.start()
+    receiver.hold.clear()
+    try:
+        done = run_short(receiver, 0)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "[]", "the exporter was loaded in the process"
+        assert receiver.spans() == [], "the collector held the POST: nothing is kept yet"
+        receiver.hold.set()
+        names = wait_for(lambda: [span.name for _, span in receiver.spans()], what="the span")
+    finally:
+        receiver.hold.set()
+        receiver.close()
+    assert names == ["tether.test"]
+
+
+def test_spans_due_before_the_exit_are_sent_by_the_process_itself() -> None:
+    """Past ``OTEL_BSP_SCHEDULE_DELAY`` the process loads the exporter and sends what has
+    ended, as the SDK's batch processor would: a process killed later has sent them."""
+    from otlp_receiver import Receiver
+
+    receiver = Receiver()
+    receiver.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SHORT_PROCESS, "60"],
+        env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        names = wait_for(lambda: [span.name for _, span in receiver.spans()], what="the span")
+        assert proc.poll() is None, "the span came from the process itself, alive"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        receiver.close()
+    assert names == ["tether.test"]
 
 
 def test_a_credential_provider_takes_the_exporter_s_own_default_and_a_bad_one_runs_untraced() -> (

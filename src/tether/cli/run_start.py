@@ -102,8 +102,9 @@ def start(args: RunArgs, *, stdin: BinaryIO | None = None) -> Started:
     run_id = new_run_id()
     launch = _launch(cfg, args, url, run_id, pi)
     if telemetry.wanted():
-        # OpenTelemetry's SDK and exporter take a while to import: in a thread, while pi loads
-        # and the harness is imported; the run's first span waits for it (setup's lock).
+        # OpenTelemetry's SDK takes a while to import: in a thread, while pi loads and the
+        # harness is imported; the run's first span waits for it (setup's lock). The exporter
+        # is loaded only when spans are due (telemetry.deferred), which a short run never is.
         threading.Thread(target=telemetry.tracer, daemon=True, name="tether-otel").start()
     try:
         # Imported only now: pi loads meanwhile.

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Tracer
 
+    from tether.telemetry.deferred import DeferredExport
+
 __all__ = ["flush", "flush_later", "install", "reset", "tracer", "wanted"]
 
 _EXPORT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -32,7 +34,7 @@ SCOPE = "tether"
 """The instrumentation scope every span of tether carries."""
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"decided": False, "provider": None, "tracer": None}
+_state: dict[str, Any] = {"decided": False, "provider": None, "tracer": None, "deferred": None}
 
 
 def wanted(environ: dict[str, str] | None = None) -> bool:
@@ -46,9 +48,11 @@ def wanted(environ: dict[str, str] | None = None) -> bool:
     return bool(exporter) or any(env.get(name) for name in _EXPORT_VARS)
 
 
-def _exporters(names: str) -> list[Any]:
-    out: list[Any] = []
-    for name in [n.strip().lower() for n in names.split(",") if n.strip()] or ["otlp"]:
+def _exporter_names(names: str) -> list[str]:
+    """The exporters ``OTEL_TRACES_EXPORTER`` names (otlp unless set), checked now, before any
+    is loaded: what tether cannot send to is refused at the start, not when spans are due."""
+    out = [n.strip().lower() for n in names.split(",") if n.strip()] or ["otlp"]
+    for name in out:
         if name == "otlp":
             # The HTTP exporter ships with tether[otel]; an OTEL_EXPORTER_OTLP_PROTOCOL of grpc
             # would need another package, so it is refused rather than ignored.
@@ -61,16 +65,23 @@ def _exporters(names: str) -> list[Any]:
                     "OTLP/HTTP only; set it to http/protobuf (or unset it) and point "
                     "OTEL_EXPORTER_OTLP_ENDPOINT at the collector's HTTP port (4318)"
                 )
-            out.append(_otlp_exporter())
-        elif name == "console":
-            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-            out.append(ConsoleSpanExporter())
-        else:
+        elif name != "console":
             raise ConfigError(
                 f"OTEL_TRACES_EXPORTER={name!r} is not one tether can send to; use otlp, "
                 "console or none"
             )
+    return out
+
+
+def _exporters(names: list[str]) -> list[Any]:
+    out: list[Any] = []
+    for name in names:
+        if name == "otlp":
+            out.append(_otlp_exporter())
+        else:
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            out.append(ConsoleSpanExporter())
     return out
 
 
@@ -109,7 +120,7 @@ def _otlp_exporter() -> Any:
         return OTLPSpanExporter()
 
 
-def _build() -> TracerProvider | None:
+def _build() -> tuple[TracerProvider, DeferredExport | None] | None:
     try:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -125,9 +136,18 @@ def _build() -> TracerProvider | None:
     # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; "tether" unless set.
     attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "tether"}
     provider = TracerProvider(resource=Resource.create(attrs))
-    for exporter in _exporters(os.environ.get("OTEL_TRACES_EXPORTER", "")):
-        provider.add_span_processor(BatchSpanProcessor(exporter))
-    return provider
+    names = _exporter_names(os.environ.get("OTEL_TRACES_EXPORTER", ""))
+    if "console" in names or any(os.environ.get(name) for name in _CREDENTIAL_PROVIDER_VARS):
+        # Console output belongs before the command's exit, and a credential provider is
+        # checked by building the exporter: both are loaded now.
+        for exporter in _exporters(names):
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+        return provider, None
+    from tether.telemetry.deferred import DeferredExport
+
+    deferred = DeferredExport(lambda: _exporters(names))
+    provider.add_span_processor(deferred)
+    return provider, deferred
 
 
 def tracer() -> Tracer | None:
@@ -137,23 +157,24 @@ def tracer() -> Tracer | None:
     with _lock:
         if not _state["decided"]:
             try:
-                provider = _build() if wanted() else None
+                built = _build() if wanted() else None
             except ConfigError as exc:
                 # Traces are never worth a run: say what is wrong and run without them.
                 print(f"tether: {exc}; running without traces", file=sys.stderr)
-                provider = None
+                built = None
             except Exception as exc:  # the SDK's own refusal of what the variables say
                 print(
                     f"tether: OpenTelemetry could not be set up from the OTEL_* variables "
                     f"({type(exc).__name__}: {exc}); running without traces",
                     file=sys.stderr,
                 )
-                provider = None
-            _set(provider)
+                built = None
+            _set(*(built or (None, None)))
     return _state["tracer"]  # type: ignore[no-any-return]
 
 
-def _set(provider: TracerProvider | None) -> None:
+def _set(provider: TracerProvider | None, deferred: DeferredExport | None = None) -> None:
+    _state["deferred"] = deferred
     _state["provider"] = provider
     _state["tracer"] = provider.get_tracer(SCOPE) if provider is not None else None
     _state["decided"] = True
@@ -169,15 +190,19 @@ def install(provider: TracerProvider | None) -> None:
 def reset() -> None:
     """Forget the decision: the next span reads the environment again."""
     with _lock:
-        _state.update(decided=False, provider=None, tracer=None)
+        _state.update(decided=False, provider=None, tracer=None, deferred=None)
 
 
 def flush_later() -> None:
     """Start sending what is buffered, and return at once: the end of a run. A run never waits
     for the collector (one that is slow or down would hold every run's end for the exporter's
-    timeout, 10 s by default). A process that exits still sends it: the SDK's exit handler
-    shuts the provider down, which waits for the export (``tether`` runs exit handlers too)."""
+    timeout, 10 s by default). Spans not yet due are left to :class:`DeferredExport`: a
+    process that exits first hands them to a child at its exit (the SDK's exit handler shuts
+    the provider down; ``tether`` runs exit handlers too)."""
     provider = _state["provider"]
+    deferred = _state["deferred"]
+    if deferred is not None and not deferred.exporting:
+        return  # not due yet: sent when they are, or by the child the exit forks
     if provider is not None:
         threading.Thread(target=provider.force_flush, daemon=True, name="tether-otel-flush").start()
 
