@@ -196,6 +196,67 @@ def test_stray_lines_are_reported_in_order_with_events() -> None:
     assert isinstance(items[4], Closed)
 
 
+def test_a_listener_sees_every_record_first_in_order_until_its_block_ends() -> None:
+    """``listening``: the reader calls the listener with each record before a subscriber's
+    stream has it, strays included; after the block, nothing more; a listener that raises
+    ends the client as a failed read would, naming what it raised."""
+
+    async def go() -> None:
+        t = ScriptedTransport()
+        seen: list[Record] = []
+        queued_before: list[int] = []
+        three = anyio.Event()
+        async with RpcClient.connect(t) as client:
+            events = client.subscribe()
+
+            def listener(item: Record) -> None:
+                queued_before.append(events.statistics().current_buffer_used)
+                seen.append(item)
+                if len(seen) == 3:
+                    three.set()
+
+            async with client.listening(listener):
+                t.emit({"type": "agent_start"})
+                t.emit(b"Debugger attached.")
+                t.emit({"type": "agent_settled", "aborted": False})
+                with anyio.fail_after(5):
+                    await three.wait()
+            t.emit({"type": "turn_start"})  # after the block: not the listener's
+            t.end()
+            items = await _drain(events)
+        assert seen[0] == {"type": "agent_start"}
+        assert isinstance(seen[1], Stray)
+        assert seen[2] == {"type": "agent_settled", "aborted": False}
+        assert len(seen) == 3, "the listener saw records after its block"
+        # Each record reached the listener before the subscriber's stream held it.
+        assert queued_before == [0, 1, 2]
+        assert [i.get("type") for i in items if isinstance(i, dict)] == [
+            "agent_start",
+            "agent_settled",
+            "turn_start",
+        ]
+        assert isinstance(items[-1], Closed)
+
+    anyio.run(go)
+
+    async def failing_listener() -> str:
+        t = ScriptedTransport()
+        async with RpcClient.connect(t) as client:
+
+            def failing(item: Record) -> None:
+                raise RuntimeError("listener broke")
+
+            async with client.listening(failing):
+                t.emit({"type": "agent_start"})
+                with anyio.fail_after(5):
+                    await client.closed.wait()
+            assert client.closed_reason is not None
+            return client.closed_reason
+
+    reason = anyio.run(failing_listener)
+    assert "reading pi's output failed: listener broke" in reason
+
+
 def test_pending_requests_fail_when_the_transport_closes() -> None:
     async def go() -> None:
         t = ScriptedTransport()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from tether.harness.custody.recovery import await_lost_checkpoint
 from tether.harness.custody.state import CustodyState, load_run_state
 from tether.harness.ending import PiEnded, RunEnder, last_answer
 from tether.harness.prepare import Prepared, make_mirror, prepare
-from tether.harness.pump import RunState, follow
+from tether.harness.pump import RunState, follower
 from tether.harness.relay import LivePi
 from tether.harness.rundir import make_run_dir
 from tether.harness.stops import Stopped, StopReason, race_clock
@@ -50,7 +50,7 @@ from tether.harness.turn import (
 )
 from tether.ledger import ReceiptReason
 from tether.mirror.mirror import Mirror
-from tether.pi.client import RpcClient
+from tether.pi.client import Record, RpcClient
 from tether.pi.detached import KeeperTransport
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.keys import key_channel
@@ -259,19 +259,14 @@ class Driver:
         run, c = self.run, self.controls
         c.bus.emit(PiStarted(pid=transport.pid, version=run.pi.version))
         async with RpcClient.connect(transport, id_prefix=f"e{run.fence.epoch}.") as client:
-            records = client.subscribe()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(
-                    self._guard,
-                    follow(
-                        records,
-                        self.state,
-                        bus=c.bus,
-                        stop=c.stop,
-                        mirror=mirror,
-                        trace=c.trace.on_record if c.trace else None,
-                    ),
-                )
+            see = follower(
+                self.state,
+                bus=c.bus,
+                stop=c.stop,
+                mirror=mirror,
+                trace=c.trace.on_record if c.trace else None,
+            )
+            async with client.listening(self._guarded(see)), anyio.create_task_group() as tg:
                 tg.start_soon(self._guard, helpers.keep_mirroring(mirror, self.storage))
                 tg.start_soon(self._guard, helpers.heartbeat(run, transport, c.clock, self.storage))
                 tg.start_soon(helpers.watch_deadline, c.clock, c.deadline, c.stop)
@@ -329,19 +324,32 @@ class Driver:
             f"included, are kept in pi's session file {self.run.run_dir / 'session.jsonl'}",
         )
 
+    def _guarded(self, see: Callable[[Record], None]) -> Callable[[Record], None]:
+        """``see`` as the client's listener: as :meth:`_guard` for a task, a failure in it
+        stops pi and is reported, never lost (nor taken for pi's output failing)."""
+
+        def guarded(item: Record) -> None:
+            try:
+                see(item)
+            except Exception as exc:
+                self._failed(exc)
+
+        return guarded
+
     async def _guard(self, coro: Awaitable[None]) -> None:
         """Run a helper task; a failure in it stops pi and is reported, never lost."""
         try:
             await coro
         except Exception as exc:
-            if isinstance(exc, FencedOut | RunNotActive):
-                failure = Stopped.fenced(exc)
-            else:
-                failure = Stopped(
-                    StopReason.PROTOCOL_ERROR, True, detail=f"the harness failed: {exc}"
-                )
-            self.progress.failed(failure)
-            self.controls.stop.stop_hard(failure.reason, failure.detail)
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if isinstance(exc, FencedOut | RunNotActive):
+            failure = Stopped.fenced(exc)
+        else:
+            failure = Stopped(StopReason.PROTOCOL_ERROR, True, detail=f"the harness failed: {exc}")
+        self.progress.failed(failure)
+        self.controls.stop.stop_hard(failure.reason, failure.detail)
 
     # -- the task turn ---------------------------------------------------------------------------
 

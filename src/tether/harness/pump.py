@@ -8,7 +8,6 @@ from typing import Any
 
 import anyio
 import msgspec
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from tether.events import (
     AnswerDelta,
@@ -29,7 +28,7 @@ from tether.mirror.mirror import Mirror
 from tether.pi.client import Closed, Record, Stray
 from tether.pi.protocol import Event, UiMethod
 
-__all__ = ["MAX_STRAYS", "RunState", "follow", "on_record"]
+__all__ = ["MAX_STRAYS", "RunState", "follower", "on_record"]
 
 MAX_STRAYS = 100
 """Non-protocol stdout lines tolerated (each reported) before the run fails as a protocol error."""
@@ -55,24 +54,24 @@ class RunState(msgspec.Struct):
     """Set when pi settled or its transport closed."""
 
 
-async def follow(
-    records: MemoryObjectReceiveStream[Record],
+def follower(
     state: RunState,
     *,
     bus: EventBus,
     stop: StopControl,
     mirror: Mirror,
     trace: Callable[[Record], None] | None = None,
-) -> None:
-    """Consume the client's records until the transport ends; ``trace`` sees each first (the
-    run's ``chat`` and ``execute_tool`` spans, when it is traced)."""
-    async for item in records:
+) -> Callable[[Record], None]:
+    """What follows the client's records (``RpcClient.listening``), in its reader: ``trace``
+    sees each first (the run's ``chat`` and ``execute_tool`` spans, when it is traced), then
+    :func:`on_record`. The last record, ``Closed``, sets ``state.done``."""
+
+    def see(item: Record) -> None:
         if trace is not None:
             trace(item)
         on_record(item, state, bus=bus, stop=stop, mirror=mirror)
-    if state.closed_reason is None:
-        state.closed_reason = "pi's output ended"
-    state.done.set()
+
+    return see
 
 
 def on_record(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -75,6 +75,7 @@ class RpcClient:
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self._subscribers: list[MemoryObjectSendStream[Record]] = []
+        self._listeners: list[Callable[[Record], None]] = []
         self._closed_reason: str | None = None
         self.closed = anyio.Event()
         """Set when the transport has ended (pi exited, was killed, or the client closed)."""
@@ -121,6 +122,25 @@ class RpcClient:
             self._subscribers.append(send)
         return receive
 
+    @asynccontextmanager
+    async def listening(self, listener: Callable[[Record], None]) -> AsyncIterator[None]:
+        """Call ``listener`` with every record from now on, in order, ending with ``Closed``,
+        until the block ends (an async block, to sit beside the task group that follows pi's
+        run; it never waits). It is called by the reader itself, before any subscriber's stream
+        gets the record: no task and no stream per record, for a follower that only takes note
+        (a run's state, its spans; about half of a run's event-loop steps were a follower's
+        stream). It must not block; what it raises ends the client, as a failed read does."""
+        if self._closed_reason is not None:
+            listener(Closed(self._closed_reason))
+            yield
+            return
+        self._listeners.append(listener)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
     async def request(self, command: Command | str, **fields: Any) -> Response:
         """Send a command and wait for its response (success or not). Raises
         ``TransportClosed`` if pi goes away first."""
@@ -150,6 +170,8 @@ class RpcClient:
     # -- the reader ------------------------------------------------------------------------------
 
     def _broadcast(self, item: Record) -> None:
+        for listener in list(self._listeners):
+            listener(item)
         for send in list(self._subscribers):
             try:
                 send.send_nowait(item)
@@ -164,7 +186,14 @@ class RpcClient:
             if not slot.done.is_set():
                 slot.error = TransportClosed(f"{slot.command}: {reason}")
                 slot.done.set()
-        self._broadcast(Closed(reason))
+        listeners, self._listeners = self._listeners, []
+        closed = Closed(reason)
+        for listener in listeners:
+            # The client ends whatever a listener does now (its failure, if that is why, is in
+            # ``reason`` already): the reader never raises.
+            with contextlib.suppress(Exception):
+                listener(closed)
+        self._broadcast(closed)
         for send in self._subscribers:
             send.close()
         self._subscribers.clear()
