@@ -46,6 +46,29 @@ def test_run_prints_json_and_exits_0(
     assert "failed" in plain.stderr
 
 
+def test_progress_only_on_a_terminal_and_rich_only_loaded_for_it(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    """Progress (tool calls as they run) goes to a terminal's stderr. A run whose stderr is a
+    pipe, as a bot's is, shows none and never imports rich (the interpreter's import log says
+    which modules loaded); TTY_COMPATIBLE=1 tells rich that stderr is a terminal."""
+    script = [Reply(tool_calls=[ToolCall("bash", {"command": "echo hi"})]), Reply("the answer")]
+    p = scripted_provider(script + script)
+    cfg = write_config(tmp_path, p.url)
+    env = {"PYTHONPROFILEIMPORTTIME": "1", "TTY_COMPATIBLE": None, "FORCE_COLOR": None}
+    piped = tether(*run_args(cfg, "go"), cwd=tmp_path, env=env)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.strip() == "the answer"
+    assert "→ bash" not in piped.stderr
+    loaded = [line.split("|")[-1].strip() for line in piped.stderr.splitlines() if "|" in line]
+    assert "tether.harness.run" in loaded, "the import log was read"
+    assert not [m for m in loaded if m.split(".")[0] == "rich"]
+    shown = tether(*run_args(cfg, "again"), cwd=tmp_path, env={**env, "TTY_COMPATIBLE": "1"})
+    assert shown.returncode == 0, shown.stderr
+    assert "→ bash" in shown.stderr
+    assert any(line.split("|")[-1].strip() == "rich" for line in shown.stderr.splitlines())
+
+
 def test_usage_and_configuration_errors_exit_2_and_write_nothing(tmp_path: Path) -> None:
     cfg = write_config(tmp_path)
     unknown = tether(*run_args(cfg, "go", agent="nobody"), cwd=tmp_path)

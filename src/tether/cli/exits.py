@@ -46,12 +46,23 @@ class _LazyConsole:
         self._stderr = stderr
         self._console: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def _real(self) -> Console:
         if self._console is None:
             from rich.console import Console
 
             self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True)
-        return getattr(self._console, name)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real(), name)
+
+    # Special methods are looked up on the type, not through __getattr__: rich's Live enters
+    # its console (``with console:``) at every refresh.
+    def __enter__(self) -> Console:
+        return self._real().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._real().__exit__(*exc)
 
 
 err_console = cast("Console", _LazyConsole(stderr=True))

@@ -8,6 +8,7 @@ and imports this module while pi loads.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -129,6 +130,19 @@ class Progress:
         elif isinstance(event, StopRequested):
             self.status = f"stopping ({event.reason})"
         self.refresh()
+
+
+def _maybe_terminal() -> bool:
+    """Whether stderr may be a terminal to rich: a tty, or rich told so by the environment
+    (``TTY_COMPATIBLE=1``, a non-empty ``FORCE_COLOR``).
+    Asked first, so that a run whose stderr is a pipe or a file (a bot's, a service's) does not
+    load rich (about 10 ms of its start) only to learn that it shows no progress."""
+    try:
+        if sys.stderr.isatty():
+            return True
+    except (AttributeError, ValueError):
+        pass
+    return os.environ.get("TTY_COMPATIBLE") == "1" or bool(os.environ.get("FORCE_COLOR"))
 
 
 def _say_waiting(event: RunEvent) -> None:
@@ -280,7 +294,7 @@ def execute(
         extensions=extensions,
         run_id=run_id,
     )
-    show = not as_json and err_console.is_terminal
+    show = not as_json and _maybe_terminal() and err_console.is_terminal
     now: RunStatus | None = None
     try:
         with store:
