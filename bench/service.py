@@ -9,11 +9,13 @@ time. The scripted provider (tests/provider.py) answers every request at once (p
 request on every session through the service, then as many prompts straight into pi.
 
 Printed: the serve process's own CPU per run (user + system, not its children: pi and its
-keeper); throughput (runs per second, whole batch, each way) and its ratio; per run, the wall
-time of the run (service: the run's ``started`` → ``ended`` in the ledger, i.e. claim, view,
-request row, pi under its keeper, mirror, checkpoint step, end; baseline: pi's start → exit)
-at p50 and p99 and the overhead as a ratio against the baseline; the latency of ``POST
-…/requests`` (p50/p99).
+keeper); the whole machine's CPU per run for each way (/proc/stat over that way's rounds: pi,
+its keeper, its sandbox and the bench's own provider included), whose ratio is where the
+throughput ratio must be when every CPU is busy; throughput (runs per second, whole batch,
+each way) and its ratio; per run, the wall time of the run (service: the run's ``started`` →
+``ended`` in the ledger, i.e. claim, view, request row, pi under its keeper, mirror, checkpoint
+step, end; baseline: pi's start → exit) at p50 and p99 and the overhead as a ratio against the
+baseline; the latency of ``POST …/requests`` (p50/p99).
 
 ``--against PATH`` serves a second service from another checkout (PATH or PATH/src holding
 ``tether``; e.g. ``git worktree add /tmp/base main``), on a ledger of its own, in the same rounds
@@ -106,6 +108,16 @@ def direct_rpc(
             f"direct RPC: pi ended without agent_settled (exit {proc.returncode}); {log}"
         )
     return settled_s, time.perf_counter() - started
+
+
+def machine_cpu() -> tuple[float, float]:
+    """The whole machine's busy and idle CPU seconds so far (/proc/stat): what every process
+    spent, pi, its keeper and sandbox included, which no one process's rusage can show."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / tick, (idle + iowait) / tick
 
 
 def pct(values: list[float], q: float) -> float:
@@ -502,6 +514,10 @@ def main() -> None:
             cli_walls.append(wall)
             return wall
 
+        # Per way: the machine's busy and idle CPU seconds over its rounds.
+        machine: dict[str, list[float]] = {
+            name: [0.0, 0.0] for name in ("direct", "cli", *(s.name for s in services))
+        }
         try:
             for service in services:
                 service.start(service.work / "tether.toml", args.workers, pi)
@@ -515,7 +531,14 @@ def main() -> None:
                     *((s.name, functools.partial(served_round, s)) for s in services),
                 ]
                 shift = n % len(steps)
-                took = [(name, step(n)) for name, step in steps[shift:] + steps[:shift]]
+                took = []
+                for name, step in steps[shift:] + steps[:shift]:
+                    before = machine_cpu()
+                    took.append((name, step(n)))
+                    after = machine_cpu()
+                    spent = machine[name]
+                    spent[0] += after[0] - before[0]
+                    spent[1] += after[1] - before[1]
                 shown = ", ".join(f"{name} {wall:.1f}s" for name, wall in took)
                 print(f"round {n + 1}: {shown}, load {os.getloadavg()[0]:.1f}", flush=True)
             measured = [(s, s.durations()) for s in services]
@@ -539,6 +562,14 @@ def main() -> None:
         f"direct, start → agent_settled only: p50 {pct(to_settle, 0.5) * 1000:.0f} ms, "
         f"p99 {pct(to_settle, 0.99) * 1000:.0f} ms"
     )
+
+    def cpu_line(name: str) -> str:
+        busy, idle = machine[name]
+        return f"{busy / total * 1000:.0f} ms a run, busy {busy / (busy + idle):.0%}"
+
+    # On a machine whose CPUs are all busy, runs per second is CPU per run turned over: so
+    # direct's machine CPU per run over a way's is where that way's throughput ratio must be.
+    print(f"machine CPU (all processes, /proc/stat), direct: {cpu_line('direct')}")
     for service, times in measured:
         tp = total / service.wall
         print(f"-- {service.name} ({service.src})")
@@ -564,9 +595,16 @@ def main() -> None:
         p50, p99 = server_posts[service.name]
         print(f"POST /requests, as the service timed it (its /metrics): p50 {p50}   p99 {p99}")
         print(f"serve process CPU per run (its own, not pi's): {service.cpu / total * 1000:.0f} ms")
+        ratio = machine["direct"][0] / machine[service.name][0]
+        print(
+            f"machine CPU (all processes), {service.name}: {cpu_line(service.name)}; direct's "
+            f"CPU per run : {service.name}'s = {ratio:.3f} (the throughput ratio when all "
+            "CPUs are busy)"
+        )
     if args.cli:
         tp = total / sum(cli_walls)
         print("-- tether run (one process per run)")
+        print(f"machine CPU (all processes), cli: {cpu_line('cli')}")
         print(
             f"throughput   direct {tp_direct:.2f} runs/s   cli {tp:.2f} runs/s   "
             f"ratio {tp / tp_direct:.3f}"
