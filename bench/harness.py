@@ -171,22 +171,20 @@ class Sink:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.provider: Any = None
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def traced_run(self, store: Any, cfg: Any, request: Any) -> float:
-        """``execute_run`` with tracing on (as the OTEL_* variables would set it up)."""
+        """``execute_run`` with tracing on, as a service traces its runs: one tracer provider
+        and batch processor for every traced run of this process (made at the first), its
+        exporter sending to this sink. What the run buffered is sent after it (timed as CPU,
+        not as the run's wall time, as a batch processor does behind a service's runs)."""
         import anyio
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         from tether import telemetry
         from tether.harness.run import execute_run
 
-        provider = TracerProvider()
-        provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{self.url}/v1/traces"))
-        )
+        provider = self._provider()
         telemetry.install(provider)
         try:
             t = time.perf_counter()
@@ -194,10 +192,22 @@ class Sink:
             took = time.perf_counter() - t
         finally:
             telemetry.install(None)
-            provider.shutdown()
+            provider.force_flush()
         if outcome.status.value != "finished":
             raise SystemExit(f"execute_run (traced): {outcome}")
         return took
+
+    def _provider(self) -> Any:
+        if self.provider is None:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            self.provider = TracerProvider(shutdown_on_exit=False)
+            self.provider.add_span_processor(
+                BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{self.url}/v1/traces"))
+            )
+        return self.provider
 
     def spans(self) -> int:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -211,6 +221,8 @@ class Sink:
         return count
 
     def close(self) -> None:
+        if self.provider is not None:
+            self.provider.shutdown()
         self.server.shutdown()
         self.server.server_close()
 
