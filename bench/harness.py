@@ -13,7 +13,8 @@ interleaved, repetition by repetition:
   sandbox), and the same with ``sandbox = "none"``: the sandbox's cost per run;
 - in process, ``execute_run`` against the same direct RPC driver run in process.
 - with ``--otel``, ``tether run`` and ``execute_run`` again, traced (DESIGN §3.14): spans sent
-  over OTLP/HTTP to a sink on 127.0.0.1 in this process; printed as tracing on : off, paired.
+  over OTLP/HTTP to a sink on 127.0.0.1 in a process of its own; ``execute_run``'s traced runs
+  share one tracer provider, as a service's do; printed as tracing on : off, paired.
 
 Each repetition times the ways back to back, so the median of the per-repetition ratios is
 printed beside the ratio of medians (it drifts less with the load of a shared machine).
@@ -150,81 +151,100 @@ def baseline_main(spec_path: str) -> None:
     direct_rpc(spec["argv"], spec["env"], spec["cwd"], spec["prompt"])
 
 
+SINK = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+spans = 0
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        global spans
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        for res in ExportTraceServiceRequest.FromString(body).resource_spans:
+            spans += sum(len(scope.spans) for scope in res.scope_spans)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self):
+        text = str(spans).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
+    def log_message(self, *args):
+        pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
 class Sink:
-    """An OTLP/HTTP receiver on 127.0.0.1 that keeps what it is sent (to count the spans)."""
+    """An OTLP/HTTP receiver on 127.0.0.1, in a process of its own (a collector's CPU is not
+    the traced process's), that counts the spans it is sent."""
 
     def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        bodies = self.bodies = []  # type: list[bytes]
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                bodies.append(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        self.url = f"http://127.0.0.1:{self.proc.stdout.readline().strip()}"
         self.provider: Any = None
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def traced_run(self, store: Any, cfg: Any, request: Any) -> float:
-        """``execute_run`` with tracing on, as a service traces its runs: one tracer provider
-        and batch processor for every traced run of this process (made at the first), its
-        exporter sending to this sink. What the run buffered is sent after it (timed as CPU,
-        not as the run's wall time, as a batch processor does behind a service's runs)."""
+        """``execute_run`` traced as a service traces its runs: one tracer provider for every
+        traced run of this process, built by tether from the ``OTEL_*`` variables (spans held
+        until due, then exported in batches behind the runs)."""
         import anyio
 
         from tether import telemetry
         from tether.harness.run import execute_run
 
-        provider = self._provider()
-        telemetry.install(provider)
+        telemetry.install(self._provider())
         try:
             t = time.perf_counter()
             outcome = anyio.run(functools.partial(execute_run, store, cfg, request))
             took = time.perf_counter() - t
         finally:
             telemetry.install(None)
-            provider.force_flush()
         if outcome.status.value != "finished":
             raise SystemExit(f"execute_run (traced): {outcome}")
         return took
 
     def _provider(self) -> Any:
         if self.provider is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from tether.telemetry import setup
 
-            self.provider = TracerProvider(shutdown_on_exit=False)
-            self.provider.add_span_processor(
-                BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{self.url}/v1/traces"))
-            )
+            saved = dict(os.environ)
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.url
+            os.environ["OTEL_SERVICE_NAME"] = "tether-bench"
+            try:
+                built = setup._build()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            assert built is not None, "the otel extra is not installed"
+            self.provider = built[0]
         return self.provider
 
     def spans(self) -> int:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-        )
+        import urllib.request
 
-        count = 0
-        for body in self.bodies:
-            for res in ExportTraceServiceRequest.FromString(body).resource_spans:
-                count += sum(len(scope.spans) for scope in res.scope_spans)
-        return count
+        if self.provider is not None:
+            self.provider.force_flush()
+        with urllib.request.urlopen(self.url) as answer:
+            return int(answer.read())
 
     def close(self) -> None:
         if self.provider is not None:
             self.provider.shutdown()
-        self.server.shutdown()
-        self.server.server_close()
+        self.proc.terminate()
+        self.proc.wait(10)
 
 
 def main() -> None:

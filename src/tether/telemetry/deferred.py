@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["DeferredExport"]
 
 _DEFAULT_DELAY_S = 5.0
+_LOADING_WAIT_S = 30.0
 
 
 def _schedule_delay_s() -> float:
@@ -85,19 +86,28 @@ class DeferredExport(SpanProcessor):
             processor.on_end(span)
 
     def _due(self) -> list[SpanProcessor]:
-        """Load the exporters and pass them what is held (once)."""
+        """Load the exporters and pass them what is held (once). They are loaded outside the
+        lock: a span ending meanwhile is held, not kept waiting for an import."""
         with self._lock:
             if self._batch is not None:
                 return self._batch
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-            batch: list[SpanProcessor] = [BatchSpanProcessor(e) for e in self._exporters()]
-            held, self._held = self._held, []
-            for span in held:
-                for processor in batch:
-                    processor.on_end(span)
-            self._batch = batch
-            return batch
+        batch: list[SpanProcessor] = [BatchSpanProcessor(e) for e in self._exporters()]
+        with self._lock:
+            if self._batch is not None:  # another thread was first
+                won = self._batch
+            else:
+                won, self._batch = None, batch
+                held, self._held = self._held, []
+        if won is not None:
+            for processor in batch:
+                processor.shutdown()
+            return won
+        for span in held:
+            for processor in batch:
+                processor.on_end(span)
+        return batch
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Send everything now (loads the exporters in this process)."""
@@ -108,10 +118,19 @@ class DeferredExport(SpanProcessor):
             if self._shut:
                 return
             self._shut = True
-            timer, batch, held, self._held = self._timer, self._batch, self._held, []
+            timer = self._timer
         if timer is not None:
             timer.cancel()
+            if timer.is_alive():
+                # The exporters are being loaded: a fork now could leave the child waiting
+                # forever on a module lock that thread holds. Let it finish, then flush here.
+                timer.join(_LOADING_WAIT_S)
+        with self._lock:
+            batch, held, self._held = self._batch, self._held, []
         if batch is not None:
+            for span in held:
+                for processor in batch:
+                    processor.on_end(span)
             for processor in batch:
                 processor.shutdown()
         elif held:
