@@ -220,14 +220,11 @@ class Sink:
         if self.provider is None:
             from tether.telemetry import setup
 
-            saved = dict(os.environ)
+            # Left set: the exporter reads them when it is built, once the spans are due.
+            # Untraced runs here never read them (telemetry.install(None) decides for them).
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.url
             os.environ["OTEL_SERVICE_NAME"] = "tether-bench"
-            try:
-                built = setup._build()
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
+            built = setup._build()
             assert built is not None, "the otel extra is not installed"
             self.provider = built[0]
         return self.provider

@@ -51,7 +51,8 @@ def _schedule_delay_s() -> float:
 
 class DeferredExport(SpanProcessor):
     """Holds ended spans until they are due (see the module's docstring); ``exporters`` builds
-    the exporters, called in this process once they are due, or in the child at exit."""
+    the exporters, called in this process once they are due, or in the child at exit (they
+    read the ``OTEL_*`` variables then, as a process's environment has them all along)."""
 
     def __init__(self, exporters: Callable[[], list[Any]]) -> None:
         self._exporters = exporters
