@@ -207,6 +207,38 @@ def test_multi_turn_run_records_tool_calls_in_order(
     assert run.extra["tool_calls"] == 2
 
 
+def test_a_failure_in_following_pi_s_records_stops_pi_and_is_the_run_s_error(
+    tmp_path: Path,
+    store: Ledger,
+    scripted_provider: Callable[..., ScriptedProvider],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run follows pi's records in the RPC client's reader (a listener, not a task): a bug
+    there still stops pi and ends the run with the harness's failure, as a failing task does,
+    not as pi's output failing, and the request row is kept."""
+    from tether.harness import pump
+
+    following = pump.on_record
+
+    def breaks_at_the_tool(item: Any, state: Any, **kw: Any) -> None:
+        if isinstance(item, dict) and item.get("type") == "tool_execution_start":
+            raise RuntimeError("following broke")
+        following(item, state, **kw)
+
+    monkeypatch.setattr(pump, "on_record", breaks_at_the_tool)
+    p = scripted_provider(
+        [Reply(tool_calls=[ToolCall("bash", {"command": "sleep 30"})]), Reply("never")]
+    )
+    started = time.monotonic()
+    outcome, _ = run_sync(store, make_config(tmp_path, p.url), "go", tmp_path)
+    assert time.monotonic() - started < 25, "pi and its sleep were stopped, not waited for"
+    assert outcome.status is RunStatus.FAILED
+    assert outcome.stop_reason is StopReason.PROTOCOL_ERROR
+    assert outcome.error is not None
+    assert "the harness failed: following broke" in outcome.error
+    assert rows(store)[0].body["content"] == [{"type": "text", "text": "go"}]
+
+
 def test_follow_up_sees_the_exact_previous_request(
     tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:

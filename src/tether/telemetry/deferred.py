@@ -61,8 +61,6 @@ class DeferredExport(SpanProcessor):
         self._batch: list[SpanProcessor] | None = None
         self._timer: threading.Timer | None = None
         self._shut = False
-        self.handed_off: int | None = None
-        """The pid of the child the held spans were handed to, if they were."""
 
     @property
     def exporting(self) -> bool:
@@ -135,11 +133,11 @@ class DeferredExport(SpanProcessor):
             for processor in batch:
                 processor.shutdown()
         elif held:
-            self.handed_off = self._hand_off(held)
+            self._hand_off(held)
 
-    def _hand_off(self, spans: list[ReadableSpan]) -> int | None:
-        """Fork a child that sends ``spans`` and exits; None where it could not be forked
-        (then they are sent here)."""
+    def _hand_off(self, spans: list[ReadableSpan]) -> None:
+        """Fork a child that sends ``spans`` and exits (where it cannot be forked, they are
+        sent here)."""
         try:
             with warnings.catch_warnings():
                 # Python 3.12+ warns of forking a process with threads: the child runs only
@@ -148,9 +146,9 @@ class DeferredExport(SpanProcessor):
                 pid = os.fork()
         except OSError:
             self._send(spans)
-            return None
+            return
         if pid:
-            return pid
+            return
         status = 0
         try:
             os.setsid()
