@@ -150,15 +150,15 @@ os._exit(0)
 """
 
 
-def run_short(receiver: Any, stay_s: float, **otel: str) -> subprocess.CompletedProcess[str]:
+def short_process(receiver: Any, stay_s: float, **otel: str) -> subprocess.Popen[str]:
+    """SHORT_PROCESS, tracing to ``receiver`` as the ``OTEL_*`` variables ``otel`` add."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    return subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-c", SHORT_PROCESS, str(stay_s)],
         env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **otel},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
-        timeout=60,
     )
 
 
@@ -172,9 +172,10 @@ def test_a_process_that_ends_before_its_spans_are_due_hands_them_to_a_child() ->
     receiver.start()
     receiver.hold.clear()
     try:
-        done = run_short(receiver, 0)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == "[]", "the exporter was loaded in the process"
+        proc = short_process(receiver, 0)
+        out, err = proc.communicate(timeout=60)  # its pipes close: no child holds them
+        assert proc.returncode == 0, err
+        assert out.strip() == "[]", "the exporter was loaded in the process"
         assert receiver.spans() == [], "the collector held the POST: nothing is kept yet"
         receiver.hold.set()
         names = wait_for(lambda: [span.name for _, span in receiver.spans()], what="the span")
@@ -191,21 +192,16 @@ def test_spans_due_before_the_exit_are_sent_by_the_process_itself() -> None:
 
     receiver = Receiver()
     receiver.start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SHORT_PROCESS, "60"],
-        env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = short_process(receiver, 60, OTEL_BSP_SCHEDULE_DELAY="200")
     try:
         names = wait_for(lambda: [span.name for _, span in receiver.spans()], what="the span")
         assert proc.poll() is None, "the span came from the process itself, alive"
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        proc.communicate(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.communicate(timeout=10)
         receiver.close()
     assert names == ["tether.test"]
 
