@@ -172,9 +172,62 @@ def test_the_index_follows_imports_and_dumps(ledger: Ledger, tmp_path: Path) -> 
     assert search(ledger, "s1", "rollback", actor=None, grants={}).hits[0].seq == 2
 
 
+def test_a_load_of_several_sessions_in_one_batch_indexes_every_row_once(tmp_path: Path) -> None:
+    # One batch of rows of two sessions: their keys in the full-text index are not one range.
+    with open_ledger(f"sqlite://{tmp_path}/a.db") as source:
+        history(source)
+        out = io.StringIO()
+        dump_session(source, "s1", out)
+    first = "\n".join(line for line in out.getvalue().splitlines() if '"type":"run"' not in line)
+    first = first.replace('"run":"', '"was_run":"')
+    second = first.replace('"id":"s1"', '"id":"s2"').replace('"session":"s1"', '"session":"s2"')
+    second = second.replace("quokka-991", "wombat-12")
+    (tmp_path / "both.jsonl").write_text(first + "\n" + second + "\n")
+    with open_ledger(f"sqlite://{tmp_path}/b.db") as ledger:
+        load_file(ledger, tmp_path / "both.jsonl")
+        conn = ledger._conn  # type: ignore[attr-defined]
+        # FTS5 compares its index with the rows' text, row by row
+        conn.execute("INSERT INTO rows_fts (rows_fts, rank) VALUES ('integrity-check', 1)")
+        rows = conn.execute("SELECT count(*) FROM rows").fetchone()[0]
+        assert conn.execute("SELECT count(*) FROM rows_fts").fetchone()[0] == rows
+        hits = search(ledger, "s2", "rollback", actor=None, grants={}).hits
+        assert [h.snippet for h in hits] == ["Early: the rollback token is wombat-12."]
+        hits = search(ledger, "s1", "rollback", actor=None, grants={}).hits
+        assert [h.snippet for h in hits] == ["Early: the rollback token is quokka-991."]
+
+
+def _unkey_rows(conn: sqlite3.Connection) -> None:
+    """Undo schema 11's rows keyed by their full-text key: rows.id again, with its unique
+    (session, seq) and rows_fts_key."""
+    cols = "session, seq, run, actor, kind, body, sources, bytes, media_bytes, entry_id, extra"
+    conn.execute("ALTER TABLE rows RENAME TO rows_keyed")
+    conn.execute(
+        "CREATE TABLE rows (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+        "session TEXT NOT NULL REFERENCES sessions(id), seq INTEGER NOT NULL, "
+        "run TEXT REFERENCES runs(id), actor TEXT NOT NULL, kind TEXT NOT NULL, "
+        "body TEXT NOT NULL, sources TEXT NOT NULL DEFAULT '[]', bytes INTEGER NOT NULL, "
+        "media_bytes INTEGER NOT NULL DEFAULT 0, entry_id TEXT, "
+        "extra TEXT NOT NULL DEFAULT '{}', text TEXT NOT NULL DEFAULT '', fts_key INTEGER, "
+        "UNIQUE (session, seq))"
+    )
+    conn.execute(
+        f"INSERT INTO rows ({cols}, text, fts_key) SELECT {cols}, text, fts_key "
+        "FROM rows_keyed ORDER BY fts_key"
+    )
+    conn.execute("DROP TABLE rows_keyed")
+    conn.execute("CREATE UNIQUE INDEX rows_fts_key ON rows (fts_key)")
+    conn.execute(
+        "CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL"
+    )
+    conn.execute("CREATE INDEX rows_compactions ON rows (session, seq) WHERE kind = 'compaction'")
+    conn.execute("CREATE INDEX rows_by_run ON rows (run, seq)")
+    conn.execute("CREATE INDEX rows_heads ON rows (session, seq, bytes, sources)")
+
+
 def _drop_session_keys(conn: sqlite3.Connection) -> None:
-    """Undo schema 9's forks and erasure receipts, schema 8's index of row heads and schema
-    7's session numbers and row keys."""
+    """Undo schema 11's keyed rows, schema 9's forks and erasure receipts, schema 8's index of
+    row heads and schema 7's session numbers and row keys."""
+    _unkey_rows(conn)
     conn.execute("DROP TABLE erasures")
     conn.execute("DROP INDEX sessions_by_parent")
     for col in ("parent", "fork_seq", "fork_ord", "fork_note"):

@@ -38,11 +38,21 @@ def _insert_many(n: int) -> str:
     return f"INSERT INTO rows ({ROW_COLS}, text, fts_key) VALUES {', '.join([row] * n)}"
 
 
-# The rows just inserted (ids first..last: AUTOINCREMENT gives one write transaction's rows
-# consecutive ids) into the full-text index, from their stored text.
-_INDEX_ROWS = (
-    "INSERT INTO rows_fts (rowid, text) SELECT fts_key, text FROM rows WHERE id BETWEEN ? AND ?"
+# Rows just inserted into the full-text index, from their stored text, by their keys (rowids):
+# an append's keys are one range; an import's batch may span sessions, so it gives a list.
+_INDEX_RANGE = (
+    "INSERT INTO rows_fts (rowid, text) SELECT fts_key, text FROM rows "
+    "WHERE fts_key BETWEEN ? AND ?"
 )
+
+
+@functools.lru_cache(maxsize=8)
+def _index_keys(n: int) -> str:
+    marks = ", ".join("?" * n)
+    return (
+        f"INSERT INTO rows_fts (rowid, text) SELECT fts_key, text FROM rows "
+        f"WHERE fts_key IN ({marks})"
+    )
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -327,19 +337,26 @@ class SQLiteLedger(SqlLedger):
                 f"SELECT id, num FROM sessions WHERE id IN ({', '.join('?' * len(part))})", part
             )
             span.update((sid, num * FTS_KEY_SPAN) for sid, num in c.fetchall() if num is not None)
+        # A row of no session gets no key: the session's foreign key refuses it. (A NULL
+        # INTEGER PRIMARY KEY would be given one, and rows_keyed's check then refuses it too.)
+        keys = [None if (base := span.get(e[0])) is None else base + e[1] for e in encoded]
         k = 0
         while k < len(encoded):
             n = min(_INSERT_CHUNK, 1 << ((len(encoded) - k).bit_length() - 1))
             params: list[Any] = []
-            for e in encoded[k : k + n]:
-                base = span.get(e[0])  # none: the session's foreign key refuses the row
+            for e, key in zip(encoded[k : k + n], keys[k : k + n], strict=True):
                 params.extend(e)
-                params.append(None if base is None else base + e[1])
+                params.append(key)
             c.execute(_insert_many(n), params)
             k += n
-        c.execute("SELECT last_insert_rowid()")
-        last = int(c.fetchone()[0])
-        c.execute(_INDEX_ROWS, (last - len(encoded) + 1, last))
+        first = keys[0]
+        if first is not None and keys == list(range(first, first + len(keys))):
+            # one session's consecutive seqs (every append): their keys are exactly this range
+            c.execute(_INDEX_RANGE, (first, keys[-1]))
+            return
+        for i in range(0, len(keys), 500):
+            part = keys[i : i + 500]
+            c.execute(_index_keys(len(part)), part)
 
     def close(self) -> None:
         with self._lock:

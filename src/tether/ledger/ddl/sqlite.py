@@ -161,6 +161,47 @@ MIGRATIONS: list[str] = [
     # FTS5 write an index segment at every statement of rows, and merge them again. Every writer
     # of rows goes through _insert_rows; deletions still go through the trigger.
     "DROP TRIGGER rows_fts_insert;",
+    # 11: a row's full-text key is its rowid. The key (FTS_KEY_SPAN * its session's number + seq)
+    # is unique as (session, seq) is, and orders rows by session and seq. The table was indexed
+    # three times over for what the key now gives once (rows.id with AUTOINCREMENT's counter,
+    # the unique (session, seq) index, rows_fts_key), and every append paid for each.
+    # (session, seq) stays unique through the key and its checks; rows_heads serves the reads by
+    # session and seq. rows_fts is kept as it is: its rowids are the same keys.
+    f"""
+    DROP TRIGGER rows_fts_delete;
+    CREATE TABLE rows_keyed (
+        fts_key      INTEGER PRIMARY KEY,
+        session      TEXT NOT NULL REFERENCES sessions(id),
+        seq          INTEGER NOT NULL CHECK (seq BETWEEN 1 AND {FTS_KEY_SPAN - 1}),
+        run          TEXT REFERENCES runs(id),
+        actor        TEXT NOT NULL,
+        kind         TEXT NOT NULL CHECK (kind IN ('message', 'compaction', 'receipt')),
+        body         TEXT NOT NULL,
+        sources      TEXT NOT NULL DEFAULT '[]',
+        bytes        INTEGER NOT NULL,
+        media_bytes  INTEGER NOT NULL DEFAULT 0,
+        entry_id     TEXT,
+        extra        TEXT NOT NULL DEFAULT '{{}}',
+        text         TEXT NOT NULL DEFAULT '',
+        CHECK (fts_key % {FTS_KEY_SPAN} = seq)
+    );
+    INSERT INTO rows_keyed (fts_key, session, seq, run, actor, kind, body, sources, bytes,
+            media_bytes, entry_id, extra, text)
+        SELECT coalesce(r.fts_key, s.num * {FTS_KEY_SPAN} + r.seq), r.session, r.seq, r.run,
+            r.actor, r.kind, r.body, r.sources, r.bytes, r.media_bytes, r.entry_id, r.extra,
+            r.text
+        FROM rows r JOIN sessions s ON s.id = r.session ORDER BY 1;
+    DROP TABLE rows;
+    DELETE FROM sqlite_sequence WHERE name = 'rows';
+    ALTER TABLE rows_keyed RENAME TO rows;
+    CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL;
+    CREATE INDEX rows_compactions ON rows (session, seq) WHERE kind = 'compaction';
+    CREATE INDEX rows_by_run ON rows (run, seq);
+    CREATE INDEX rows_heads ON rows (session, seq, bytes, sources);
+    CREATE TRIGGER rows_fts_delete AFTER DELETE ON rows BEGIN
+        INSERT INTO rows_fts (rows_fts, rowid, text) VALUES ('delete', old.fts_key, old.text);
+    END;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -209,10 +250,10 @@ SCHEMA = """
         WHERE request_id IS NOT NULL;
     CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
     CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
-    CREATE TABLE rows (
-        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    CREATE TABLE "rows" (
+        fts_key      INTEGER PRIMARY KEY,
         session      TEXT NOT NULL REFERENCES sessions(id),
-        seq          INTEGER NOT NULL,
+        seq          INTEGER NOT NULL CHECK (seq BETWEEN 1 AND 4294967295),
         run          TEXT REFERENCES runs(id),
         actor        TEXT NOT NULL,
         kind         TEXT NOT NULL CHECK (kind IN ('message', 'compaction', 'receipt')),
@@ -223,14 +264,12 @@ SCHEMA = """
         entry_id     TEXT,
         extra        TEXT NOT NULL DEFAULT '{}',
         text         TEXT NOT NULL DEFAULT '',
-        fts_key      INTEGER,
-        UNIQUE (session, seq)
+        CHECK (fts_key % 4294967296 = seq)
     );
     CREATE UNIQUE INDEX rows_by_entry ON rows (session, entry_id) WHERE entry_id IS NOT NULL;
     CREATE INDEX rows_compactions ON rows (session, seq) WHERE kind = 'compaction';
     CREATE INDEX rows_by_run ON rows (run, seq);
     CREATE INDEX rows_heads ON rows (session, seq, bytes, sources);
-    CREATE UNIQUE INDEX rows_fts_key ON rows (fts_key);
     CREATE VIRTUAL TABLE rows_fts USING fts5(
         text, content = 'rows', content_rowid = 'fts_key',
         tokenize = 'unicode61 remove_diacritics 2'
