@@ -11,6 +11,8 @@ Every figure is a ratio against a baseline measured in the same run.
     `git worktree add /tmp/base main`), in a subprocess importing tether from there, each
     measurement beside this tree's (also in a subprocess), and prints the ratios.
     --no-reads skips the bounded reads (appends only).
+    --breakdown also splits a SQLite append's time per row into encoding, the insert into the
+    schema (and the full-text index's part of it) and the rest, for each tree.
 """
 
 from __future__ import annotations
@@ -135,6 +137,73 @@ def _sqlite_append(path: Path, rows: int, batch: int) -> tuple[float, float]:
         for k in range(0, rows, batch):
             ledger.append(fence, news[k : k + batch])
         return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _sqlite_breakdown(tmp: Path, rows: int, batch: int) -> tuple[float, ...]:
+    """Where an append's time goes, µs per row (each part the median of 3 timings): the whole
+    append; encoding (canonical JSON, sizes, search text: ``encode_row``); inserting the encoded
+    rows into tether's schema the way the ledger does (``_insert_rows``, a transaction a batch);
+    the same with empty search text, whose difference is the full-text index's part. What is
+    left of the whole is the ledger's own work around them (fence, seq, queries, rows returned).
+    Only what both trees have is used, so ``--against`` times the same parts in each."""
+    news = [NewRow.message(actor(i), message(i)) for i in range(rows)]
+
+    def append(k: int) -> float:
+        return _sqlite_append(tmp / f"whole-{k}.db", rows, batch)[0]
+
+    def encode(k: int) -> float:
+        t0 = time.perf_counter()
+        for i, row in enumerate(news):
+            encode_row("s", i + 1, "r", row)
+        return time.perf_counter() - t0
+
+    def insert(k: int, text: bool) -> float:
+        with open_ledger(f"sqlite://{tmp}/insert-{k}-{text}.db") as floor:
+            assert isinstance(floor, SQLiteLedger)
+            floor.create_session("s")
+            run = floor.create_run("s", "a").id
+            encoded = [encode_row("s", i + 1, run, row) for i, row in enumerate(news)]
+            if not text:
+                encoded = [(*e[:-1], "") for e in encoded]
+            t0 = time.perf_counter()
+            for j in range(0, rows, batch):
+                with floor._tx() as c:
+                    floor._insert_rows(c, encoded[j : j + batch])
+            return time.perf_counter() - t0
+
+    parts: dict[str, list[float]] = {"append": [], "encode": [], "insert": [], "no_text": []}
+    for k in range(3):
+        parts["append"].append(append(k))
+        parts["encode"].append(encode(k))
+        parts["insert"].append(insert(k, True))
+        parts["no_text"].append(insert(k, False))
+    whole, enc, ins, bare = (statistics.median(parts[n]) * 1e6 / rows for n in parts)
+    return whole, enc, ins, ins - bare, whole - enc - ins
+
+
+BREAKDOWN = (
+    "append, whole",
+    "  encode_row (canonical JSON, sizes, search text)",
+    "  insert into the schema (_insert_rows)",
+    "    of which the full-text index",
+    "  the rest (fence, seq, queries, rows returned)",
+)
+
+
+def bench_breakdown(tmp: Path, rows: int, batch: int, against: Path | None) -> None:
+    sides: list[tuple[str, Path | None]] = [("this tree", None)]
+    if against is not None:
+        sides.append(("--against", against))
+    figures = {}
+    for label, src in sides:
+        scratch = tmp / f"breakdown-{len(figures)}"
+        scratch.mkdir()
+        argv = ["sqlite-breakdown", str(rows), str(batch), str(scratch)]
+        figures[label] = _in_tree(src, argv)
+    print(f"\nwhere a SQLite append's time goes, µs per row ({rows:,} rows, batches of {batch}):")
+    print(f"  {'':<52}" + "".join(f"{label:>12}" for label in figures))
+    for i, name in enumerate(BREAKDOWN):
+        print(f"  {name:<52}" + "".join(f"{f[i]:>12.2f}" for f in figures.values()))
 
 
 def _in_tree(src: Path | None, argv: list[str]) -> list[float]:
@@ -487,6 +556,8 @@ def measure(argv: list[str]) -> None:
     what, rest = argv[0], argv[1:]
     if what == "sqlite-append":
         print(*_sqlite_append(Path(rest[2]), int(rest[0]), int(rest[1])))
+    elif what == "sqlite-breakdown":
+        print(*_sqlite_breakdown(Path(rest[2]), int(rest[0]), int(rest[1])))
     elif what == "throughput":
         kind, writers, rows, batch, url = rest
         print(_throughput(kind, url, int(writers), int(rows), int(batch)))
@@ -546,6 +617,11 @@ def main() -> None:
         action="store_true",
         help="also time PostgreSQL inserts under each way of keeping the text index",
     )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also show where a SQLite append's time goes (both trees with --against)",
+    )
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -563,6 +639,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as d:
         tmp = Path(d)
         bench_append(tmp, args.append_rows, args.batch, against, args.rounds)
+        if args.breakdown:
+            bench_breakdown(tmp, args.append_rows, args.batch, against)
         if not args.no_reads:
             bench_tail_over_huge_rows(tmp, 50)
             sqlite_reads = bench_reads(lambda n: f"sqlite://{tmp}/reads-{n}.db", sizes, args.repeat)
