@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from pg import fresh_schema_url
 from tether.ledger import open_ledger
@@ -106,3 +107,33 @@ def test_a_new_postgres_ledger_has_the_schema() -> None:
     assert version == [(pg_ddl.SCHEMA_VERSION,)]
     version_table = {c for c in catalog if c[:2] == ("column", "tether_schema")}
     assert catalog - version_table == _pg_applied(pg_ddl.MIGRATIONS)
+
+
+def test_sqlite_rows_stay_unique_by_session_and_seq_through_their_key(tmp_path: Path) -> None:
+    # Schema 11 keys rows by FTS_KEY_SPAN * session number + seq; no index of its own keeps
+    # (session, seq) unique any more: the key and its checks must.
+    from tether.ledger import NewRow
+    from tether.ledger.codec import encode_row
+
+    with open_ledger(f"sqlite://{tmp_path}/l.db") as ledger:
+        ledger.create_session("s")
+        ledger.create_session("t")
+        fence = ledger.claim_run(ledger.create_run("s", "a").id)
+        ledger.append(fence, [NewRow.message("user:ana", {"role": "user", "content": "hi"})])
+        conn: sqlite3.Connection = ledger._conn  # type: ignore[attr-defined]
+        row = encode_row("s", 1, fence.run, NewRow.message("user:ana", {"role": "user"}))
+        with (
+            pytest.raises(sqlite3.IntegrityError, match="UNIQUE"),
+            ledger._tx() as c,  # type: ignore[attr-defined]
+        ):
+            ledger._insert_rows(c, [row])  # type: ignore[attr-defined]
+        (num,) = conn.execute("SELECT num FROM sessions WHERE id = 't'").fetchone()
+        cols = "session, seq, run, actor, kind, body, sources, bytes, media_bytes, entry_id, extra"
+        for key, seq in ((num * sqlite_ddl.FTS_KEY_SPAN + 2, 1), (None, 1)):
+            with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+                conn.execute(
+                    f"INSERT INTO rows ({cols}, text, fts_key) "
+                    "VALUES ('s', ?, NULL, 'a', 'message', '{}', '[]', 2, 0, NULL, '{}', '', ?)",
+                    (seq, key),
+                )
+        assert conn.execute("SELECT count(*) FROM rows").fetchone() == (1,)
