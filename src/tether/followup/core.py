@@ -7,11 +7,12 @@ message with text, or the first row after the coverage when everything after it 
 window holds the previous request it is the view as it stands, earlier rows included
 (``reused``). When it cannot hold the request only because a unit alone takes more than the
 space left (over a twentieth of the budget), that unit is passed over and named (at most
-:data:`MAX_SKIPS` of them), so the request keeps its neighbours (``copied``: no longer
-contiguous). Only otherwise is the request placed first and followed by the newest units after
-it that fit, passing over such units the same way (reading the tail again at its bound when the
-rows before them were not read). Every estimate is checked by assembling the view exactly, then
-grown while more fits: whole exchanges for the window, units after a request placed first.
+:data:`MAX_SKIPS` of them; one passed over on the estimate is taken back when it fits exactly), so
+the request keeps its neighbours (``copied``: no longer contiguous). Only otherwise is the
+request placed first and followed by the newest units after it that fit, passing over such units
+the same way (reading the tail again at its bound when the rows before them were not read).
+Every estimate is checked by assembling the view exactly, then grown while more fits: whole
+exchanges for the window, units after a request placed first.
 
 Every seq of the session is accounted for: covered by the quoted checkpoint, the checkpoint row
 itself, the previous request, carried as a message, prompt state or a receipt (not history: the
@@ -770,6 +771,34 @@ def reuse_window(f: _Frame, units: Sequence[Sequence[Row]], skips: int = 0) -> l
         if _size(assemble(f, grown, False)[0]) > f.budget:
             break
         plans = grown
+    return _take_back(f, units, plans) if skips and plans else plans
+
+
+def _take_back(f: _Frame, units: Sequence[Sequence[Row]], plans: list[_Plan]) -> list[_Plan]:
+    """The window with the units it passed over on the estimate taken back where they fit
+    exactly, newest first: a unit is passed over only when it does not fit the space left, and
+    the estimate (a notice at its largest for each omitted run) is an upper bound. A run of
+    passed units is tried whole (it then needs no notice), then unit by unit."""
+    chosen = {p.first for p in plans}
+    runs: list[list[Sequence[Row]]] = []
+    after_chosen = True
+    for unit in units:
+        if unit[0].seq <= plans[0].first or unit[0].seq in chosen:
+            after_chosen = True
+            continue
+        if after_chosen:
+            runs.append([])
+        runs[-1].append(unit)
+        after_chosen = False
+    for passed in reversed(runs):
+        singly = [[u] for u in reversed(passed)] if len(passed) > 1 else []
+        for attempt in [passed, *singly]:
+            wanted = chosen | {u[0].seq for u in attempt}
+            grown = _plan_back(f, [u for u in units if u[0].seq in wanted], f.media.used)
+            if _size(assemble(f, grown, False)[0]) <= f.budget:
+                chosen, plans = wanted, grown
+                if attempt is passed:
+                    break
     return plans
 
 
