@@ -46,6 +46,7 @@ import hashlib
 import json
 import os
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -224,7 +225,19 @@ class Service:
             if time.monotonic() > deadline or self.process.poll() is not None:
                 raise SystemExit(f"tether serve did not start: {self.work / 'serve.log'}")
             time.sleep(0.05)
-        self.store = open_ledger(self.ledger_url)
+        if not self.ledger_url.startswith("sqlite://"):
+            self.store = open_ledger(self.ledger_url)
+
+    def _runs(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        """Rows of the service's SQLite ledger's ``runs`` table, read without tether: opening it
+        with this checkout's ledger would migrate a ledger that another checkout's service owns
+        (``--against``), under that service."""
+        path = self.ledger_url.removeprefix("sqlite://")
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
 
     def post(self, session: str, text: str, request_id: str) -> str:
         assert self.client is not None
@@ -240,7 +253,9 @@ class Service:
         return run
 
     def pending(self) -> int:
-        assert self.store is not None
+        if self.store is None:
+            sql = "SELECT count(*) FROM runs WHERE status IN ('queued', 'running')"
+            return int(str(self._runs(sql)[0][0]))
         counts = self.store.run_counts()
         return counts[RunStatus.QUEUED] + counts[RunStatus.RUNNING]
 
@@ -290,16 +305,19 @@ class Service:
 
     def durations(self) -> list[float]:
         """Each run's ``started`` → ``ended``; exits when a run did not finish."""
-        assert self.store is not None
-        details = [self.store.get_run(r) for r in self.runs]
-        bad = [
-            (r.id, r.status.value, r.extra.get("error"))
-            for r in details
-            if r.status is not RunStatus.FINISHED
-        ]
+        if self.store is None:
+            sql = "SELECT id, status, started, ended, extra FROM runs WHERE id = ?"
+            found = [self._runs(sql, (r,))[0] for r in self.runs]
+            details = [
+                (str(i), str(st), s0, s1, json.loads(str(x) or "{}")) for i, st, s0, s1, x in found
+            ]
+        else:
+            runs = [self.store.get_run(r) for r in self.runs]
+            details = [(r.id, r.status.value, r.started, r.ended, r.extra) for r in runs]
+        bad = [(i, st, x.get("error")) for i, st, _, _, x in details if st != "finished"]
         if bad:
             raise SystemExit(f"{self.name}: {len(bad)} runs did not finish: {bad[:3]}")
-        return [seconds(r.ended) - seconds(r.started) for r in details if r.ended and r.started]
+        return [seconds(str(s1)) - seconds(str(s0)) for _, _, s0, s1, _ in details if s0 and s1]
 
 
 def rss_runs(service: Service, sessions: int, runs: int) -> None:
