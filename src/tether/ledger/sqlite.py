@@ -337,8 +337,8 @@ class SQLiteLedger(SqlLedger):
                 f"SELECT id, num FROM sessions WHERE id IN ({', '.join('?' * len(part))})", part
             )
             span.update((sid, num * FTS_KEY_SPAN) for sid, num in c.fetchall() if num is not None)
-        # A row of no session gets no key: the session's foreign key refuses it. (A NULL
-        # INTEGER PRIMARY KEY would be given one, and rows_keyed's check then refuses it too.)
+        # A row of no session gets no key (a NULL INTEGER PRIMARY KEY is given the next rowid):
+        # the session's foreign key refuses it.
         keys = [None if (base := span.get(e[0])) is None else base + e[1] for e in encoded]
         k = 0
         while k < len(encoded):
