@@ -455,9 +455,11 @@ def check(
             event("read again at its bound")
     if request_seq is not None:
         assert view.previous_request is not None
-        # 7. Reused only as contiguous stored rows: nothing omitted from the request on.
+        # 7. Reused only as contiguous stored rows: nothing omitted from the request on. A
+        # request placed first that every row after it follows is that too (DESIGN invariant
+        # 7: rows are reused when they are contiguous with the previous request).
         reused = (
-            how.startswith("window")
+            covers < request_seq
             and not hidden  # a stand-in is not the stored row
             and not expected.modified
             and all(last < request_seq for _, last, _ in expected.gaps)
@@ -1162,6 +1164,55 @@ def window_passing_over_a_unit_that_fits() -> Scenario:
     return sc
 
 
+def placed_first_followed_by_every_row() -> Scenario:
+    """A session the generator found: the checkpoint (row 17) is withheld from the requester,
+    so no window holds the previous request (row 19) and it is placed first; every row after it
+    follows, so the view is the stored rows from the request on, contiguous: reused (DESIGN
+    invariant 7), not copied."""
+    sc = Scenario()
+    sc.budget = 2500
+    ts = 1_764_410_401_000
+    agent = f"agent:{AGENT}"
+    refused = {"kind": "continuation_checkpoint_refused", "run": "r0", "reason": "truncated"}
+    sc.add("r0", "user:ana", RowKind.MESSAGE, user("REQTEXT ", ts=ts))
+    sc.add("r0", agent, RowKind.MESSAGE, assistant("", ts=ts + 1000))
+    sc.add("r0", agent, RowKind.MESSAGE, assistant("", ts=ts + 2000))
+    sc.add(
+        "r0", agent, RowKind.MESSAGE, calls_message([("c1", "read", {"path": "f1"})], ts=ts + 3000)
+    )
+    sc.add("r0", "tool:read", RowKind.MESSAGE, tool_result("c1", "read", "", ts=ts + 3000))
+    sc.add("r0", agent, RowKind.RECEIPT, refused)
+    sc.add("r0", agent, RowKind.RECEIPT, refused)
+    for rid, at in (("r1", 5000), ("r2", 7000)):
+        sc.add(
+            rid, "system", RowKind.MESSAGE, {"role": "system", "content": "", "timestamp": ts + at}
+        )
+        sc.add(rid, "user:ana", RowKind.MESSAGE, user("REQTEXT ", ts=ts + at + 1000))
+        if rid == "r1":
+            sc.add(rid, agent, RowKind.MESSAGE, assistant("", ts=ts + 7000))
+    calls = [("c2", "read", {"path": "f2"}), ("c3", "read", {"path": "f3"})]
+    calls.append(("c4", "read", {"path": "f4"}))
+    sc.add("r2", agent, RowKind.MESSAGE, calls_message(calls, ts=ts + 9000))
+    for cid, _, _ in calls:
+        sources = ("repo:a/x",) if cid == "c4" else ()
+        sc.add(
+            "r2", "tool:read", RowKind.MESSAGE, tool_result(cid, "read", "", ts=ts + 9000), sources
+        )
+    sc.add("r2", agent, RowKind.COMPACTION, {"summary": "sum ", "covers_to": 15}, ("repo:a/x",))
+    sc.add("r2", agent, RowKind.MESSAGE, assistant("", ts=ts + 11000))
+    sc.add("r3", "user:ana", RowKind.MESSAGE, user("REQTEXT ", ts=ts + 12000))
+    sc.add(
+        "r3", agent, RowKind.MESSAGE, calls_message([("c5", "read", {"path": "f5"})], ts=ts + 13000)
+    )
+    sc.add("r4", "user:ana", RowKind.MESSAGE, user("REQTEXT ", ts=ts + 14000))
+    statuses = [RunStatus.QUEUED] * 3 + [RunStatus.FINISHED, RunStatus.QUEUED]
+    for i, (status, request) in enumerate(zip(statuses, (1, 9, 12, 19, 21), strict=True)):
+        sc.runs.append(Run(f"r{i}", "s", AGENT, status, request_seq=request))
+    sc.notes.append(Note("s", AGENT, "note 0 ", "2026-11-29T10:00:00Z"))
+    sc.seal()
+    return sc
+
+
 def view_of(sc: Scenario) -> tuple[FollowupView | Refusal, TailSpy]:
     """The agent's view of ``sc``'s session for its actor, built through a :class:`TailSpy`
     (which still says what was read once the ledger is closed)."""
@@ -1224,6 +1275,7 @@ EXAMPLES = 100 if os.environ.get("TETHER_TEST_TIER") == "unit" else 800
 @given(scenarios())
 @example(compaction_after_a_checkpoint())
 @example(window_passing_over_a_unit_that_fits())
+@example(placed_first_followed_by_every_row())
 def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
     view, reads = view_of(sc)
     check(sc, view, reads.read_from, reads.probed)
