@@ -57,6 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -228,7 +229,7 @@ class Service:
         if not self.ledger_url.startswith("sqlite://"):
             self.store = open_ledger(self.ledger_url)
 
-    def _runs(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    def _runs(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         """Rows of the service's SQLite ledger's ``runs`` table, read without tether: opening it
         with this checkout's ledger would migrate a ledger that another checkout's service owns
         (``--against``), under that service."""
@@ -255,7 +256,7 @@ class Service:
     def pending(self) -> int:
         if self.store is None:
             sql = "SELECT count(*) FROM runs WHERE status IN ('queued', 'running')"
-            return int(str(self._runs(sql)[0][0]))
+            return int(self._runs(sql)[0][0])
         counts = self.store.run_counts()
         return counts[RunStatus.QUEUED] + counts[RunStatus.RUNNING]
 
@@ -308,16 +309,14 @@ class Service:
         if self.store is None:
             sql = "SELECT id, status, started, ended, extra FROM runs WHERE id = ?"
             found = [self._runs(sql, (r,))[0] for r in self.runs]
-            details = [
-                (str(i), str(st), s0, s1, json.loads(str(x) or "{}")) for i, st, s0, s1, x in found
-            ]
+            details = [(i, st, s0, s1, json.loads(x)) for i, st, s0, s1, x in found]
         else:
             runs = [self.store.get_run(r) for r in self.runs]
             details = [(r.id, r.status.value, r.started, r.ended, r.extra) for r in runs]
         bad = [(i, st, x.get("error")) for i, st, _, _, x in details if st != "finished"]
         if bad:
             raise SystemExit(f"{self.name}: {len(bad)} runs did not finish: {bad[:3]}")
-        return [seconds(str(s1)) - seconds(str(s0)) for _, _, s0, s1, _ in details if s0 and s1]
+        return [seconds(s1) - seconds(s0) for _, _, s0, s1, _ in details if s0 and s1]
 
 
 def rss_runs(service: Service, sessions: int, runs: int) -> None:

@@ -1183,13 +1183,15 @@ def placed_first_followed_by_every_row() -> Scenario:
     sc.add("r0", "tool:read", RowKind.MESSAGE, tool_result("c1", "read", "", ts=ts + 3000))
     sc.add("r0", agent, RowKind.RECEIPT, refused)
     sc.add("r0", agent, RowKind.RECEIPT, refused)
-    for rid, at in (("r1", 5000), ("r2", 7000)):
-        sc.add(
-            rid, "system", RowKind.MESSAGE, {"role": "system", "content": "", "timestamp": ts + at}
-        )
-        sc.add(rid, "user:ana", RowKind.MESSAGE, user("REQTEXT ", ts=ts + at + 1000))
-        if rid == "r1":
-            sc.add(rid, agent, RowKind.MESSAGE, assistant("", ts=ts + 7000))
+    sc.add(
+        "r1", "system", RowKind.MESSAGE, {"role": "system", "content": "", "timestamp": ts + 5000}
+    )
+    sc.add("r1", "user:ana", RowKind.MESSAGE, user("REQTEXT ", ts=ts + 6000))
+    sc.add("r1", agent, RowKind.MESSAGE, assistant("", ts=ts + 7000))
+    sc.add(
+        "r2", "system", RowKind.MESSAGE, {"role": "system", "content": "", "timestamp": ts + 7000}
+    )
+    sc.add("r2", "user:ana", RowKind.MESSAGE, user("REQTEXT ", ts=ts + 8000))
     calls = [("c2", "read", {"path": "f2"}), ("c3", "read", {"path": "f3"})]
     calls.append(("c4", "read", {"path": "f4"}))
     sc.add("r2", agent, RowKind.MESSAGE, calls_message(calls, ts=ts + 9000))
