@@ -23,8 +23,9 @@ import json
 import os
 from fnmatch import fnmatchcase
 from typing import Any
+from unittest import mock
 
-from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 
 from followup_sessions import (
@@ -39,6 +40,7 @@ from followup_sessions import (
 )
 from tether.config import FollowupConfig
 from tether.followup import FollowupView, GapWhy, Refusal, RefusalReason, RequestMode, build_view
+from tether.followup import core as followup_core
 from tether.followup import messages as msgs
 from tether.followup.core import MAX_SKIPS, PROBE_ROWS
 from tether.ledger import Note, RowKind, Run, RunStatus, open_ledger
@@ -1215,6 +1217,79 @@ def placed_first_followed_by_every_row() -> Scenario:
     return sc
 
 
+def placed_first_growing_past_its_exact_tries() -> Scenario:
+    """A session the generator found (its withheld exchanges written as a loop): the request
+    (row 15) is placed first, its run's rows from 30 on are withheld from the requester, and
+    the rows before the request leave five named gaps, whose notices the estimate reserves at
+    their largest. So nothing fits by the estimate, and the view grows by exact checks only.
+    It stopped after EXACT_TRIES (16) units and passed over the next one (rows 30-31, named as
+    a budget gap) though it fits: 3,313 bytes of 6,000 with it. Growth ends only at a unit that
+    does not fit."""
+    sc = Scenario()
+    sc.budget = 6000
+    sc.grants = ["repo:a/*"]
+    ts = 1_764_410_460_000
+    both, repo, doc = ("doc:hb", "repo:a/x"), ("repo:a/x",), ("doc:hb",)
+    tools = [{"name": "read", "description": "Read a file", "parameters": {}}]
+
+    def system(run: str, actor: str, preamble: int, at: int) -> None:
+        body = {"role": "system", "content": "", "sections": {"preamble": "p" * preamble}}
+        sc.add(run, actor, RowKind.MESSAGE, {**body, "toolsAdded": tools, "timestamp": ts + at})
+
+    def call(run: str, actor: str, names: list[str], at: int, sources: tuple[str, ...]) -> None:
+        n = sum(len(call_ids(r["body"])) for r in sc.rows)
+        spec = [(f"call{n + i + 1}", name, {"n": n + i + 1}) for i, name in enumerate(names)]
+        sc.add(run, actor, RowKind.MESSAGE, calls_message(spec, ts=ts + at), sources)
+
+    def results(run: str, sizes: list[tuple[int, tuple[str, ...]]], at: int) -> None:
+        head = next(r for r in reversed(sc.rows) if call_ids(r["body"]))
+        for (cid, name, _), (size, sources) in zip(
+            [(c["id"], c["name"], None) for c in head["body"]["content"]], sizes, strict=True
+        ):
+            body = tool_result(cid, name, "r" * size, ts=ts + at)
+            sc.add(run, f"tool:{name}", RowKind.MESSAGE, body, sources)
+
+    other, rev = "agent:other", f"agent:{AGENT}"
+    system("s-r0", other, 240, 0)
+    sc.add("s-r0", "user:ana", RowKind.MESSAGE, user("task s-r0: " + "q" * 120, ts=ts))
+    call("s-r0", other, ["read"], 1000, ())
+    results("s-r0", [(6, repo)], 1000)
+    call("s-r0", other, ["edit", "bash", "bash"], 2000, repo)
+    results("s-r0", [(720, ()), (120, doc), (6, repo)], 2000)
+    call("s-r0", other, ["bash"], 3000, both)
+    results("s-r0", [(48, doc)], 3000)
+    call("s-r0", other, ["bash"], 4000, both)
+    results("s-r0", [(18, repo)], 4000)
+    sc.add("s-r0", other, RowKind.MESSAGE, assistant("answer: " + "a" * 48, ts=ts + 5000))
+    system("s-r1", rev, 48, 65_000)
+    sc.add("s-r1", "user:ana", RowKind.MESSAGE, user("task s-r1: " + "q" * 120, ts=ts + 65_000))
+    sc.add("s-r1", "user:ana", RowKind.MESSAGE, user("steer: " + "v" * 6, ts=ts + 66_000))
+    call("s-r1", rev, ["edit"], 66_000, ())
+    results("s-r1", [(120, ())], 66_000)
+    call("s-r1", rev, ["edit", "read"], 67_000, ())
+    results("s-r1", [(6, ()), (72, repo)], 67_000)
+    call("s-r1", rev, ["bash", "edit", "read"], 68_000, repo)
+    results("s-r1", [(18, repo), (480, ()), (720, repo)], 68_000)
+    call("s-r1", rev, ["edit", "edit", "read"], 69_000, repo)
+    results("s-r1", [(72, ()), (720, ()), (18, doc)], 69_000)
+    # Rows 30-69: exchanges whose calls name a source the requester may not read.
+    exchanges = [
+        [(720, ())], [(48, repo), (6, doc)], [(30, ())], [(6, repo)], [(18, ())], [(12, repo)],
+        [(12, ())], [(30, doc)], [(72, repo)], [(180, repo)], [(270, doc)],
+        [(12, repo), (48, doc)], [(18, ()), (6, repo), (6, repo)], [(18, repo)],
+        [(270, repo), (18, ()), (270, repo)], [(18, ())], [(48, repo)],
+    ]  # fmt: skip
+    for i, sizes in enumerate(exchanges):
+        at = 70_000 + 1000 * i
+        call("s-r1", rev, ["edit"] * len(sizes), at, both)
+        results("s-r1", sizes, at)
+    sc.runs.append(Run("s-r0", "s", "other", RunStatus.FINISHED, request_seq=2))
+    sc.runs.append(Run("s-r1", "s", AGENT, RunStatus.FAILED, request_seq=15))
+    sc.notes.append(Note("s", AGENT, "note 0 " + "n" * 60, "2026-11-29T10:00:00Z"))
+    sc.seal()
+    return sc
+
+
 def view_of(sc: Scenario) -> tuple[FollowupView | Refusal, TailSpy]:
     """The agent's view of ``sc``'s session for its actor, built through a :class:`TailSpy`
     (which still says what was read once the ledger is closed)."""
@@ -1268,6 +1343,48 @@ def test_a_receipt_after_a_shorter_compaction_is_one_notice_whichever_view() -> 
         )
 
 
+def exchanges_with_withheld_results(exchanges: int = 200, calls: int = 6) -> Scenario:
+    """A user message and a batch of ``calls`` reads, every other result withheld from the
+    requester, ``exchanges`` times: every unit has omitted runs inside, each of whose notices
+    the estimate counts at its largest (33 bytes over, here), so the window holds more than
+    the estimate reaches."""
+    sc = Scenario()
+    sc.budget = 200_000
+    sc.grants = ["repo:*"]
+    ts = 1_764_410_460_000
+    for i in range(exchanges):
+        at = ts + 1000 * i
+        sc.add("r0", "user:ana", RowKind.MESSAGE, user(f"q{i}", ts=at))
+        batch = [(f"c{i}_{j}", "read", {}) for j in range(calls)]
+        sc.add("r0", f"agent:{AGENT}", RowKind.MESSAGE, calls_message(batch, ts=at), ("repo:a/x",))
+        for j, (cid, _, _) in enumerate(batch):
+            sources = ("doc:hb",) if j % 2 else ("repo:a/x",)
+            sc.add(
+                "r0", "tool:read", RowKind.MESSAGE, tool_result(cid, "read", "r", ts=at), sources
+            )
+    request = len(sc.rows) - calls - 1
+    sc.runs.append(Run("r0", "s", AGENT, RunStatus.FINISHED, request_seq=request))
+    sc.seal()
+    return sc
+
+
+@settings(phases=[Phase.explicit], deadline=None)
+@given(st.integers())
+@example(1)
+@example(2)
+def test_a_window_grows_past_its_estimate_until_an_exchange_does_not_fit(tries: int) -> None:
+    """The window's estimate falls short of what fits by a few exchanges here; beyond it, the
+    view grows by exact checks, EXACT_TRIES at a time, then by the estimate made again from
+    the exact size. With the tries cut to one or two, growth must still end only at an
+    exchange that does not fit (the oracle's window: invariant 5); it ended after the tries."""
+    sc = exchanges_with_withheld_results()
+    with mock.patch.object(followup_core, "EXACT_TRIES", tries):
+        view, reads = view_of(sc)
+    check(sc, view, reads.read_from, reads.probed)
+    assert isinstance(view, FollowupView)
+    assert view.bytes > sc.budget - 2000, view.bytes
+
+
 # 800 generated sessions in `make test`; 100 in the unit tier (`make test-fast`, the inner loop),
 # where 800 alone took longer than the tier's whole budget on this machine.
 EXAMPLES = 100 if os.environ.get("TETHER_TEST_TIER") == "unit" else 800
@@ -1278,6 +1395,7 @@ EXAMPLES = 100 if os.environ.get("TETHER_TEST_TIER") == "unit" else 800
 @example(compaction_after_a_checkpoint())
 @example(window_passing_over_a_unit_that_fits())
 @example(placed_first_followed_by_every_row())
+@example(placed_first_growing_past_its_exact_tries())
 def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
     view, reads = view_of(sc)
     check(sc, view, reads.read_from, reads.probed)

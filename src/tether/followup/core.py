@@ -491,19 +491,26 @@ def plan_unit(f: _Frame, unit: Sequence[Row], media: msgs.MediaLimits) -> _Plan:
 
 
 def take_newest(
-    f: _Frame, units: Sequence[Sequence[Row]], running: int, media_used: int, skips: int = 0
+    f: _Frame,
+    units: Sequence[Sequence[Row]],
+    running: int,
+    media_used: int,
+    skips: int = 0,
+    newer: _Plan | None = None,
 ) -> list[_Plan]:
     """The newest units while they fit the budget after ``running`` bytes: contiguous, except
     that up to ``skips`` units that alone take more than the space left, while that space is
-    over a twentieth of the budget, are passed over (each then needs a notice of its own)."""
+    over a twentieth of the budget, are passed over (each then needs a notice of its own).
+    ``newer`` is the chosen unit right after ``units``, when there is one."""
     taken: list[_Plan] = []
-    adjacent = False
+    adjacent = newer is not None
     for unit in reversed(units):
         media = f.media.copy()
         media.used = media_used
         plan = plan_unit(f, unit, media)
         cost = plan.cost
-        if adjacent and plan.edges[1] is not _Mark.SHOWN and plan.edges[1] is taken[-1].edges[0]:
+        joins = taken[-1].edges[0] if taken else newer.edges[0] if newer else None
+        if adjacent and plan.edges[1] is not _Mark.SHOWN and plan.edges[1] is joins:
             cost -= f.notice_max  # its last omitted run joins the newer unit's first
         if running + cost > f.budget:
             if skips > 0 and f.budget - running >= f.budget // 20:
@@ -749,11 +756,27 @@ def reuse_window(f: _Frame, units: Sequence[Sequence[Row]], skips: int = 0) -> l
     while plans and _size(assemble(f, plans, False)[0]) > f.budget:
         nxt = next((i for i, p in enumerate(plans) if i > 0 and p.opening), len(plans))
         plans = plans[nxt:]
-    # ...and take older exchanges whole while they fit.
+    # ...and take older exchanges whole while they fit, each checked exactly. Growth ends only
+    # at an exchange that does not fit (invariant 5), not after a number of tries. The estimate
+    # falls short by each notice's difference from the largest, which adds up over many units:
+    # after EXACT_TRIES exchanges that fit, the older units are estimated again from the exact
+    # size (one notice in reserve), and the exchanges that reaches are checked at once.
     older = [u for u in units if plans and u[0].seq < plans[0].first]
-    for _ in range(EXACT_TRIES):
-        if not older or not plans:
-            break
+    tries = 0
+    while older and plans:
+        if tries == EXACT_TRIES:
+            tries = 0
+            exact = _size(assemble(f, plans, False)[0])
+            media_used = plans[0].media_used
+            estimated = take_newest(f, older, exact + f.notice_max, media_used, newer=plans[0])
+            at = next((i for i, p in enumerate(estimated) if p.opening), None)
+            if at is not None:
+                grown = [*estimated[at:], *plans]
+                if _size(assemble(f, grown, False)[0]) <= f.budget:
+                    older = older[: len(older) - (len(estimated) - at)]
+                    plans = grown
+                    continue
+        tries += 1
         media_used = plans[0].media_used
         more: list[_Plan] = []
         while older:
@@ -807,25 +830,36 @@ def _fit(
 ) -> list[_Plan]:
     """The newest of ``units`` (all older than ``after``) that fit with ``after``: estimated
     with ``reserve`` bytes beyond the exact size of ``after``, checked exactly (dropping the
-    oldest while over), then grown unit by unit while they fit."""
-    running = _size(assemble(f, after, placed)[0]) + reserve
+    oldest while over), then grown unit by unit while they fit. Growth ends only at a unit
+    that does not fit (or when none are left): after :data:`EXACT_TRIES` units that all fit,
+    the rest is estimated again from the exact size, with one notice in reserve (for the gap
+    before the units taken, which may grow), so that a loose first reserve never ends it."""
+    plans: list[_Plan] = []
+    older = list(units)
     media_used = after[0].media_used if after else f.media.used
-    plans = take_newest(f, units, running, media_used)
-    while plans and _size(assemble(f, [*plans, *after], placed)[0]) > f.budget:
-        plans = plans[1:]
-    older = list(units[: len(units) - len(plans)])
-    media_used = plans[0].media_used if plans else media_used
-    for _ in range(EXACT_TRIES):
-        if not older:
-            break
-        media = f.media.copy()
-        media.used = media_used
-        plan = plan_unit(f, older[-1], media)
-        if _size(assemble(f, [plan, *plans, *after], placed)[0]) > f.budget:
-            break
-        older.pop()
-        media_used = plan.media_used
-        plans = [plan, *plans]
+    while older:
+        chosen = [*plans, *after]
+        running = _size(assemble(f, chosen, placed)[0]) + reserve
+        newer = plans[0] if plans else None  # contiguous with ``older``; ``after`` may not be
+        more = take_newest(f, older, running, media_used, newer=newer)
+        while more and _size(assemble(f, [*more, *chosen], placed)[0]) > f.budget:
+            more = more[1:]
+        if more:
+            older = older[: len(older) - len(more)]
+            media_used = more[0].media_used
+            plans = [*more, *plans]
+        for _ in range(EXACT_TRIES):
+            if not older:
+                return plans
+            media = f.media.copy()
+            media.used = media_used
+            plan = plan_unit(f, older[-1], media)
+            if _size(assemble(f, [plan, *plans, *after], placed)[0]) > f.budget:
+                return plans
+            older.pop()
+            media_used = plan.media_used
+            plans = [plan, *plans]
+        reserve = f.notice_max
     return plans
 
 
