@@ -942,6 +942,14 @@ class Oracle:
         first = min(carried)
         before = [b for a, b, why in gaps if why is GapWhy.BUDGET and self.covers < b < first]
         start = max(before, default=self.covers) + 1
+        # A window that reaches the coverage (the tail read whole) opens there, whatever it
+        # carries first: the rows before that are then only rows a view cannot carry (results
+        # whose calls the checkpoint covers, named; rows that are not history, such as the
+        # compaction row itself).
+        if self.whole and all(
+            is_result(u[0]) or not is_content(u[0]) for u in self.units if u[0]["seq"] < first
+        ):
+            start = self.covers + 1
         unit_at = {u[0]["seq"]: u for u in self.units}
         if start not in unit_at or not (
             self.opens(unit_at[start]) or (start == self.covers + 1 and self.whole)
@@ -1290,6 +1298,36 @@ def placed_first_growing_past_its_exact_tries() -> Scenario:
     return sc
 
 
+def window_reaching_the_coverage() -> Scenario:
+    """The checkpoint (row 12) covers rows 1-9, and row 9's calls have their results after it
+    (rows 10-11). The request (row 14) is followed by an answer too large for the space left
+    (row 15): the window passes over it and reaches back to the coverage, carrying row 13 (an
+    answer) first, with rows 10-11 named (their calls are not in the view). The generator found
+    such a session where the core's estimates passed over other units than the oracle's walk:
+    the oracle then checks the view as the core made it (passing_as_viewed)."""
+    sc = Scenario()
+    sc.budget = 2700
+    ts = 1_764_410_460_000
+    agent = f"agent:{AGENT}"
+    sc.add("r0", "user:ana", RowKind.MESSAGE, user("task r0", ts=ts))
+    for seq in range(2, 9):
+        sc.add("r0", agent, RowKind.MESSAGE, assistant(f"a{seq}", ts=ts + seq))
+    calls = [("ca", "read", {}), ("cb", "read", {})]
+    sc.add("r0", agent, RowKind.MESSAGE, calls_message(calls, ts=ts + 9))
+    for cid, text in (("ca", "x"), ("cb", "y")):
+        sc.add("r0", "tool:read", RowKind.MESSAGE, tool_result(cid, "read", text, ts=ts + 10))
+    sc.add("r0", agent, RowKind.COMPACTION, {"summary": "sum", "covers_to": 9})
+    sc.add("r0", agent, RowKind.MESSAGE, assistant("done r0", ts=ts + 13))
+    sc.add("r1", "user:ana", RowKind.MESSAGE, user("task r1", ts=ts + 14))
+    sc.add("r1", agent, RowKind.MESSAGE, assistant("z" * 3000, ts=ts + 15))
+    sc.add("r1", agent, RowKind.MESSAGE, assistant("small", ts=ts + 16))
+    sc.add("r1", agent, RowKind.MESSAGE, assistant("end", ts=ts + 17))
+    sc.runs.append(Run("r0", "s", AGENT, RunStatus.FINISHED, request_seq=1))
+    sc.runs.append(Run("r1", "s", AGENT, RunStatus.FINISHED, request_seq=14))
+    sc.seal()
+    return sc
+
+
 def view_of(sc: Scenario) -> tuple[FollowupView | Refusal, TailSpy]:
     """The agent's view of ``sc``'s session for its actor, built through a :class:`TailSpy`
     (which still says what was read once the ledger is closed)."""
@@ -1341,6 +1379,24 @@ def test_a_receipt_after_a_shorter_compaction_is_one_notice_whichever_view() -> 
             [(5, 5, GapWhy.BUDGET), (8, 9, GapWhy.BUDGET)],
             1834,
         )
+
+
+def test_a_window_passing_over_units_may_open_at_the_coverage() -> None:
+    """The view of :func:`window_reaching_the_coverage`, and the oracle's check of a window as
+    the core made it: it opens at the coverage (the rows before row 13 are results whose calls
+    the checkpoint covers, and the compaction row), so it is such a window, not a view that
+    opens nowhere."""
+    sc = window_reaching_the_coverage()
+    view, reads = view_of(sc)
+    assert isinstance(view, FollowupView), view
+    gaps = [(g.first, g.last, g.why) for g in view.gaps]
+    assert gaps == [(10, 11, GapWhy.BUDGET), (15, 15, GapWhy.BUDGET)]
+    carried = {m.origin for m in view.messages if m.origin is not None}
+    assert carried == {13, 14, 16, 17}
+    oracle = Oracle(sc, 14, sc.rows[11], True, 9, [], reads.read_from, reads.probed)
+    passing = oracle.passing_as_viewed(carried, gaps)
+    assert passing is not None
+    assert (passing.carried, passing.gaps, passing.bytes) == (carried, gaps, view.bytes)
 
 
 def exchanges_with_withheld_results(exchanges: int = 200, calls: int = 6) -> Scenario:
@@ -1396,6 +1452,7 @@ EXAMPLES = 100 if os.environ.get("TETHER_TEST_TIER") == "unit" else 800
 @example(window_passing_over_a_unit_that_fits())
 @example(placed_first_followed_by_every_row())
 @example(placed_first_growing_past_its_exact_tries())
+@example(window_reaching_the_coverage())
 def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
     view, reads = view_of(sc)
     check(sc, view, reads.read_from, reads.probed)
