@@ -1472,3 +1472,16 @@ def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
         event("media placeholder")
     if view.media_bytes:
         event("media carried")
+
+
+@settings(max_examples=EXAMPLES // 4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.integers(min_value=1, max_value=3))
+def test_generated_sessions_keep_every_invariant_whatever_the_exact_tries(
+    sc: Scenario, tries: int
+) -> None:
+    """The core checks what its estimate leaves out exactly, EXACT_TRIES units at a time, and
+    then estimates again: how many it checks at a time changes its work, never the view
+    (invariant 5). Generated sessions again, with one to three tries at a time."""
+    with mock.patch.object(followup_core, "EXACT_TRIES", tries):
+        view, reads = view_of(sc)
+    check(sc, view, reads.read_from, reads.probed)
