@@ -950,6 +950,11 @@ class Oracle:
             is_result(u[0]) or not is_content(u[0]) for u in self.units if u[0]["seq"] < first
         ):
             start = self.covers + 1
+        else:
+            # Rows that are not history between a named gap and the window's opening (the
+            # compaction row, a receipt) belong to neither: the window opens after them.
+            later = (u[0]["seq"] for u in self.units if u[0]["seq"] >= start and is_content(u[0]))
+            start = next(later, start)
         unit_at = {u[0]["seq"]: u for u in self.units}
         if start not in unit_at or not (
             self.opens(unit_at[start]) or (start == self.covers + 1 and self.whole)
@@ -1328,6 +1333,99 @@ def window_reaching_the_coverage() -> Scenario:
     return sc
 
 
+def window_opening_after_the_compaction_row() -> Scenario:
+    """A session the generator found (its covered rows made small): the checkpoint (row 176)
+    covers rows 1-173, and the exchange after it that the window opens (row 177, a user
+    message) follows the compaction row, after a named gap (174-175). The window passes over
+    rows 185-189 and holds the request (row 184); walking back unit by unit, the batch 178-181
+    alone does not fit (row 177 is then a gap of its own, with a notice), but the exchange from
+    row 177 does: 14,995 bytes of 15,000. The core's view is that exchange; the oracle checks
+    it as such a window, opening at row 177 past the compaction row."""
+    sc = Scenario()
+    sc.budget = 15_000
+    sc.grants = ["repo:*", "doc:*"]
+    ts = 1_764_410_460_000
+    agent = f"agent:{AGENT}"
+    both, repo, doc = ("doc:hb", "repo:a/x"), ("repo:a/x",), ("doc:hb",)
+    requests = {2: "s-r0", 78: "s-r1", 92: "s-r2"}
+    run = "s-r0"
+    for seq in range(1, 174):
+        run = requests.get(seq, run)
+        if seq in requests:
+            sc.add(run, "user:ana", RowKind.MESSAGE, user(f"task {run}", ts=ts))
+        else:
+            sc.add(run, agent, RowKind.MESSAGE, assistant("x", ts=ts))
+
+    def say(run: str, text: str, at: int) -> None:
+        sc.add(run, "user:ana", RowKind.MESSAGE, user(text, ts=ts + at * 1000))
+
+    def answer(run: str, size: int, at: int) -> None:
+        sc.add(run, agent, RowKind.MESSAGE, assistant("answer: " + "a" * size, ts=ts + at * 1000))
+
+    def call(run: str, calls: list[tuple[str, int]], at: int, sources: tuple[str, ...]) -> None:
+        spec = [(f"call{n}", name, {"n": n}) for name, n in calls]
+        sc.add(run, agent, RowKind.MESSAGE, calls_message(spec, ts=ts + at * 1000), sources)
+
+    def result(run: str, n: int, name: str, size: int, at: int, sources: tuple[str, ...]) -> None:
+        body = tool_result(f"call{n}", name, "r" * size, ts=ts + at * 1000)
+        sc.add(run, f"tool:{name}", RowKind.MESSAGE, body, sources)
+
+    call("s-r2", [("bash", 103)], 182, both)  # 174
+    result("s-r2", 103, "bash", 3120, 182, doc)  # 175
+    summary = {"summary": "pi summary: " + "c" * 75, "covers_to": 173, "tokens_before": 15255}
+    sc.add("s-r2", agent, RowKind.COMPACTION, summary)  # 176
+    say("s-r2", "steer: " + "v" * 15, 183)  # 177
+    call("s-r2", [("read", 104), ("bash", 105), ("bash", 106)], 183, both)  # 178
+    result("s-r2", 104, "read", 120, 183, doc)  # 179
+    result("s-r2", 105, "bash", 450, 183, repo)  # 180
+    result("s-r2", 106, "bash", 30, 183, doc)  # 181
+    answer("s-r2", 120, 184)  # 182
+    refused = {"kind": "continuation_checkpoint_refused", "run": "s-r2", "reason": "truncated"}
+    sc.add("s-r2", agent, RowKind.RECEIPT, refused)  # 183
+    say("s-r3", "task s-r3: " + "q" * 75, 244)  # 184
+    call("s-r3", [("read", 107)], 245, ())  # 185
+    result("s-r3", 107, "read", 1800, 245, repo)  # 186
+    call("s-r3", [("edit", 108), ("bash", 109)], 246, repo)  # 187
+    result("s-r3", 108, "edit", 120, 246, ())  # 188
+    result("s-r3", 109, "bash", 3120, 246, repo)  # 189
+    call("s-r3", [("read", 110), ("edit", 111)], 247, repo)  # 190
+    result("s-r3", 110, "read", 45, 247, repo)  # 191
+    result("s-r3", 111, "edit", 30, 247, ())  # 192
+    call("s-r3", [("bash", 112)], 248, repo)  # 193
+    result("s-r3", 112, "bash", 15, 248, repo)  # 194
+    call("s-r3", [("bash", 113)], 249, repo)  # 195
+    result("s-r3", 113, "bash", 1200, 249, repo)  # 196
+    call("s-r3", [("read", 114)], 250, repo)  # 197
+    result("s-r3", 114, "read", 75, 250, repo)  # 198
+    say("s-r3", "steer: " + "v" * 45, 251)  # 199
+    call("s-r3", [("edit", 115)], 251, repo)  # 200
+    result("s-r3", 115, "edit", 75, 251, ())  # 201
+    call("s-r3", [("edit", 116)], 252, repo)  # 202
+    result("s-r3", 116, "edit", 75, 252, ())  # 203
+    call("s-r3", [("bash", 117), ("read", 118), ("bash", 119)], 253, repo)  # 204
+    result("s-r3", 117, "bash", 15, 253, repo)  # 205
+    result("s-r3", 118, "read", 15, 253, repo)  # 206
+    result("s-r3", 119, "bash", 300, 253, doc)  # 207
+    call("s-r3", [("bash", 120), ("read", 121)], 254, both)  # 208
+    result("s-r3", 120, "bash", 75, 254, repo)  # 209
+    result("s-r3", 121, "read", 45, 254, repo)  # 210
+    call("s-r3", [("read", 122)], 255, both)  # 211
+    result("s-r3", 122, "read", 120, 255, doc)  # 212
+    call("s-r3", [("read", 123)], 256, both)  # 213
+    result("s-r3", 123, "read", 30, 256, doc)  # 214
+    call("s-r3", [("bash", 124)], 257, both)  # 215
+    result("s-r3", 124, "bash", 120, 257, repo)  # 216
+    call("s-r3", [("bash", 125), ("bash", 126)], 258, both)  # 217
+    result("s-r3", 125, "bash", 30, 258, doc)  # 218
+    result("s-r3", 126, "bash", 1200, 258, repo)  # 219
+    answer("s-r3", 15, 259)  # 220
+    ended = (RunStatus.INTERRUPTED, RunStatus.FINISHED, RunStatus.FINISHED, RunStatus.FINISHED)
+    for i, (status, request) in enumerate(zip(ended, (2, 78, 92, 184), strict=True)):
+        sc.runs.append(Run(f"s-r{i}", "s", AGENT, status, request_seq=request))
+    sc.seal()
+    return sc
+
+
 def view_of(sc: Scenario) -> tuple[FollowupView | Refusal, TailSpy]:
     """The agent's view of ``sc``'s session for its actor, built through a :class:`TailSpy`
     (which still says what was read once the ledger is closed)."""
@@ -1453,6 +1551,7 @@ EXAMPLES = 100 if os.environ.get("TETHER_TEST_TIER") == "unit" else 800
 @example(placed_first_followed_by_every_row())
 @example(placed_first_growing_past_its_exact_tries())
 @example(window_reaching_the_coverage())
+@example(window_opening_after_the_compaction_row())
 def test_generated_sessions_keep_every_invariant(sc: Scenario) -> None:
     view, reads = view_of(sc)
     check(sc, view, reads.read_from, reads.probed)
