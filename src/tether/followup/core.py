@@ -50,7 +50,8 @@ __all__ = ["MAX_SKIPS", "PROBE_ROWS", "Inputs", "compose_view", "coverage"]
 PROBE_ROWS = 16
 """Rows read between the checkpoint's coverage and the request to name that gap exactly."""
 EXACT_TRIES = 16
-"""Exchanges (or units) tried beyond the estimate, each checked by assembling the view exactly."""
+"""Exchanges (or units) tried beyond the estimate, each checked by assembling the view exactly,
+before the rest is estimated again from the exact size."""
 MAX_SKIPS = 3
 """Units too large for the space left that the view may pass over (each a named gap)."""
 
@@ -832,8 +833,8 @@ def _fit(
     with ``reserve`` bytes beyond the exact size of ``after``, checked exactly (dropping the
     oldest while over), then grown unit by unit while they fit. Growth ends only at a unit
     that does not fit (or when none are left): after :data:`EXACT_TRIES` units that all fit,
-    the rest is estimated again from the exact size, with one notice in reserve (for the gap
-    before the units taken, which may grow), so that a loose first reserve never ends it."""
+    the rest is estimated again from the exact size, with one notice in reserve (the gap
+    before the units taken changes), so that a loose first reserve never ends it."""
     plans: list[_Plan] = []
     older = list(units)
     media_used = after[0].media_used if after else f.media.used
