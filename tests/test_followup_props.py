@@ -1256,11 +1256,9 @@ def placed_first_growing_past_its_exact_tries() -> Scenario:
 
     def results(run: str, sizes: list[tuple[int, tuple[str, ...]]], at: int) -> None:
         head = next(r for r in reversed(sc.rows) if call_ids(r["body"]))
-        for (cid, name, _), (size, sources) in zip(
-            [(c["id"], c["name"], None) for c in head["body"]["content"]], sizes, strict=True
-        ):
-            body = tool_result(cid, name, "r" * size, ts=ts + at)
-            sc.add(run, f"tool:{name}", RowKind.MESSAGE, body, sources)
+        for block, (size, sources) in zip(head["body"]["content"], sizes, strict=True):
+            body = tool_result(block["id"], block["name"], "r" * size, ts=ts + at)
+            sc.add(run, f"tool:{block['name']}", RowKind.MESSAGE, body, sources)
 
     other, rev = "agent:other", f"agent:{AGENT}"
     system("s-r0", other, 240, 0)
