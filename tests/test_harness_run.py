@@ -858,6 +858,38 @@ def test_a_soft_stop_after_pi_settled_does_not_interrupt_the_run(
     assert store.get_session("s1").refusing is None
 
 
+def test_a_soft_stop_asked_as_pi_settles_does_not_interrupt_the_run(
+    tmp_path: Path, store: Ledger
+) -> None:
+    """The stop is asked from inside pi's settle (its event's subscriber), before the task
+    waiting for that settle wakes: the soft scope is cancelled then, but pi has settled, so
+    the run ends as pi ended it, as for a stop asked a moment later (the test above, whose
+    stop lands after the task woke, or, now and then, before)."""
+    config = make_config(
+        tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "stubborn"}, deadline_s=600
+    )
+    config = config.model_copy(
+        update={"harness": config.harness.model_copy(update={"stop_grace_s": 0.5})}
+    )
+
+    async def go() -> RunOutcome:
+        stop = StopControl()
+
+        def on_event(event: RunEvent) -> None:
+            if isinstance(event, Settled):
+                stop.soft()
+
+        request = RunRequest(session="s1", agent="rev", text="work", workdir=workdir_in(tmp_path))
+        return await execute_run(
+            store, config, request, stop=stop, subscribers=[on_event], pi=fake_pi()
+        )
+
+    outcome = anyio.run(go)
+    assert (outcome.status, outcome.stop_reason) == (RunStatus.FINISHED, StopReason.SETTLED)
+    assert store.get_run(outcome.run).status is RunStatus.FINISHED
+    assert store.get_session("s1").refusing is None
+
+
 def test_a_missing_api_key_is_refused_before_anything_is_written(
     tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -359,6 +359,11 @@ class Driver:
         with stop.scope(hard=True):
             with stop.scope(hard=False):
                 return await self._prompt_and_settle(client)
+            if not stop.hard and self.progress.prompted and self.state.settled:
+                # pi settled before the soft stop reached this task (asked between pi's settle
+                # and this task's waking): the turn ended as pi ended it, as it does for a stop
+                # asked a moment later.
+                return self._settled()
             # The soft scope caught a soft stop or the deadline: abort, let pi settle (unless
             # pi is a newer owner's now: then nothing more goes to it).
             if await self._handed_over(transport):
