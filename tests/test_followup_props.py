@@ -1095,6 +1095,54 @@ def compaction_after_a_checkpoint() -> Scenario:
     return sc
 
 
+class Written:
+    """A session the generator found, written out: rows added by run, timestamps in seconds
+    after ``ts`` (pi's are milliseconds)."""
+
+    def __init__(self, sc: Scenario, ts: int = 1_764_410_460_000) -> None:
+        self.sc, self.ts = sc, ts
+        self.agent = f"agent:{AGENT}"
+
+    def covered(
+        self,
+        last: int,
+        requests: dict[int, str],
+        request: str,
+        sources: dict[int, tuple[str, ...]] | None = None,
+    ) -> None:
+        """Rows 1 to ``last``, which the checkpoint covers, made small: each run's request
+        (``request`` formatted with its run) where ``requests`` says, else an answer "x"."""
+        run = requests[min(requests)]
+        for seq in range(1, last + 1):
+            run = requests.get(seq, run)
+            if seq in requests:
+                text = request.format(run=run)
+                self.sc.add(run, "user:ana", RowKind.MESSAGE, user(text, ts=self.ts))
+            else:
+                body = assistant("x", ts=self.ts)
+                self.sc.add(run, self.agent, RowKind.MESSAGE, body, (sources or {}).get(seq, ()))
+
+    def say(self, run: str, text: str, at: int) -> None:
+        self.sc.add(run, "user:ana", RowKind.MESSAGE, user(text, ts=self.ts + at * 1000))
+
+    def answer(self, run: str, size: int, at: int) -> None:
+        body = assistant("answer: " + "a" * size, ts=self.ts + at * 1000)
+        self.sc.add(run, self.agent, RowKind.MESSAGE, body)
+
+    def call(
+        self, run: str, calls: list[tuple[str, int]], at: int, sources: tuple[str, ...]
+    ) -> None:
+        spec = [(f"call{n}", name, {"n": n}) for name, n in calls]
+        body = calls_message(spec, ts=self.ts + at * 1000)
+        self.sc.add(run, self.agent, RowKind.MESSAGE, body, sources)
+
+    def result(
+        self, run: str, n: int, name: str, size: int, at: int, sources: tuple[str, ...]
+    ) -> None:
+        body = tool_result(f"call{n}", name, "r" * size, ts=self.ts + at * 1000)
+        self.sc.add(run, f"tool:{name}", RowKind.MESSAGE, body, sources)
+
+
 def window_passing_over_a_unit_that_fits() -> Scenario:
     """A session the generator found (its covered rows made small): the window that keeps the
     previous request (row 148) in place passes over units too large for the space left, by the
@@ -1107,14 +1155,9 @@ def window_passing_over_a_unit_that_fits() -> Scenario:
     ts = 1_764_410_460_000
     agent = f"agent:{AGENT}"
     both, repo, doc = ("doc:hb", "repo:a/x"), ("repo:a/x",), ("doc:hb",)
+    w = Written(sc, ts)
     requests = {1: "s-r0", 49: "s-r1", 74: "s-r2"}
-    run = "s-r0"
-    for seq in range(1, 146):
-        run = requests.get(seq, run)
-        if seq in requests:
-            sc.add(run, "user:ana", RowKind.MESSAGE, user(f"task {run}: " + "q" * 30, ts=ts))
-        else:
-            sc.add(run, agent, RowKind.MESSAGE, assistant("x", ts=ts), both if seq == 2 else ())
+    w.covered(145, requests, "task {run}: " + "q" * 30, {2: both})
     checkpoint = {"version": 1, "run": "s-r2"}
     body = {"summary": "checkpoint: " + "k" * 150, "covers_to": 145, "continuation": checkpoint}
     sc.add("s-r2", agent, RowKind.COMPACTION, {**body, "tokens_before": 9870})
@@ -1123,54 +1166,43 @@ def window_passing_over_a_unit_that_fits() -> Scenario:
     system_row = {**system, "toolsAdded": tools, "timestamp": ts + 233_000}
     sc.add("s-r3", agent, RowKind.MESSAGE, system_row)
 
-    def say(text: str, at: int) -> None:
-        sc.add("s-r3", "user:ana", RowKind.MESSAGE, user(text, ts=ts + at * 1000))
-
-    def call(calls: list[tuple[str, int]], at: int, sources: tuple[str, ...]) -> None:
-        spec = [(f"call{n}", name, {"n": n}) for name, n in calls]
-        sc.add("s-r3", agent, RowKind.MESSAGE, calls_message(spec, ts=ts + at * 1000), sources)
-
-    def result(n: int, name: str, size: int, at: int, sources: tuple[str, ...]) -> None:
-        body = tool_result(f"call{n}", name, "r" * size, ts=ts + at * 1000)
-        sc.add("s-r3", f"tool:{name}", RowKind.MESSAGE, body, sources)
-
-    say("task s-r3: " + "q" * 30, 233)
-    say("steer: " + "v" * 45, 234)
-    call([("bash", 82)], 234, ())
-    result(82, "bash", 675, 234, repo)
-    call([("bash", 83)], 235, repo)
-    result(83, "bash", 120, 235, repo)
-    call([("read", 84), ("read", 85)], 236, repo)
-    result(84, "read", 450, 236, doc)
-    result(85, "read", 45, 236, doc)
-    call([("edit", 86), ("bash", 87)], 237, both)
-    result(86, "edit", 45, 237, ())
-    result(87, "bash", 45, 237, doc)
-    call([("edit", 88), ("bash", 89), ("edit", 90)], 238, both)
-    result(88, "edit", 45, 238, ())
-    result(89, "bash", 450, 238, repo)
-    result(90, "edit", 3120, 238, ())
-    call([("edit", 91)], 239, both)
-    result(91, "edit", 45, 239, ())
-    say("steer: " + "v" * 15, 240)
-    call([("bash", 92)], 240, both)
-    result(92, "bash", 15, 240, repo)
-    call([("read", 93), ("bash", 94), ("read", 95)], 241, both)
-    result(93, "read", 75, 241, doc)
-    result(94, "bash", 15, 241, repo)
-    result(95, "read", 300, 241, repo)
-    call([("edit", 96)], 242, both)
-    result(96, "edit", 120, 242, ())
-    call([("bash", 97)], 243, both)
-    result(97, "bash", 180, 243, repo)
-    call([("edit", 98)], 244, both)
-    result(98, "edit", 1200, 244, ())
-    call([("edit", 99), ("bash", 100), ("read", 101)], 245, both)
-    result(99, "edit", 30, 245, ())
-    result(100, "bash", 1800, 245, doc)
-    result(101, "read", 30, 245, repo)
-    say("steer: " + "v" * 15, 246)
-    call([("bash", 102)], 246, both)
+    w.say("s-r3", "task s-r3: " + "q" * 30, 233)
+    w.say("s-r3", "steer: " + "v" * 45, 234)
+    w.call("s-r3", [("bash", 82)], 234, ())
+    w.result("s-r3", 82, "bash", 675, 234, repo)
+    w.call("s-r3", [("bash", 83)], 235, repo)
+    w.result("s-r3", 83, "bash", 120, 235, repo)
+    w.call("s-r3", [("read", 84), ("read", 85)], 236, repo)
+    w.result("s-r3", 84, "read", 450, 236, doc)
+    w.result("s-r3", 85, "read", 45, 236, doc)
+    w.call("s-r3", [("edit", 86), ("bash", 87)], 237, both)
+    w.result("s-r3", 86, "edit", 45, 237, ())
+    w.result("s-r3", 87, "bash", 45, 237, doc)
+    w.call("s-r3", [("edit", 88), ("bash", 89), ("edit", 90)], 238, both)
+    w.result("s-r3", 88, "edit", 45, 238, ())
+    w.result("s-r3", 89, "bash", 450, 238, repo)
+    w.result("s-r3", 90, "edit", 3120, 238, ())
+    w.call("s-r3", [("edit", 91)], 239, both)
+    w.result("s-r3", 91, "edit", 45, 239, ())
+    w.say("s-r3", "steer: " + "v" * 15, 240)
+    w.call("s-r3", [("bash", 92)], 240, both)
+    w.result("s-r3", 92, "bash", 15, 240, repo)
+    w.call("s-r3", [("read", 93), ("bash", 94), ("read", 95)], 241, both)
+    w.result("s-r3", 93, "read", 75, 241, doc)
+    w.result("s-r3", 94, "bash", 15, 241, repo)
+    w.result("s-r3", 95, "read", 300, 241, repo)
+    w.call("s-r3", [("edit", 96)], 242, both)
+    w.result("s-r3", 96, "edit", 120, 242, ())
+    w.call("s-r3", [("bash", 97)], 243, both)
+    w.result("s-r3", 97, "bash", 180, 243, repo)
+    w.call("s-r3", [("edit", 98)], 244, both)
+    w.result("s-r3", 98, "edit", 1200, 244, ())
+    w.call("s-r3", [("edit", 99), ("bash", 100), ("read", 101)], 245, both)
+    w.result("s-r3", 99, "edit", 30, 245, ())
+    w.result("s-r3", 100, "bash", 1800, 245, doc)
+    w.result("s-r3", 101, "read", 30, 245, repo)
+    w.say("s-r3", "steer: " + "v" * 15, 246)
+    w.call("s-r3", [("bash", 102)], 246, both)
     ended = (RunStatus.FAILED, RunStatus.FINISHED, RunStatus.FINISHED, RunStatus.INTERRUPTED)
     for i, (status, request) in enumerate(zip(ended, (1, 49, 74, 148), strict=True)):
         sc.runs.append(Run(f"s-r{i}", "s", AGENT, status, request_seq=request))
@@ -1342,81 +1374,59 @@ def window_opening_after_the_compaction_row() -> Scenario:
     sc = Scenario()
     sc.budget = 15_000
     sc.grants = ["repo:*", "doc:*"]
-    ts = 1_764_410_460_000
-    agent = f"agent:{AGENT}"
     both, repo, doc = ("doc:hb", "repo:a/x"), ("repo:a/x",), ("doc:hb",)
-    requests = {2: "s-r0", 78: "s-r1", 92: "s-r2"}
-    run = "s-r0"
-    for seq in range(1, 174):
-        run = requests.get(seq, run)
-        if seq in requests:
-            sc.add(run, "user:ana", RowKind.MESSAGE, user(f"task {run}", ts=ts))
-        else:
-            sc.add(run, agent, RowKind.MESSAGE, assistant("x", ts=ts))
-
-    def say(run: str, text: str, at: int) -> None:
-        sc.add(run, "user:ana", RowKind.MESSAGE, user(text, ts=ts + at * 1000))
-
-    def answer(run: str, size: int, at: int) -> None:
-        sc.add(run, agent, RowKind.MESSAGE, assistant("answer: " + "a" * size, ts=ts + at * 1000))
-
-    def call(run: str, calls: list[tuple[str, int]], at: int, sources: tuple[str, ...]) -> None:
-        spec = [(f"call{n}", name, {"n": n}) for name, n in calls]
-        sc.add(run, agent, RowKind.MESSAGE, calls_message(spec, ts=ts + at * 1000), sources)
-
-    def result(run: str, n: int, name: str, size: int, at: int, sources: tuple[str, ...]) -> None:
-        body = tool_result(f"call{n}", name, "r" * size, ts=ts + at * 1000)
-        sc.add(run, f"tool:{name}", RowKind.MESSAGE, body, sources)
-
-    call("s-r2", [("bash", 103)], 182, both)  # 174
-    result("s-r2", 103, "bash", 3120, 182, doc)  # 175
+    w = Written(sc)
+    agent = w.agent
+    w.covered(173, {2: "s-r0", 78: "s-r1", 92: "s-r2"}, "task {run}")
+    w.call("s-r2", [("bash", 103)], 182, both)  # 174
+    w.result("s-r2", 103, "bash", 3120, 182, doc)  # 175
     summary = {"summary": "pi summary: " + "c" * 75, "covers_to": 173, "tokens_before": 15255}
     sc.add("s-r2", agent, RowKind.COMPACTION, summary)  # 176
-    say("s-r2", "steer: " + "v" * 15, 183)  # 177
-    call("s-r2", [("read", 104), ("bash", 105), ("bash", 106)], 183, both)  # 178
-    result("s-r2", 104, "read", 120, 183, doc)  # 179
-    result("s-r2", 105, "bash", 450, 183, repo)  # 180
-    result("s-r2", 106, "bash", 30, 183, doc)  # 181
-    answer("s-r2", 120, 184)  # 182
+    w.say("s-r2", "steer: " + "v" * 15, 183)  # 177
+    w.call("s-r2", [("read", 104), ("bash", 105), ("bash", 106)], 183, both)  # 178
+    w.result("s-r2", 104, "read", 120, 183, doc)  # 179
+    w.result("s-r2", 105, "bash", 450, 183, repo)  # 180
+    w.result("s-r2", 106, "bash", 30, 183, doc)  # 181
+    w.answer("s-r2", 120, 184)  # 182
     refused = {"kind": "continuation_checkpoint_refused", "run": "s-r2", "reason": "truncated"}
     sc.add("s-r2", agent, RowKind.RECEIPT, refused)  # 183
-    say("s-r3", "task s-r3: " + "q" * 75, 244)  # 184
-    call("s-r3", [("read", 107)], 245, ())  # 185
-    result("s-r3", 107, "read", 1800, 245, repo)  # 186
-    call("s-r3", [("edit", 108), ("bash", 109)], 246, repo)  # 187
-    result("s-r3", 108, "edit", 120, 246, ())  # 188
-    result("s-r3", 109, "bash", 3120, 246, repo)  # 189
-    call("s-r3", [("read", 110), ("edit", 111)], 247, repo)  # 190
-    result("s-r3", 110, "read", 45, 247, repo)  # 191
-    result("s-r3", 111, "edit", 30, 247, ())  # 192
-    call("s-r3", [("bash", 112)], 248, repo)  # 193
-    result("s-r3", 112, "bash", 15, 248, repo)  # 194
-    call("s-r3", [("bash", 113)], 249, repo)  # 195
-    result("s-r3", 113, "bash", 1200, 249, repo)  # 196
-    call("s-r3", [("read", 114)], 250, repo)  # 197
-    result("s-r3", 114, "read", 75, 250, repo)  # 198
-    say("s-r3", "steer: " + "v" * 45, 251)  # 199
-    call("s-r3", [("edit", 115)], 251, repo)  # 200
-    result("s-r3", 115, "edit", 75, 251, ())  # 201
-    call("s-r3", [("edit", 116)], 252, repo)  # 202
-    result("s-r3", 116, "edit", 75, 252, ())  # 203
-    call("s-r3", [("bash", 117), ("read", 118), ("bash", 119)], 253, repo)  # 204
-    result("s-r3", 117, "bash", 15, 253, repo)  # 205
-    result("s-r3", 118, "read", 15, 253, repo)  # 206
-    result("s-r3", 119, "bash", 300, 253, doc)  # 207
-    call("s-r3", [("bash", 120), ("read", 121)], 254, both)  # 208
-    result("s-r3", 120, "bash", 75, 254, repo)  # 209
-    result("s-r3", 121, "read", 45, 254, repo)  # 210
-    call("s-r3", [("read", 122)], 255, both)  # 211
-    result("s-r3", 122, "read", 120, 255, doc)  # 212
-    call("s-r3", [("read", 123)], 256, both)  # 213
-    result("s-r3", 123, "read", 30, 256, doc)  # 214
-    call("s-r3", [("bash", 124)], 257, both)  # 215
-    result("s-r3", 124, "bash", 120, 257, repo)  # 216
-    call("s-r3", [("bash", 125), ("bash", 126)], 258, both)  # 217
-    result("s-r3", 125, "bash", 30, 258, doc)  # 218
-    result("s-r3", 126, "bash", 1200, 258, repo)  # 219
-    answer("s-r3", 15, 259)  # 220
+    w.say("s-r3", "task s-r3: " + "q" * 75, 244)  # 184
+    w.call("s-r3", [("read", 107)], 245, ())  # 185
+    w.result("s-r3", 107, "read", 1800, 245, repo)  # 186
+    w.call("s-r3", [("edit", 108), ("bash", 109)], 246, repo)  # 187
+    w.result("s-r3", 108, "edit", 120, 246, ())  # 188
+    w.result("s-r3", 109, "bash", 3120, 246, repo)  # 189
+    w.call("s-r3", [("read", 110), ("edit", 111)], 247, repo)  # 190
+    w.result("s-r3", 110, "read", 45, 247, repo)  # 191
+    w.result("s-r3", 111, "edit", 30, 247, ())  # 192
+    w.call("s-r3", [("bash", 112)], 248, repo)  # 193
+    w.result("s-r3", 112, "bash", 15, 248, repo)  # 194
+    w.call("s-r3", [("bash", 113)], 249, repo)  # 195
+    w.result("s-r3", 113, "bash", 1200, 249, repo)  # 196
+    w.call("s-r3", [("read", 114)], 250, repo)  # 197
+    w.result("s-r3", 114, "read", 75, 250, repo)  # 198
+    w.say("s-r3", "steer: " + "v" * 45, 251)  # 199
+    w.call("s-r3", [("edit", 115)], 251, repo)  # 200
+    w.result("s-r3", 115, "edit", 75, 251, ())  # 201
+    w.call("s-r3", [("edit", 116)], 252, repo)  # 202
+    w.result("s-r3", 116, "edit", 75, 252, ())  # 203
+    w.call("s-r3", [("bash", 117), ("read", 118), ("bash", 119)], 253, repo)  # 204
+    w.result("s-r3", 117, "bash", 15, 253, repo)  # 205
+    w.result("s-r3", 118, "read", 15, 253, repo)  # 206
+    w.result("s-r3", 119, "bash", 300, 253, doc)  # 207
+    w.call("s-r3", [("bash", 120), ("read", 121)], 254, both)  # 208
+    w.result("s-r3", 120, "bash", 75, 254, repo)  # 209
+    w.result("s-r3", 121, "read", 45, 254, repo)  # 210
+    w.call("s-r3", [("read", 122)], 255, both)  # 211
+    w.result("s-r3", 122, "read", 120, 255, doc)  # 212
+    w.call("s-r3", [("read", 123)], 256, both)  # 213
+    w.result("s-r3", 123, "read", 30, 256, doc)  # 214
+    w.call("s-r3", [("bash", 124)], 257, both)  # 215
+    w.result("s-r3", 124, "bash", 120, 257, repo)  # 216
+    w.call("s-r3", [("bash", 125), ("bash", 126)], 258, both)  # 217
+    w.result("s-r3", 125, "bash", 30, 258, doc)  # 218
+    w.result("s-r3", 126, "bash", 1200, 258, repo)  # 219
+    w.answer("s-r3", 15, 259)  # 220
     ended = (RunStatus.INTERRUPTED, RunStatus.FINISHED, RunStatus.FINISHED, RunStatus.FINISHED)
     for i, (status, request) in enumerate(zip(ended, (2, 78, 92, 184), strict=True)):
         sc.runs.append(Run(f"s-r{i}", "s", AGENT, status, request_seq=request))
