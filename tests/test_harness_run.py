@@ -836,15 +836,20 @@ def test_a_second_stop_during_close_kills_at_once_and_a_late_stop_keeps_the_run_
     assert store.get_run(outcome.run).status is RunStatus.FINISHED
 
 
-def test_a_soft_stop_after_pi_settled_does_not_interrupt_the_run(
-    tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _stubborn_config(tmp_path: Path) -> Config:
+    """A fake pi that ignores abort, with half a second's grace for a stop."""
     config = make_config(
         tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "stubborn"}, deadline_s=600
     )
-    config = config.model_copy(
+    return config.model_copy(
         update={"harness": config.harness.model_copy(update={"stop_grace_s": 0.5})}
     )
+
+
+def test_a_soft_stop_after_pi_settled_does_not_interrupt_the_run(
+    tmp_path: Path, store: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _stubborn_config(tmp_path)
     outcome, _ = _run_until(
         store,
         config,
@@ -865,12 +870,7 @@ def test_a_soft_stop_asked_as_pi_settles_does_not_interrupt_the_run(
     waiting for that settle wakes: the soft scope is cancelled then, but pi has settled, so
     the run ends as pi ended it, as for a stop asked a moment later (the test above, whose
     stop lands after the task woke, or, now and then, before)."""
-    config = make_config(
-        tmp_path, "http://127.0.0.1:9/v1", env={"FAKE_PI_MODE": "stubborn"}, deadline_s=600
-    )
-    config = config.model_copy(
-        update={"harness": config.harness.model_copy(update={"stop_grace_s": 0.5})}
-    )
+    config = _stubborn_config(tmp_path)
 
     async def go() -> RunOutcome:
         stop = StopControl()
