@@ -448,12 +448,13 @@ runs_dir = "runs"
             timings["startup"].append(time.perf_counter() - t)
 
             spec_in = json.loads(baseline_spec(1000 + i).read_text())
-            before = cpu()
+            before, thread = cpu(), time.thread_time()
             timings["direct_in"].append(
                 direct_rpc(spec_in["argv"], spec_in["env"], spec_in["cwd"], prompt)
             )
-            after = cpu()
+            after, thread_after = cpu(), time.thread_time()
             timings["cpu_direct"].append(after[0] - before[0])
+            timings.setdefault("thread_direct", []).append(thread_after - thread)
             timings["cpu_pi"].append(after[1] - before[1])
 
             events: list[RunEvent] = []
@@ -464,6 +465,7 @@ runs_dir = "runs"
             )
             timings["inproc"].append(time.perf_counter() - t)
             timings["cpu_tether"].append(cpu()[0] - after[0])
+            timings.setdefault("thread_tether", []).append(time.thread_time() - thread_after)
             if outcome.status is not RunStatus.FINISHED:
                 raise SystemExit(f"execute_run: {outcome}")
             for e in events:
@@ -539,6 +541,10 @@ runs_dir = "runs"
         f"  CPU of this process per run (the provider's threads included in both): direct "
         f"{med('cpu_direct'):.3f} s, execute_run {med('cpu_tether'):.3f} s; pi itself "
         f"{med('cpu_pi'):.3f} s"
+    )
+    print(
+        f"    of which this thread (the direct client's reads; execute_run's event loop): direct "
+        f"{med('thread_direct'):.3f} s, execute_run {med('thread_tether'):.3f} s"
     )
     against_cpu = f", from {args.against} {med('cpu_run_against'):.3f} s" if args.against else ""
     print(
