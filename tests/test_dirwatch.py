@@ -47,6 +47,21 @@ def test_the_watch_says_which_change_may_be_the_exit_file(tmp_path: Path) -> Non
     assert anyio.run(main) == [False, False, True, True]
 
 
+def test_another_event_loop_waits_for_the_same_changes(tmp_path: Path) -> None:
+    # anyio's other backend has no asyncio loop: each wait registers the descriptor itself.
+    async def main() -> list[bool]:
+        seen = []
+        with _watch(tmp_path) as watch:
+            _append(tmp_path / EVENTS_NAME, b"{}\n")
+            seen.append(await watch._wait_readable(5, EXIT_NAME))
+            (tmp_path / EXIT_NAME).write_text("{}")
+            seen.append(await watch._wait_readable(5, EXIT_NAME))
+            seen.append(await watch._wait_readable(0.05, EXIT_NAME))  # nothing: look anyway
+        return seen
+
+    assert anyio.run(main) == [False, True, True]
+
+
 def test_a_wait_with_nothing_happening_ends_in_time_and_says_look(tmp_path: Path) -> None:
     async def main() -> tuple[bool, float]:
         with _watch(tmp_path) as watch:

@@ -459,8 +459,8 @@ class _DirWatch:
         except OSError:
             data = b""  # look anyway: the waiter finds out what is wrong
         self._events.append(data)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if self._waiter is not None:
+            _wake(self._waiter)
 
     async def wait(self, within: float, *, name: str | None = None) -> bool:
         """Wait until something happens, at most ``within`` seconds. True when the file
