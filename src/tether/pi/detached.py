@@ -395,7 +395,7 @@ class _DirWatch:
 
     On asyncio the descriptor stays registered with the event loop from the first wait to the
     exit, and the loop's callback drains it and wakes the waiter: a run's events reader waits
-    a few hundred times, and registering the descriptor, a cancel scope and a drain to
+    about 170 times in 20 turns, and registering the descriptor, a cancel scope and a drain to
     ``EAGAIN`` at every wait were a fifth of the harness's event-loop CPU. Another event loop
     (anyio's other backend) waits with ``wait_readable`` each time."""
 
