@@ -108,16 +108,25 @@ def signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def _write_atomic(path: str, data: dict[str, object]) -> None:
+def _write_atomic(path: str, data: dict[str, int | float | bool]) -> None:
     # Renamed into place, not synced: these records matter while the host is up (a host that
     # goes down takes pi with it), and a sync costs a run dearly on a busy disk.
-    import json
-
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
+        f.write(_json_object(data))
     os.replace(tmp, path)
+
+
+def _json_object(data: dict[str, int | float | bool]) -> str:
+    """A record of numbers and booleans as a JSON object. The json module's import (with re
+    and enum) took more of the keeper's CPU than the rest of its work; its records need none
+    of it. Keys are the keeper's own names (no escaping needed); floats are finite."""
+    fields = (
+        f'"{key}": {("true" if value else "false") if isinstance(value, bool) else repr(value)}'
+        for key, value in data.items()
+    )
+    return "{" + ", ".join(fields) + "}"
 
 
 def _become_subreaper() -> bool:
@@ -190,7 +199,6 @@ def _children(me: int) -> list[int]:
 def _end_everything(me: int) -> None:
     """Kill and reap every process left under the keeper: pi's tools, reparented here when
     their parents die (the keeper is their subreaper), round after round until none is left."""
-    import signal
     import time
 
     for _ in range(200):
@@ -204,7 +212,7 @@ def _end_everything(me: int) -> None:
             return
         for pid in left:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, _signal.SIGKILL)
             except ProcessLookupError:
                 pass
         time.sleep(0.01)
@@ -287,21 +295,21 @@ def main(argv: list[str]) -> int:
         except OSError:
             pass
 
-    # pi is loading: now the rest.
-    import signal
-    import threading
+    # pi is loading: now the rest, on builtins (_signal, _thread; the signal, threading and json
+    # modules' imports cost the keeper more CPU than the rest of its work on a short run).
+    import _thread
     import time
 
     # The harness's hangup or terminal signals are not ours: only pi's end ends the keeper.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _signal.signal(_signal.SIGHUP, _signal.SIG_IGN)
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     subreaper = _become_subreaper()
     me = os.getpid()
     _write_atomic(
         os.path.join(run_dir, PLACEMENT_NAME),
         {"keeper_pid": me, "pi_pid": pi_pid, "subreaper": subreaper},
     )
-    threading.Thread(target=_relay, args=(fifo_fd, stdin_w), daemon=True).start()
+    _thread.start_new_thread(_relay, (fifo_fd, stdin_w))
     while True:
         try:
             chunk = os.read(stdout_r, _CHUNK)
