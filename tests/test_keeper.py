@@ -1,5 +1,5 @@
-"""The keeper as its own process (``python -I -S keeper.py``): what it records, and what it
-imports. Every run starts one, so its start is part of every run's CPU."""
+"""The keeper as its own process (``python -I -S``, as tether starts it): what it records, and
+what it imports. Every run starts one, so its start is part of every run's CPU."""
 
 from __future__ import annotations
 
@@ -13,25 +13,15 @@ import pytest
 
 from tether.pi import keeper
 
-KEEPER = Path(keeper.__file__)
-
 
 def _run_keeper(tmp_path: Path, *pi: str) -> tuple[Path, str]:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    # The command tether starts it with, timing its imports (-X importtime, on its stderr).
+    command = keeper.keeper_command(run_dir, tmp_path / "pi.log", list(pi))
+    assert command[:3] == [sys.executable, "-I", "-S"]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-I",
-            "-S",
-            "-X",
-            "importtime",
-            str(KEEPER),
-            str(run_dir),
-            str(tmp_path / "pi.log"),
-            "--",
-            *pi,
-        ],
+        [*command[:3], "-X", "importtime", *command[3:]],
         capture_output=True,
         text=True,
         timeout=30,
@@ -63,6 +53,8 @@ def test_the_keeper_imports_no_module_that_costs_more_than_its_work(tmp_path: Pa
     _, stderr = _run_keeper(tmp_path, "/bin/true")
     imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", stderr, re.M))
     assert "os" in imported  # the listing is read right
+    # Imported as a module (its cached bytecode), not run as a script (compiled at every start).
+    assert "keeper" in imported
     assert not imported & {"json", "re", "enum", "signal", "threading", "typing"}, imported
 
 

@@ -21,9 +21,9 @@ Started by :class:`tether.pi.detached.KeeperTransport` in a session of its own, 
   ``RUN_DIR/exit.json`` with pi's exit status last: once that file exists the events file is
   complete.
 
-It imports nothing beyond the standard library (it runs as ``python -I -S keeper.py``, so it
-starts fast) and never parses the protocol beyond spotting its own control line. Linux only
-(``prctl``, ``/proc``), like the rest of custody.
+It imports nothing beyond the standard library (it runs under ``python -I -S``, imported from
+its cached bytecode, so it starts fast) and never parses the protocol beyond spotting its own
+control line. Linux only (``prctl``, ``/proc``), like the rest of custody.
 """
 
 from __future__ import annotations
@@ -50,6 +50,13 @@ _OUTSIDE = os.path.join("sandbox", "outside.py")
 PASSED_FDS = ("TETHER_KEY_FD", "TETHER_GATE_FD")
 UMASK_ENV = "TETHER_UMASK"
 """Variables naming descriptors the keeper hands on to pi (the key channel, the gate)."""
+# The keeper runs as a module imported from its directory, not as a script: a script is compiled
+# at every start (a third of the keeper's own instructions), a module loads its cached bytecode.
+# The directory leaves sys.path at once: its other modules' names must not shadow the stdlib's.
+_BOOT = (
+    "import sys;sys.path.insert(0,sys.argv[1]);import keeper;del sys.path[0];"
+    "keeper.run(sys.argv[2:])"
+)
 _PR_SET_CHILD_SUBREAPER = 36
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 _CHUNK = 256 * 1024
@@ -68,7 +75,7 @@ def start(
     harness's end is not its end. Raises ``OSError``."""
     import subprocess
 
-    command = [sys.executable, "-I", "-S", __file__, str(run_dir), str(stderr_log), "--", *argv]
+    command = keeper_command(run_dir, stderr_log, argv)
     log = os.open(stderr_log, _APPEND, 0o600)
     try:
         os.fchmod(log, 0o600)
@@ -84,6 +91,13 @@ def start(
         )
     finally:
         os.close(log)
+
+
+def keeper_command(run_dir: Path, stderr_log: Path, argv: list[str]) -> list[str]:
+    """The keeper's command line, running pi (``argv``) for ``run_dir``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    command = [sys.executable, "-I", "-S", "-c", _BOOT, here, str(run_dir), str(stderr_log)]
+    return [*command, "--", *argv]
 
 
 def read_placement(run_dir: Path) -> dict[str, Any] | None:
@@ -326,10 +340,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    # Everything is written and closed: end without the interpreter's teardown (its relay
-    # thread and modules), which the harness would otherwise wait for to reap the keeper.
-    code = main(sys.argv[1:])
+def run(argv: list[str]) -> None:
+    """The keeper's process: :func:`main`, then its end. Everything is written and closed: it
+    ends without the interpreter's teardown (its relay thread and modules), which the harness
+    would otherwise wait for to reap the keeper."""
+    code = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])
