@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from tether.followup.view import GapWhy
 from tether.ledger.models import Note
@@ -247,8 +248,7 @@ def unknown_result(call: dict[str, Any], *, withheld: bool, timestamp: int) -> d
 # -- media -------------------------------------------------------------------------------------
 
 
-@dataclass
-class MediaLimits:
+class MediaLimits(msgspec.Struct):
     """Attachment limits (base64 bytes), and the running total of media the view carries.
 
     Media never count toward the text budget (DESIGN §3.3); a payload over its limit, or one that

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from tether.access import Obligations
 from tether.clock import Clock
 from tether.config import AgentConfig, Config
@@ -52,8 +54,7 @@ class ClaimedRun:
         return self.config.harness.stop_grace_s
 
 
-@dataclass(frozen=True, slots=True)
-class RunControls:
+class RunControls(msgspec.Struct, frozen=True):
     """What bounds and watches the run: its clock and deadline, its stops, its events, and
     the steps given to it (the checkpoint, the relay of live requests)."""
 
@@ -63,26 +64,24 @@ class RunControls:
     bus: EventBus
     checkpoint: CheckpointStep | None = None
     relay: RelayHook | None = None
-    trace: RunTrace = field(default_factory=RunTrace)
+    trace: RunTrace = msgspec.field(default_factory=RunTrace)
     """The run's spans (no-ops when tracing is off)."""
 
 
-@dataclass(frozen=True, slots=True)
-class PiStart:
+class PiStart(msgspec.Struct, frozen=True):
     """How pi is to be had: its provider keys (for a child pi), or pi started ahead of the run
     and held at its gate (custody), or why that start failed."""
 
-    keys: dict[str, str] = field(default_factory=dict)
+    keys: dict[str, str] = msgspec.field(default_factory=dict)
     launch: PiLaunch | None = None
     start_error: OSError | None = None
 
 
-@dataclass(slots=True)
-class Progress:
+class Progress(msgspec.Struct):
     """What the driver learns as the run goes (the rest of what pi was seen doing is in
     :class:`tether.harness.pump.RunState`)."""
 
-    obligations: Obligations = field(default_factory=Obligations)
+    obligations: Obligations = msgspec.field(default_factory=Obligations)
     """The sources of everything the run was given; every row it writes carries them."""
     prompted: bool = False
     """pi took the prompt (so an abort waits for it to settle)."""

@@ -9,7 +9,6 @@ import contextlib
 import functools
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +97,7 @@ class RunEnd(msgspec.Struct, kw_only=True, omit_defaults=True):
         return extra
 
 
-@dataclass(frozen=True, slots=True)
-class PiEnded:
+class PiEnded(msgspec.Struct, frozen=True):
     """What the task turn and the checkpoint came to, and how pi left."""
 
     task: TaskEnd

@@ -6,8 +6,9 @@ harness taking the run over needs (:mod:`tether.harness.custody.state`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from tether.access import Obligations
 from tether.clock import Clock
@@ -29,8 +30,7 @@ from tether.threads import in_thread
 __all__ = ["Prepared", "followup_view", "make_mirror", "prepare"]
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
+class Prepared(msgspec.Struct, frozen=True):
     mirror: Mirror
     view_record: dict[str, Any] | None
     """What the run's record keeps about the view it started from (None: no history)."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from tether.config import Config
 from tether.files import DISCARDED_DIR
@@ -27,8 +28,7 @@ def check_workdir(workdir: Path, *, agent: str, config: Config, ledger: Ledger) 
     return check_pi_workdir(workdir, agent=agent, config=config, ledger_path=ledger.path)
 
 
-@dataclass(frozen=True, slots=True)
-class Pruned:
+class Pruned(msgspec.Struct, frozen=True):
     removed: list[Path]
     kept_live: list[Path]
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from tether import telemetry
 from tether.errors import LedgerError
@@ -66,16 +67,15 @@ def _str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-@dataclass(slots=True)
-class RunTrace:
+class RunTrace(msgspec.Struct):
     """The spans of one run, made as it goes (all no-ops when tracing is off)."""
 
-    span: Span = field(default_factory=lambda: telemetry.NO_SPAN)
+    span: Span = msgspec.field(default_factory=lambda: telemetry.NO_SPAN)
     session: str = ""
     model: str | None = None
     provider: str | None = None
     _waiting_since: int | None = None
-    _tools: dict[str, tuple[int, str]] = field(default_factory=dict)
+    _tools: dict[str, tuple[int, str]] = msgspec.field(default_factory=dict)
     _content: bool = False
 
     def __bool__(self) -> bool:

@@ -4,10 +4,11 @@ reads (the newest ended runs of an agent)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from typing import Any
+
+import msgspec
 
 from tether.errors import AlreadyExists, NotFound, RunNotActive
 from tether.ids import check_id, new_run_id
@@ -459,7 +460,7 @@ class CustodySql(SessionsSql):
 
 def _as(session_id: str, run: Run) -> Run:
     """A run as the session read sees it: an inherited run (a fork's) names the fork."""
-    return run if run.session == session_id else dataclasses.replace(run, session=session_id)
+    return run if run.session == session_id else msgspec.structs.replace(run, session=session_id)
 
 
 def _ord_bound(max_ord: int) -> tuple[str, tuple[int, ...]]:

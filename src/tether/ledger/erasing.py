@@ -18,8 +18,9 @@ custody lock, so they travel through the ledger to every owner:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from tether.ids import check_id
 from tether.ledger import codec
@@ -49,8 +50,7 @@ def erasing_refusal(actor: str, at: str) -> str:
     return f"erasing: {actor} is erasing it (since {at})"
 
 
-@dataclass(frozen=True, slots=True)
-class StopRequest:
+class StopRequest(msgspec.Struct, frozen=True):
     """A request that the session's live run ``run`` stop: softly (abort, let pi settle) or,
     with ``hard``, at once (pi killed)."""
 

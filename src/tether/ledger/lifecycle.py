@@ -27,9 +27,10 @@ import enum
 import json
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from tether.errors import AlreadyExists, NotFound, SessionBusy, UsageError
 from tether.ids import check_id
@@ -66,8 +67,7 @@ class SelectorKind(enum.Enum):
     SOURCE = "source"
 
 
-@dataclass(frozen=True, slots=True)
-class Selector:
+class Selector(msgspec.Struct, frozen=True):
     kind: SelectorKind
     value: str
 
@@ -75,24 +75,23 @@ class Selector:
         return {self.kind.value: self.value}
 
 
-@dataclass(slots=True)
-class ErasePlan:
+class ErasePlan(msgspec.Struct):
     """Exactly what an erasure removes (``--dry-run`` prints it; :meth:`LifecycleSql.erase`
     removes it). Ids only, never content."""
 
     selector: Selector
-    sessions: list[str] = field(default_factory=list)
+    sessions: list[str] = msgspec.field(default_factory=list)
     """Sessions removed whole."""
-    rows: dict[str, list[int]] = field(default_factory=dict)
+    rows: dict[str, list[int]] = msgspec.field(default_factory=dict)
     """Seqs of the rows removed, by session (sessions removed whole included)."""
-    checkpoints: dict[str, list[int]] = field(default_factory=dict)
+    checkpoints: dict[str, list[int]] = msgspec.field(default_factory=dict)
     """Of :attr:`rows`, the compaction rows, by session."""
-    notes: list[int] = field(default_factory=list)
-    runs: list[str] = field(default_factory=list)
+    notes: list[int] = msgspec.field(default_factory=list)
+    runs: list[str] = msgspec.field(default_factory=list)
     """Run records removed (their runs' directories go too)."""
-    scrubbed_runs: list[str] = field(default_factory=list)
+    scrubbed_runs: list[str] = msgspec.field(default_factory=list)
     """Run records kept, without the answer, view and error they held (their directories go)."""
-    queued: list[str] = field(default_factory=list)
+    queued: list[str] = msgspec.field(default_factory=list)
     """Of :attr:`runs`, the queued requests."""
 
     @property
@@ -129,8 +128,7 @@ class ErasePlan:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Erasure:
+class Erasure(msgspec.Struct, frozen=True):
     """An erasure receipt: when, by whom, the selector, the counts. No content."""
 
     id: int
@@ -497,8 +495,7 @@ class LifecycleSql(SqlBase):
             return [r[0] for r in c.fetchall()]
 
 
-@dataclass(frozen=True, slots=True)
-class Erased:
+class Erased(msgspec.Struct, frozen=True):
     """An erasure done (or, with ``dry_run``, what it would do): the plan, the receipt (None
     on a dry run) and the run directories removed (or to remove)."""
 

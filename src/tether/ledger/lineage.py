@@ -13,8 +13,9 @@ levels, so a read stays bounded whatever the history's length.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from tether.ledger.codec import Cursor
 
@@ -25,8 +26,7 @@ MAX_DEPTH = 32
 NO_BOUND = 2**62
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
+class Segment(msgspec.Struct, frozen=True):
     """Seqs ``lo``–``hi`` of ``session`` are the view's; so are its runs with ``ord <=
     max_ord`` and its notes with ``id <= max_note`` (no bound on the session itself)."""
 

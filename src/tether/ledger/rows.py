@@ -4,10 +4,11 @@ compaction, a capped range or its sizes, a byte-capped tail."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+import msgspec
 
 from tether.ids import check_id
 from tether.ledger import codec
@@ -150,7 +151,9 @@ class RowsSql(SqlBase):
                 if first + j <= covers:
                     union.update(prior.sources)
             added = sorted(union - set(new.sources))
-            out.append(dataclasses.replace(new, sources=(*new.sources, *added)) if added else new)
+            out.append(
+                msgspec.structs.replace(new, sources=(*new.sources, *added)) if added else new
+            )
         return out
 
     def row(self, session_id: str, seq: int) -> Row | None:

@@ -19,13 +19,11 @@ Entries it does not write:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +99,7 @@ def _decode(line: bytes) -> Any:
         return json.loads(line)
 
 
-@dataclass
-class _Pending:
+class _Pending(msgspec.Struct):
     rows: list[NewRow]
     times: list[float | None]
 
@@ -314,7 +311,8 @@ class Mirror:
 
     async def _write(self, rows: list[NewRow], times: list[float | None]) -> list[Row]:
         rows = [
-            dataclasses.replace(row, sources=self._obligations.stamp(row.sources)) for row in rows
+            msgspec.structs.replace(row, sources=self._obligations.stamp(row.sources))
+            for row in rows
         ]
         stored = await anyio.to_thread.run_sync(self._ledger.append, self._fence, rows)
         now = time.time()

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from tether.pi.sessionformat import SESSION_VERSION, iso_of_ms, new_entry_id
 
 __all__ = ["PreEntry", "write_session_file"]
 
 
-@dataclass(frozen=True, slots=True)
-class PreEntry:
+class PreEntry(msgspec.Struct, frozen=True):
     """One message to pre-write, and the ledger row it stands for (None: synthetic)."""
 
     message: dict[str, Any]

@@ -23,7 +23,6 @@ all erase through here. A dry run stops nothing: it lists the live runs it would
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import enum
 import logging
@@ -32,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+import msgspec
 
 from tether.config import Config
 from tether.errors import NotFound, SessionBusy, TetherError
@@ -103,7 +103,7 @@ async def erase_stopping(
             for s in done.plan.affected_sessions
             for r in await in_thread(ledger.live_runs, session=s)
         ]
-        return dataclasses.replace(done, stopped=tuple(live))
+        return msgspec.structs.replace(done, stopped=tuple(live))
     marked: list[str] = []
     stopped: list[dict[str, Any]] = []
     try:
@@ -127,7 +127,7 @@ async def erase_stopping(
                 if attempt == ATTEMPTS - 1:
                     raise
                 continue
-            return dataclasses.replace(done, stopped=tuple(stopped))
+            return msgspec.structs.replace(done, stopped=tuple(stopped))
         raise AssertionError("unreachable: the last attempt returns or raises")
     finally:
         with anyio.CancelScope(shield=True):

@@ -5,15 +5,14 @@ the stop. A run another owner took over is its own, pi with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from tether.ledger import Fence, Ledger
 
 __all__ = ["NewerOwner", "newer_owner"]
 
 
-@dataclass(frozen=True, slots=True)
-class NewerOwner:
+class NewerOwner(msgspec.Struct, frozen=True):
     """The owner that took the run over from this harness."""
 
     run: str

@@ -23,7 +23,6 @@ import enum
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +68,7 @@ class Resolution(enum.StrEnum):
     """Placement not confirmable: the run ended ``interrupted``, the session refuses prompts."""
 
 
-@dataclass(frozen=True, slots=True)
-class Reconciled:
+class Reconciled(msgspec.Struct, frozen=True):
     run: str
     session: str
     resolution: Resolution
@@ -278,11 +276,10 @@ def _stop_pi(where: dict[str, Any]) -> None:
         keeper.signal_group(pid, signal.SIGKILL)
 
 
-@dataclass(frozen=True, slots=True)
-class _Mirrored:
+class _Mirrored(msgspec.Struct, frozen=True):
     answer: str | None
     problems: list[str]
-    limits_hit: list[LimitHit] = field(default_factory=list)
+    limits_hit: list[LimitHit] = msgspec.field(default_factory=list)
 
 
 async def _mirror_what_pi_wrote(
