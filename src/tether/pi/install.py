@@ -20,8 +20,9 @@ import functools
 import hashlib
 import json
 import os
+import re
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -40,6 +41,7 @@ __all__ = [
     "pi_argv",
     "pi_env",
     "warm_compile_cache",
+    "warm_modules",
 ]
 
 PI_PACKAGE = "node_modules/@earendil-works/pi-coding-agent"
@@ -105,21 +107,54 @@ def compile_cache() -> Path | None:
     return path
 
 
-def warm_compile_cache(pi: PiInstall, cache: Path) -> None:
+WARM_SCRIPT = EXTENSION_DIR / "warm.js"
+_CHUNK_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
+def warm_modules(pi: PiInstall, apis: Iterable[str]) -> list[Path]:
+    """What a run's pi loads after its entry that ``--version`` leaves uncompiled: pi's package
+    index (tether's extensions import it), the chunks that load extensions, each named
+    provider API's client, and tether's own modules: about 1 MB of JavaScript with what they
+    import, compiled at every sandboxed run when missing from the cache (about 20 ms of CPU a
+    one-turn run, the README's table). The chunks are found by name in pi's bundle; one that
+    is not found is only not warmed (``tests/test_compile_cache.py`` checks that a run of the
+    pinned pi compiles none)."""
+    bundle = pi.cli.resolve().parent
+    names = ["jiti-static-loader", "virtual-modules"]
+    names += sorted({api for api in apis if _CHUNK_NAME.fullmatch(api)})
+    chunks = [p for name in names for p in sorted((bundle / "chunks").glob(f"{name}-*.js"))]
+    return [bundle / "index.js", *chunks, *_our_modules()]
+
+
+def _our_modules() -> list[Path]:
+    return sorted(p for p in EXTENSION_DIR.glob("*.js") if p != WARM_SCRIPT)
+
+
+def warm_compile_cache(pi: PiInstall, cache: Path, apis: Iterable[str] = ()) -> None:
     """Fill the compile cache for ``pi`` once, outside any sandbox, when nothing has yet.
 
     A sandboxed pi reads the cache but may not write it: an entry the agent could write is code
     the next run (another session's, perhaps) would execute. So on a host where every run is
     sandboxed the cache would stay empty and each run would compile pi's runtime again (about
     0.3 s of CPU). pi's own entry run with ``--version`` (pi's code only: no agent, no prompt,
-    no key) compiles its bundled runtime, the bulk of what a run loads; what a run loads later
-    (a provider's client, the tools) stays uncompiled. Done once per Node and pi (a marker file
-    says so), under a lock so that concurrent first runs warm it once; a failure only costs
-    time."""
-    tag = hashlib.sha256(f"{pi.node}\0{pi.cli}\0{pi.version}".encode()).hexdigest()[:16]
-    marker = cache / f".warmed-{tag}"
+    no key) compiles its bundled runtime, the bulk of what a run loads; ``warm.js`` then
+    compiles, without running, what a run loads later (:func:`warm_modules`, for the provider
+    ``apis`` the runs use). Done once per Node, pi, tether's modules and set of APIs (a marker
+    file says so), under a lock so that concurrent first runs warm it once; a failure only
+    costs time."""
+    names = sorted(set(apis))
+    # tether's own modules by size and time: an edited one (a checkout's) is warmed again.
+    ours = [f"{p.name}:{(st := p.stat()).st_size}:{st.st_mtime_ns}" for p in _our_modules()]
+    key = "\0".join([str(pi.node), str(pi.cli), pi.version, *names, *ours])
+    marker = cache / f".warmed-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if marker.exists():
         return
+    node = str(pi.node.resolve())
+    modules = warm_modules(pi, names)
+    loaders = [p for p in modules if p.name.startswith("jiti-static-loader-")]
+    warm = [node, str(WARM_SCRIPT)]
+    if loaders:  # pi's extension loader, CommonJS, as that chunk requires it
+        warm += ["--require", "jiti", "--from", str(loaders[0])]
     try:
         with open(cache / ".warm.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -127,16 +162,22 @@ def warm_compile_cache(pi: PiInstall, cache: Path) -> None:
                 return
             env = {k: os.environ[k] for k in ALLOWED_ENV if k in os.environ}
             env.update(NODE_COMPILE_CACHE=str(cache), PI_OFFLINE="1")
-            subprocess.run(
-                [str(pi.node), str(pi.cli), "--version"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=60,
-                check=True,
-                umask=0o077,
-            )
+            # The second step's failure is not retried at every run: it would fail again, and
+            # the test of the pinned pi (tests/test_pi_install.py) sees what it leaves out.
+            for argv, check in (
+                ([node, str(pi.cli.resolve()), "--version"], True),
+                ([*warm, *map(str, modules)], False),
+            ):
+                subprocess.run(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=60,
+                    check=check,
+                    umask=0o077,
+                )
             marker.touch(mode=0o600)
     except (OSError, subprocess.SubprocessError):
         pass

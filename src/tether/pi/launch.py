@@ -202,7 +202,7 @@ def pi_command(
     read_only = [_node_root(pi.node), _node_root(pi.cli), EXTENSION_DIR]
     read_only += [Path(ext).resolve().parent for ext in extensions]
     if (cache := compile_cache()) is not None:
-        warm_compile_cache(pi, cache)
+        warm_compile_cache(pi, cache, [config.provider(agent.provider).api])
         read_only.append(cache)
     assert home is not None
     assert session_dir is not None
