@@ -3,6 +3,7 @@ transport's escalation against real processes."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -384,3 +385,33 @@ def test_orderly_exit_keeps_stderr_in_the_log(tmp_path: Path) -> None:
     assert status == 0
     assert tail == "diagnostic one\ndiagnostic two"
     assert (tmp_path / "e.log").read_text() == "diagnostic one\ndiagnostic two\n"
+
+
+def test_a_stray_child_holding_pis_pipes_leaves_no_descriptor_open_after_the_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pi exits; a child it started (here in pi's own process group, so the close does not kill
+    # it) still holds pi's stdout and stderr. The close reaps pi and must close the pipes itself:
+    # left to the garbage collector, they outlived the event loop and raised in __del__.
+    unraisable: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(repr(u.exc_value)))
+
+    def open_fds() -> set[str]:
+        return set(os.listdir("/proc/self/fd"))
+
+    async def go() -> int | None:
+        async with SubprocessTransport.open(
+            ["sh", "-c", "sleep 5 & exit 0"],
+            env={"PATH": os.environ["PATH"]},
+            cwd=tmp_path,
+            stderr_log=tmp_path / "e.log",
+            grace_s=0.3,
+        ) as t:
+            await t.aclose()
+            return t.exit_status
+
+    before = open_fds()
+    assert anyio.run(go) == 0
+    assert open_fds() <= before
+    gc.collect()
+    assert unraisable == []

@@ -16,6 +16,7 @@ group id) may belong to a replacement process, which cleanup must never touch.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 from collections import deque
@@ -290,3 +291,9 @@ class SubprocessTransport:
                 if stream is not None:
                     with contextlib.suppress(Exception):
                         await stream.aclose()
+            # anyio's streams closed leave asyncio's pipes open while a stray child still
+            # holds pi's stdout or stderr: their descriptors stayed open until the garbage
+            # collector took them, after the event loop had closed (an unraisable error).
+            transport = getattr(getattr(self._process, "_process", None), "_transport", None)
+            if isinstance(transport, asyncio.BaseTransport):
+                transport.close()
