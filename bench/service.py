@@ -21,6 +21,9 @@ baseline; the latency of ``POST …/requests`` (p50/p99).
 ``tether``; e.g. ``git worktree add /tmp/base main``), on a ledger of its own, in the same rounds
 (the order rotates by round), so before and after are one run on one machine's load. Every
 checkout runs this checkout's pi (``TETHER_PI``, ``TETHER_NODE``): it needs no node_modules.
+Each service (and ``--cli``) keeps Node's compile cache apart (``XDG_CACHE_HOME`` in its work
+directory), as on a host whose runs are all sandboxed: only its own warm-up fills it, not the
+baseline's pi, which writes the user's.
 ``--cli`` times ``tether run`` in the same rounds too (its ledger's ``started`` comes after pi
 was started, so its per-run figure is not the service's). ``--unconfined`` runs the agent with
 ``sandbox = "none"``, to see what confinement costs a run. The service's own timing of
@@ -204,11 +207,14 @@ class Service:
             stdout=log,
             stderr=subprocess.STDOUT,
             # The same pi for every checkout (another one may have no node_modules of its own).
+            # Node's compile cache of its own, as on a host whose runs are all sandboxed: only
+            # the service's warm-up fills it (a sandboxed pi may not), not the direct runs.
             env={
                 **os.environ,
                 "PYTHONPATH": str(self.src),
                 "TETHER_PI": str(pi.cli),
                 "TETHER_NODE": str(pi.node),
+                "XDG_CACHE_HOME": str(self.work / "cache"),
             },
         )
         self.client = httpx.Client(
@@ -518,6 +524,7 @@ def main() -> None:
                         "PYTHONPATH": str(ROOT / "src"),
                         "TETHER_PI": str(pi.cli),
                         "TETHER_NODE": str(pi.node),
+                        "XDG_CACHE_HOME": str(cli_home / "cache"),
                     },
                 )
                 if done.returncode != 0:
