@@ -24,6 +24,10 @@ for every row, the time from pi creating the entry (its own timestamp) to the ro
 to the ledger, over all in-process runs: median and p99. Last, the provider forwarder (which a
 sandboxed run's provider calls pass through): a streamed reply timed direct and through it.
 
+Each way of ``tether run`` keeps Node's compile cache apart (``XDG_CACHE_HOME``), as on a
+host whose runs are all sandboxed: a sandboxed run's cache is filled by tether's warm-up only,
+not by the direct runs' pi, which writes the user's (``execute_run`` in process shares that).
+
 The CLI runs as installed, its bytecode compiled once (into a scratch ``PYTHONPYCACHEPREFIX``,
 one untimed run of each tree) rather than at every start, as this workplace's
 ``PYTHONDONTWRITEBYTECODE`` would have it (``--compile-each-start`` keeps that).
@@ -381,10 +385,20 @@ runs_dir = "runs"
         if not args.compile_each_start:
             cli_env.pop("PYTHONDONTWRITEBYTECODE", None)
             cli_env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+        # Node's compile cache: each way of `tether run` keeps its own, as on a host whose runs
+        # are all sandboxed (only tether's warm-up fills it; the unconfined runs, whose pi
+        # writes it, have theirs), not the one the direct runs write.
+        none_env = {**cli_env, "XDG_CACHE_HOME": str(work / "cache-none")}
+        cli_env["XDG_CACHE_HOME"] = str(work / "cache-cli")
         against_env = None
         if args.against:
-            against_env = {**cli_env, "PYTHONPATH": str(args.against.resolve())}
-        for config, env in ((cfg_path, cli_env), (against_cfg, against_env)):
+            against_env = {
+                **cli_env,
+                "PYTHONPATH": str(args.against.resolve()),
+                "XDG_CACHE_HOME": str(work / "cache-against"),
+            }
+        warm_ups = ((cfg_path, cli_env), (unconfined_cfg, none_env), (against_cfg, against_env))
+        for config, env in warm_ups:
             if env is not None:
                 argv = [*tether_run, "--config", str(config), "-s", "warm-up", *run_args]
                 subprocess.run(argv, capture_output=True, cwd=work, env=env, check=True)
@@ -422,7 +436,7 @@ runs_dir = "runs"
             # time, and rotating keeps that out of their ratios.
             variants: list[tuple[str, Callable[[], float]]] = [
                 ("cli", functools.partial(cli, cfg_path, f"cli-{i}", cli_env, "cpu_run_cli")),
-                ("cli_none", functools.partial(cli, unconfined_cfg, f"none-{i}", cli_env)),
+                ("cli_none", functools.partial(cli, unconfined_cfg, f"none-{i}", none_env)),
             ]
             if against_env is not None:
                 against = functools.partial(
