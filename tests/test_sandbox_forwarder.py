@@ -20,8 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from tether.pi.install import extension_file, find_pi
+from tether.pi.keys import key_channel
+from tether.sandbox import outside
 from tether.sandbox.bwrap import OUTSIDE_SCRIPT, PROVIDER_ORIGIN
 
 KEY = "sk-forwarder-test-key"
@@ -102,9 +106,8 @@ def forwarder(tmp_path: Path) -> Iterator[Callable[..., Path]]:
 
     def start(origin: str, **extra_env: str) -> Path:
         path = tmp_path / f"provider-{len(started)}.sock"
-        read, write = os.pipe()
-        os.write(write, json.dumps([{"key": KEY}]).encode())
-        os.close(write)
+        with key_channel({"local": KEY}) as channel:  # the harness's own channel
+            read = os.dup(channel.pass_fds[0])
         env = {**os.environ, "TETHER_KEY_FD": str(read), "TETHER_KEY_PLACEHOLDER": PLACEHOLDER}
         env.update(extra_env)
         argv = [sys.executable, "-I", "-S", str(OUTSIDE_SCRIPT), "--socket", str(path)]
@@ -148,6 +151,25 @@ def post(body: bytes, *, path: str = f"/v1/chat?key={PLACEHOLDER}") -> bytes:
         f"POST {path} HTTP/1.1\r\nHost: tether-provider.invalid\r\nConnection: keep-alive\r\n"
         f"Authorization: Bearer {PLACEHOLDER}\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
+
+
+@given(st.dictionaries(st.text(min_size=1), st.text(), min_size=1, max_size=3))
+@example({'"key": "a': "b", "p": "c"})
+@example({"p": '", "key": "not this'})
+@example({"p": '\\"\u00e9\U0001f600\x00\n'})
+def test_the_forwarder_reads_the_first_grants_key_whatever_the_texts(keys: dict[str, str]) -> None:
+    # The forwarder reads the key channel without the json module (sandbox/outside.py): what
+    # it reads is what the harness wrote, for any provider names and keys.
+    with key_channel(keys) as channel:
+        fd = os.dup(channel.pass_fds[0])
+    assert outside._read_key(fd) == next(iter(keys.values())).encode()
+
+
+def test_an_empty_channel_or_none_gives_no_key() -> None:
+    read, write = os.pipe()
+    os.close(write)
+    assert outside._read_key(read) == b""
+    assert outside._read_key(None) == b""
 
 
 def test_requests_reach_the_provider_with_the_key_on_one_kept_connection(

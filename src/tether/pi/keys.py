@@ -41,7 +41,10 @@ def key_channel(keys: Mapping[str, str]) -> Iterator[KeyChannel]:
     if not keys:
         yield KeyChannel()
         return
-    data = json.dumps([{"provider": p, "key": k} for p, k in keys.items()]).encode()
+    # ASCII with the default separators: the sandbox's forwarder reads the key from exactly
+    # this (sandbox/outside.py, without the json module).
+    grants = [{"provider": p, "key": k} for p, k in keys.items()]
+    data = json.dumps(grants, ensure_ascii=True, separators=(", ", ": ")).encode()
     if len(data) > PIPE_LIMIT:
         raise ConfigError(f"provider keys take {len(data)} bytes; at most {PIPE_LIMIT} fit")
     read, write = os.pipe()
