@@ -163,7 +163,7 @@ def warm_compile_cache(pi: PiInstall, cache: Path, apis: Iterable[str] = ()) -> 
             env = {k: os.environ[k] for k in ALLOWED_ENV if k in os.environ}
             env.update(NODE_COMPILE_CACHE=str(cache), PI_OFFLINE="1")
             # The second step's failure is not retried at every run: it would fail again, and
-            # the test of the pinned pi (tests/test_pi_install.py) sees what it leaves out.
+            # the test of the pinned pi (tests/test_compile_cache.py) sees what it leaves out.
             for argv, check in (
                 ([node, str(pi.cli.resolve()), "--version"], True),
                 ([*warm, *map(str, modules)], False),
