@@ -20,12 +20,14 @@ from provider import Reply, ScriptedProvider, ToolCall
 from tether.config import load_config
 from tether.pi.agentdir import write_agent_dir
 from tether.pi.install import (
+    EXTENSION_DIR,
     WARM_SCRIPT,
     extension_file,
     find_pi,
     pi_argv,
     pi_env,
     warm_compile_cache,
+    warm_modules,
 )
 from tether.pi.keys import KEYS_EXTENSION
 from tether.pi.toolchannel import TOOL_NAMES, TOOLS_EXTENSION
@@ -176,3 +178,20 @@ def test_a_bad_command_line_is_refused_saying_how_to_call_it(tmp_path: Path) -> 
     )
     assert done.returncode != 0
     assert "usage: warm.js [--require NAME --from FILE] MODULE..." in done.stderr
+
+
+def test_a_pi_outside_its_bundle_warms_only_the_modules_that_exist(tmp_path: Path) -> None:
+    # TETHER_PI may name another entry (dist/cli.js): no index.js or chunks beside it.
+    entry = tmp_path / "dist" / "cli.js"
+    entry.parent.mkdir()
+    entry.write_text("")
+    pi = msgspec.structs.replace(find_pi(), cli=entry)
+    modules = warm_modules(pi, ["openai-completions"])
+    assert modules, "tether's own modules are still warmed"
+    assert all(p.is_file() and p.parent == EXTENSION_DIR for p in modules), modules
+    assert WARM_SCRIPT not in modules
+    found = warm_modules(find_pi(), ["openai-completions", "../x", "a b"])
+    names = [p.name for p in found]
+    assert "index.js" in names
+    assert sum(n.startswith("openai-completions-") for n in names) == 1, names
+    assert all(p.is_file() for p in found)

@@ -123,7 +123,10 @@ def warm_modules(pi: PiInstall, apis: Iterable[str]) -> list[Path]:
     names = ["jiti-static-loader", "virtual-modules"]
     names += sorted({api for api in apis if _CHUNK_NAME.fullmatch(api)})
     chunks = [p for name in names for p in sorted((bundle / "chunks").glob(f"{name}-*.js"))]
-    return [bundle / "index.js", *chunks, *_our_modules()]
+    # (A pi whose entry is not its bundle's, e.g. TETHER_PI at dist/cli.js, has no index.js
+    # beside it: one missing module would fail the whole graph's link, and warm nothing.)
+    index = [bundle / "index.js"] if (bundle / "index.js").is_file() else []
+    return [*index, *chunks, *_our_modules()]
 
 
 def _our_modules() -> list[Path]:
