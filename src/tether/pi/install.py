@@ -109,6 +109,8 @@ def compile_cache() -> Path | None:
 
 WARM_SCRIPT = EXTENSION_DIR / "warm.js"
 _CHUNK_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+_LOADER_CHUNK = "jiti-static-loader"
+"""pi's chunk that requires its extension loader, jiti (CommonJS)."""
 
 
 def warm_modules(pi: PiInstall, apis: Iterable[str]) -> list[Path]:
@@ -120,7 +122,7 @@ def warm_modules(pi: PiInstall, apis: Iterable[str]) -> list[Path]:
     is not found is only not warmed (``tests/test_compile_cache.py`` checks that a run of the
     pinned pi compiles none)."""
     bundle = pi.cli.resolve().parent
-    names = ["jiti-static-loader", "virtual-modules"]
+    names = [_LOADER_CHUNK, "virtual-modules"]
     names += sorted({api for api in apis if _CHUNK_NAME.fullmatch(api)})
     chunks = [p for name in names for p in sorted((bundle / "chunks").glob(f"{name}-*.js"))]
     # (A pi whose entry is not its bundle's, e.g. TETHER_PI at dist/cli.js, has no index.js
@@ -154,7 +156,7 @@ def warm_compile_cache(pi: PiInstall, cache: Path, apis: Iterable[str] = ()) -> 
         return
     node = str(pi.node.resolve())
     modules = warm_modules(pi, names)
-    loaders = [p for p in modules if p.name.startswith("jiti-static-loader-")]
+    loaders = [p for p in modules if p.name.startswith(f"{_LOADER_CHUNK}-")]
     warm = [node, str(WARM_SCRIPT)]
     if loaders:  # pi's extension loader, CommonJS, as that chunk requires it
         warm += ["--require", "jiti", "--from", str(loaders[0])]
