@@ -28,6 +28,10 @@ baseline's pi, which writes the user's.
 was started, so its per-run figure is not the service's). ``--unconfined`` runs the agent with
 ``sandbox = "none"``, to see what confinement costs a run. The service's own timing of
 ``POST …/requests`` (its /metrics histogram) is printed beside the client's.
+``--loop-stalls MS`` records, in each serve process, every event-loop callback that took longer
+than MS (``bench/loopstalls/``), and prints those of its rounds: how many, how many of them spent
+under a quarter of their wall time on the CPU (the event loop's thread was waiting for a CPU or
+the GIL, not working), and the awaits that the longest ones stopped at.
 
 ``--rss-runs N`` measures memory instead: requests go to the service (``--sessions`` sessions,
 one queued request each at a time) until N runs ended; the serve process's resident set size
@@ -38,6 +42,7 @@ is sampled every 100 runs and the ratio of run N's to run 100's printed (flat: w
     .venv/bin/python bench/service.py --baseline-extension   # the baseline's pi loads the
                                                               # continuation extension too
     .venv/bin/python bench/service.py --baseline-extension --against /tmp/base
+    .venv/bin/python bench/service.py --loop-stalls 4        # the event loop's long callbacks
     .venv/bin/python bench/service.py --rss-runs 1000        # RSS at run 100 and run 1,000
 """
 
@@ -183,6 +188,9 @@ class Service:
     store: Ledger | None = None
     posts: list[float] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
+    rounds: list[tuple[float, float]] = field(default_factory=list)
+    """Each round's start and end (epoch seconds), to pick its event loop's stalls."""
+    loop_stalls_ms: float | None = None
     wall: float = 0.0
     cpu: float = 0.0
     """CPU seconds the serve process itself spent (user + system) during the rounds."""
@@ -190,6 +198,12 @@ class Service:
     def start(self, cfg_path: Path, workers: int, pi: PiInstall) -> None:
         port = free_port()
         log = (self.work / "serve.log").open("wb")
+        probe: dict[str, str] = {}
+        if self.loop_stalls_ms is not None:
+            probe = {
+                "PYTHONPATH": f"{self.src}{os.pathsep}{ROOT / 'bench' / 'loopstalls'}",
+                "TETHER_BENCH_LOOP_STALLS": f"{self.loop_stalls_ms}:{self.stalls_file}",
+            }
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -215,6 +229,7 @@ class Service:
                 "TETHER_PI": str(pi.cli),
                 "TETHER_NODE": str(pi.node),
                 "XDG_CACHE_HOME": str(self.work / "cache"),
+                **probe,
             },
         )
         self.client = httpx.Client(
@@ -275,15 +290,41 @@ class Service:
         assert self.process is not None
         proc = psutil.Process(self.process.pid)
         cpu = sum(proc.cpu_times()[:2])
-        started = time.perf_counter()
+        started, since = time.perf_counter(), time.time()
         for s in range(sessions):
             self.post(f"b{s}", f"request {n}", f"{s}-{n}")
         while self.pending():
             time.sleep(0.05)
         took = time.perf_counter() - started
+        self.rounds.append((since, time.time()))
         self.wall += took
         self.cpu += sum(proc.cpu_times()[:2]) - cpu
         return took
+
+    @property
+    def stalls_file(self) -> Path:
+        return self.work / "loop-stalls.tsv"
+
+    def stalls(self) -> list[str]:
+        """What ``--loop-stalls`` recorded in this service's rounds, as lines to print."""
+        rows = []
+        for line in self.stalls_file.read_text().splitlines():
+            at, wall, cpu, where = line.split("\t", 3)
+            if any(start <= float(at) <= end for start, end in self.rounds):
+                rows.append((float(wall), float(cpu), where))
+        if not rows:
+            return [f"event loop: no callback over {self.loop_stalls_ms} ms in its rounds"]
+        waiting = [r for r in rows if r[1] < r[0] / 4]
+        out = [
+            f"event loop: {len(rows)} callbacks over {self.loop_stalls_ms} ms in its rounds, "
+            f"{sum(r[0] for r in rows):.0f} ms of wall time and {sum(r[1] for r in rows):.0f} "
+            f"ms of CPU in all; {len(waiting)} of them ({len(waiting) / len(rows):.0%}) on the "
+            "CPU for under a quarter of their wall time (waiting for a CPU or the GIL)",
+            "  the longest (wall ms, CPU ms, the await it stopped at):",
+        ]
+        for took, used, site in sorted(rows, reverse=True)[:5]:
+            out.append(f"  {took:7.1f} {used:7.1f}  {site}")
+        return out
 
     def server_post_p(self, q: float) -> str:
         """The service's own view of ``POST …/requests`` (its /metrics histogram, so without
@@ -389,6 +430,12 @@ def main() -> None:
         help="also run the same requests with `tether run` (one process per run), same rounds",
     )
     parser.add_argument(
+        "--loop-stalls",
+        type=float,
+        metavar="MS",
+        help="record each serve process's event-loop callbacks over MS ms and summarize them",
+    )
+    parser.add_argument(
         "--rss-runs",
         type=int,
         metavar="N",
@@ -430,7 +477,7 @@ def main() -> None:
                     sandbox=sandbox,
                 )
             )
-            services.append(Service(name, src, home, url))
+            services.append(Service(name, src, home, url, loop_stalls_ms=args.loop_stalls))
         cfg = load_config(services[0].work / "tether.toml")
         agent = cfg.agent("bench")
 
@@ -619,6 +666,8 @@ def main() -> None:
         p50, p99 = server_posts[service.name]
         print(f"POST /requests, as the service timed it (its /metrics): p50 {p50}   p99 {p99}")
         print(f"serve process CPU per run (its own, not pi's): {service.cpu / total * 1000:.0f} ms")
+        if args.loop_stalls is not None:
+            print("\n".join(service.stalls()))
         ratio = machine["direct"][0] / machine[service.name][0]
         print(
             f"machine CPU (all processes), {service.name}: {cpu_line(service.name)}; direct's "
