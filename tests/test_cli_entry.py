@@ -4,6 +4,7 @@ same way; and the exit without the interpreter's teardown, which must lose nothi
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -442,3 +443,73 @@ def test_the_quick_exit_loses_nothing(tmp_path: Path, mode: str, status: int) ->
         assert done.stderr.strip() == "it went wrong"
     if mode == "thread":
         assert out.read_text() == "finished", "a running thread was cut short"
+
+
+def test_loading_collects_nothing_then_freezes_what_it_made() -> None:
+    seen: list[int] = []
+
+    def collected(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            seen.append(info["generation"])
+
+    frozen = gc.get_freeze_count()
+    gc.callbacks.append(collected)
+    try:
+        with entry.loading():
+            assert not gc.isenabled()
+            # Containers far past the first generation's threshold (700): enabled, the
+            # collector would run dozens of times here.
+            made = [[i] for i in range(50_000)]
+        assert gc.isenabled()
+        assert seen == []
+        assert gc.get_freeze_count() >= frozen + len(made)
+        with pytest.raises(RuntimeError), entry.loading():
+            raise RuntimeError("a module that fails to load")
+        assert gc.isenabled(), "a failed load leaves the collector on"
+    finally:
+        gc.callbacks.remove(collected)
+        gc.unfreeze()
+
+
+# Loaded by every `python` started with its directory on the path: writes how many collections
+# of each generation the process ran, and how many objects it has frozen, as it exits and on
+# SIGUSR1 (uvicorn ends `tether serve` by raising the SIGTERM it caught again: no exit handlers).
+PROBE = """
+import atexit, gc, json, os, signal
+counts = [0, 0, 0]
+gc.callbacks.append(lambda phase, info: phase == "stop" and counts.__setitem__(
+    info["generation"], counts[info["generation"]] + 1))
+def report(*_):
+    with open(os.environ["GC_PROBE_OUT"], "a") as f:
+        f.write(json.dumps(
+            {"collections": counts, "frozen": gc.get_freeze_count(), "enabled": gc.isenabled()}
+        ) + "\\n")
+atexit.register(report)
+signal.signal(signal.SIGUSR1, report)
+"""
+
+
+def test_the_program_freezes_what_it_loaded(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    """``tether run`` (its head start) and the CLI's commands load their modules with the
+    collector off, and freeze them; a run then goes on collecting."""
+    provider = scripted_provider([Reply("the answer")])
+    cfg = make_config(tmp_path, provider.url)
+    assert cfg.path is not None
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "sitecustomize.py").write_text(PROBE)
+    out = tmp_path / "gc.jsonl"
+    env: dict[str, str | None] = {"PYTHONPATH": str(tmp_path / "probe"), "GC_PROBE_OUT": str(out)}
+    done = tether(*run_args(cfg.path, "what is it?", as_json=True), cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    listed = tether("sessions", "-c", str(cfg.path), cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr
+    run, cli = (json.loads(line) for line in out.read_text().splitlines())
+    # tether's modules, msgspec's, anyio's … about 25,000 objects; without the freeze, none.
+    assert run["frozen"] > 10_000, run
+    assert cli["frozen"] > 10_000, cli
+    assert run["enabled"], run
+    assert cli["enabled"], cli
+    # Loading set off about 50 collections: the run's own are a few.
+    assert sum(run["collections"]) < 25, run

@@ -24,6 +24,7 @@ from service_support import (
     wait_until,
     write_config,
 )
+from test_cli_entry import PROBE
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 from tether.service.app import STOPPING
 
@@ -61,6 +62,29 @@ def test_a_request_is_answered_end_to_end(tmp_path: Path, scripted_provider: Pro
         assert "tether_http_request_seconds_bucket" in metrics
         assert s.client.get("/openapi.json").json()["paths"]["/v1/sessions/{session}/requests"]
     assert [r.last_user_text for r in p.task_requests] == ["review it"]
+
+
+def test_serve_freezes_what_it_loaded(tmp_path: Path, scripted_provider: Provider) -> None:
+    """`tether serve` loads its modules with the collector off and freezes them
+    (``tether.cli.entry.loading``): a full collection on the event loop the workers' runs share
+    goes through the runs' objects, not every module's."""
+    p = scripted_provider([Reply("the answer")])
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(PROBE)
+    out = tmp_path / "gc.jsonl"
+    here = Path(__file__).parent
+    path = os.pathsep.join([str(here.parent / "src"), str(here), str(probe)])
+    env = {"PYTHONPATH": path, "GC_PROBE_OUT": str(out)}
+    with serve(tmp_path, write_config(tmp_path, p.url), env=env) as s:
+        run = s.wait_run(s.post("s1", "review it").json()["run"])
+        assert run["status"] == "finished", run
+        s.proc.send_signal(signal.SIGUSR1)
+        wait_until(out.exists, "the probe's report on SIGUSR1", within=10, proc=s)
+    # The serve process's line (the keeper and the forwarder run as `python -I -S`: no probe).
+    [served] = (json.loads(line) for line in out.read_text().splitlines())
+    assert served["frozen"] > 10_000, served
+    assert served["enabled"], served
 
 
 def test_the_same_request_id_twice_is_one_run(tmp_path: Path, scripted_provider: Provider) -> None:

@@ -6,6 +6,8 @@
   the import of the harness, and the CPU the CLI would take is left to pi on a busy machine.
   Other arguments, and a start that fails, go to the CLI's ``run`` command, which says what is
   wrong.
+- While ``tether run`` loads its modules, the garbage collector waits; what they made is then
+  frozen out of every later collection (:func:`loading`).
 - When the command is done, the process exits without the interpreter's teardown
   (:func:`exit_now`).
 
@@ -17,14 +19,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import getopt
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
-__all__ = ["exit_now", "main", "split_globals"]
+__all__ = ["exit_now", "loading", "main", "split_globals"]
 
 
 # The options of `tether` itself, given before the command (tests check them against the CLI's).
@@ -52,17 +55,43 @@ def split_globals(argv: Sequence[str]) -> tuple[dict[str, str], list[str]] | Non
     return given, rest
 
 
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """No garbage collection while modules load; then what exists is frozen (``gc.freeze``:
+    left out of every later collection) and collection resumes.
+
+    The objects a module makes (functions, classes, constants) live as long as the process,
+    yet each allocation counts towards the next collection: loading ``tether run``'s modules
+    set off about 60 collections that went through them again and again, 13–23 ms of a run's
+    CPU. Frozen, they are never gone through again, and a run's collections go through the
+    objects it made itself. Whatever loading left as garbage (little: modules make few
+    cycles) stays, once."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 def main() -> NoReturn:
     split = split_globals(sys.argv[1:])
     if split is not None and split[1][:1] == ["run"]:
-        from tether.cli.run_start import head_start
-
         given, words = split
-        started = head_start(words[1:], config=given.get("--config"), ledger=given.get("--ledger"))
+        with loading():
+            from tether.cli.run_start import head_start
+
+            started = head_start(
+                words[1:], config=given.get("--config"), ledger=given.get("--ledger")
+            )
+            if started is not None:
+                try:
+                    from tether.cli.run_live import run_started
+                except BaseException:
+                    started.abandon()  # pi still at its gate: the run never took it
+                    raise
         if started is not None:
             try:
-                from tether.cli.run_live import run_started
-
                 run_started(started)
             except SystemExit as exc:
                 exit_now(exc.code)
@@ -70,7 +99,8 @@ def main() -> NoReturn:
                 started.abandon()  # pi still at its gate, if the run never took it
                 raise
             exit_now(0)
-    from tether.cli.app import main as cli
+    with loading():
+        from tether.cli.app import main as cli
 
     try:
         cli()
