@@ -307,20 +307,25 @@ class Service:
 
     def stalls(self) -> list[str]:
         """What ``--loop-stalls`` recorded in this service's rounds, as lines to print."""
-        rows = []
+        rows, collections = [], []
         for line in self.stalls_file.read_text().splitlines():
             at, wall, cpu, where = line.split("\t", 3)
             if any(start <= float(at) <= end for start, end in self.rounds):
-                rows.append((float(wall), float(cpu), where))
+                kept = collections if where.startswith("gc: ") else rows
+                kept.append((float(wall), float(cpu), where))
+        limit = f"{self.loop_stalls_ms:g} ms"
         if not rows:
-            return [f"event loop: no callback over {self.loop_stalls_ms} ms in its rounds"]
+            return [f"event loop: no callback over {limit} in its rounds"]
         waiting = [r for r in rows if r[1] < r[0] / 4]
         out = [
-            f"event loop: {len(rows)} callbacks over {self.loop_stalls_ms} ms in its rounds, "
+            f"event loop: {len(rows)} callbacks over {limit} in its rounds, "
             f"{sum(r[0] for r in rows):.0f} ms of wall time and {sum(r[1] for r in rows):.0f} "
             f"ms of CPU in all; {len(waiting)} of them ({len(waiting) / len(rows):.0%}) on the "
             "CPU for under a quarter of their wall time (waiting for a CPU or the GIL)",
-            "  the longest (wall ms, CPU ms, the await it stopped at):",
+            f"  garbage collections over {limit} (inside those callbacks or a worker thread): "
+            f"{len(collections)}, "
+            + ", ".join(f"{wall:.0f} ms ({where[4:]})" for wall, _, where in collections[:6]),
+            "  the longest callbacks (wall ms, CPU ms, the await its step stopped at):",
         ]
         for took, used, site in sorted(rows, reverse=True)[:5]:
             out.append(f"  {took:7.1f} {used:7.1f}  {site}")
