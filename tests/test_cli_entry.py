@@ -482,7 +482,8 @@ gc.callbacks.append(lambda phase, info: phase == "stop" and counts.__setitem__(
 def report(*_):
     with open(os.environ["GC_PROBE_OUT"], "a") as f:
         f.write(json.dumps(
-            {"collections": counts, "frozen": gc.get_freeze_count(), "enabled": gc.isenabled()}
+            {"pid": os.getpid(), "collections": counts, "frozen": gc.get_freeze_count(),
+             "enabled": gc.isenabled()}
         ) + "\\n")
 atexit.register(report)
 signal.signal(signal.SIGUSR1, report)

@@ -64,27 +64,57 @@ def test_a_request_is_answered_end_to_end(tmp_path: Path, scripted_provider: Pro
     assert [r.last_user_text for r in p.task_requests] == ["review it"]
 
 
+def _gc_probe(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The environment of a `tether` process that loads ``PROBE`` (tests/test_cli_entry.py),
+    and the file it reports to."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(PROBE)
+    here = Path(__file__).parent
+    out = tmp_path / "gc.jsonl"
+    path = os.pathsep.join([str(here.parent / "src"), str(here), str(probe)])
+    return out, {"PYTHONPATH": path, "GC_PROBE_OUT": str(out)}
+
+
+def _frozen_report(out: Path) -> None:
+    # One process's reports: on SIGUSR1, and a worker's as it exits (the keeper and the
+    # forwarder run as `python -I -S`: no probe).
+    reports = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len({r["pid"] for r in reports}) == 1, reports
+    assert reports[0]["frozen"] > 10_000, reports
+    assert reports[0]["enabled"], reports
+
+
 def test_serve_freezes_what_it_loaded(tmp_path: Path, scripted_provider: Provider) -> None:
     """`tether serve` loads its modules with the collector off and freezes them
     (``tether.cli.entry.loading``): a full collection on the event loop the workers' runs share
     goes through the runs' objects, not every module's."""
     p = scripted_provider([Reply("the answer")])
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    (probe / "sitecustomize.py").write_text(PROBE)
-    out = tmp_path / "gc.jsonl"
-    here = Path(__file__).parent
-    path = os.pathsep.join([str(here.parent / "src"), str(here), str(probe)])
-    env = {"PYTHONPATH": path, "GC_PROBE_OUT": str(out)}
+    out, env = _gc_probe(tmp_path)
     with serve(tmp_path, write_config(tmp_path, p.url), env=env) as s:
         run = s.wait_run(s.post("s1", "review it").json()["run"])
         assert run["status"] == "finished", run
         s.proc.send_signal(signal.SIGUSR1)
         wait_until(out.exists, "the probe's report on SIGUSR1", within=10, proc=s)
-    # The serve process's line (the keeper and the forwarder run as `python -I -S`: no probe).
-    [served] = (json.loads(line) for line in out.read_text().splitlines())
-    assert served["frozen"] > 10_000, served
-    assert served["enabled"], served
+    _frozen_report(out)
+
+
+def test_a_worker_freezes_what_it_loaded(tmp_path: Path, scripted_provider: Provider) -> None:
+    p = scripted_provider([Reply("the answer")])
+    out, env = _gc_probe(tmp_path)
+    config = write_config(tmp_path, p.url)
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+        run, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="review it")
+        w = tether_proc(tmp_path, "worker", "--config", str(config), log="w.log", env=env)
+        try:
+            wait_until(
+                lambda: ledger.get_run(run.id).status is RunStatus.FINISHED, "the run", within=60
+            )
+            w.send_signal(signal.SIGUSR1)
+            wait_until(out.exists, "the probe's report on SIGUSR1", within=10)
+        finally:
+            stop_proc(w)
+    _frozen_report(out)
 
 
 def test_the_same_request_id_twice_is_one_run(tmp_path: Path, scripted_provider: Provider) -> None:
