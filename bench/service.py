@@ -28,10 +28,11 @@ baseline's pi, which writes the user's.
 was started, so its per-run figure is not the service's). ``--unconfined`` runs the agent with
 ``sandbox = "none"``, to see what confinement costs a run. The service's own timing of
 ``POST …/requests`` (its /metrics histogram) is printed beside the client's.
-``--loop-stalls MS`` records, in each serve process, every event-loop callback that took longer
-than MS (``bench/loopstalls/``), and prints those of its rounds: how many, how many of them spent
-under a quarter of their wall time on the CPU (the event loop's thread was waiting for a CPU or
-the GIL, not working), and the awaits that the longest ones stopped at.
+``--loop-stalls MS`` records, in each serve process, every event-loop callback and every garbage
+collection that took longer than MS (``bench/loopstalls/``), and prints those of its rounds: how
+many callbacks, how many of them spent under a quarter of their wall time on the CPU (the event
+loop's thread was waiting for a CPU or the GIL, not working), the collections, and the awaits
+that the longest callbacks stopped at.
 
 ``--rss-runs N`` measures memory instead: requests go to the service (``--sessions`` sessions,
 one queued request each at a time) until N runs ended; the serve process's resident set size
