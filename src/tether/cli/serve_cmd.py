@@ -80,8 +80,8 @@ def serve(
     from tether.cli.entry import loading
 
     # Loaded and frozen before it serves (tether.cli.entry.loading): a full collection then
-    # goes through a run's objects only, not every module's (about 45 ms of CPU on the event
-    # loop that the workers' runs share, once every few dozen runs).
+    # goes through a run's objects only, not every module's (45–60 ms of CPU on the event loop
+    # that the workers' runs share, once in 11 to 150 runs in the benches).
     with loading():
         import uvicorn
 
