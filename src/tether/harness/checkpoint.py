@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
-import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from tether.config import AgentConfig, Config

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from tether.access import Obligations

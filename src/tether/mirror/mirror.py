@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.to_thread
 import msgspec
 
 from tether.access import Obligations
@@ -39,6 +38,7 @@ from tether.ledger.roles import RowWriter
 from tether.mirror.entries import ROW_KINDS, Actors, entry_row
 from tether.pi.sessionformat import EntryKind, entry_kind, entry_message, entry_time, message_text
 from tether.sandbox.limits import LimitHit, LimitWatch
+from tether.threads import in_thread
 
 __all__ = ["Mirror", "SessionTail"]
 
@@ -314,7 +314,7 @@ class Mirror:
             msgspec.structs.replace(row, sources=self._obligations.stamp(row.sources))
             for row in rows
         ]
-        stored = await anyio.to_thread.run_sync(self._ledger.append, self._fence, rows)
+        stored = await in_thread(self._ledger.append, self._fence, rows)
         now = time.time()
         for row in stored:
             if row.entry_id is not None:
@@ -345,7 +345,7 @@ class Mirror:
         return last_seq
 
     async def _compaction(self, entry: dict[str, Any]) -> list[Row]:
-        last = await anyio.to_thread.run_sync(self._ledger.last_seq, self._fence.session)
+        last = await in_thread(self._ledger.last_seq, self._fence.session)
         row = entry_row(
             entry, self._actors, covers_to=self._covers_to(entry, last), seq_of=self.seq_of
         )

@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.to_thread
 
 from tether.pi import keeper
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.jsonl import LineSplitter
 from tether.pi.keeper import read_placement
 from tether.processes import alive, start_time
+from tether.threads import in_thread
 
 if TYPE_CHECKING:
     import psutil
@@ -265,7 +265,7 @@ class KeeperTransport:
             self._before_send(data)
         async with self._write_lock:
             try:
-                await anyio.to_thread.run_sync(self._write, data)
+                await in_thread(self._write, data)
             except OSError as exc:
                 raise TransportClosed(f"pi's command FIFO failed: {exc}") from exc
 
@@ -366,7 +366,7 @@ class KeeperTransport:
                 # will end it or its tools. pi's tree found now is killed, and every process
                 # of this run pi's death may have orphaned (a tool's own session).
                 await self._kill_everything()
-                await anyio.to_thread.run_sync(_kill_run_strays, self.run_dir)
+                await in_thread(_kill_run_strays, self.run_dir)
             elif not self._disowned:
                 await self._close_stdin()
                 if not await self._wait_exit(self._grace):

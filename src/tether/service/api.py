@@ -11,7 +11,6 @@ from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
 import anyio
-import anyio.to_thread
 import msgspec
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse
