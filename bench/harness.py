@@ -401,7 +401,9 @@ runs_dir = "runs"
         for config, env in warm_ups:
             if env is not None:
                 argv = [*tether_run, "--config", str(config), "-s", "warm-up", *run_args]
-                subprocess.run(argv, capture_output=True, cwd=work, env=env, check=True)
+                done = subprocess.run(argv, capture_output=True, cwd=work, env=env, text=True)
+                if done.returncode:
+                    sys.exit(f"warm-up `tether run` failed ({done.returncode}): {done.stderr}")
         store = open_ledger(f"sqlite://{work}/inproc.db")
         for i in range(args.reps):
             spec = baseline_spec(i)
