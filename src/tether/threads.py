@@ -9,10 +9,10 @@ call against 108k for this one (``valgrind --tool=callgrind``, 1,000 calls of a 
 goes through a capacity limiter, a worker registry and a ``queue.Queue`` per worker). asyncio's
 ``run_in_executor`` (194k) is not used either: a ``ThreadPoolExecutor`` joins its threads at the
 interpreter's exit, so one call stuck on a lock would hold up the process's end, and in a
-forked child a call waits for its parent's idle threads, which are not there. What it keeps: the call runs in the caller's context
-(context variables: a run's trace), an exception is raised in the caller, and a cancelled caller
-waits for the call to end (a ledger write is never abandoned halfway). It needs anyio's asyncio
-backend, the only one tether runs on.
+forked child a call waits for its parent's idle threads, which are not there. What it keeps:
+the call runs in the caller's context (context variables: a run's trace), an exception is
+raised in the caller, and a cancelled caller waits for the call to end (a ledger write is never
+abandoned halfway). It needs anyio's asyncio backend, the only one tether runs on.
 """
 
 from __future__ import annotations
