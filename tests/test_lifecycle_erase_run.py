@@ -25,6 +25,7 @@ from checkpoint_support import AGENT, config, long_task, rows_of, run
 from followup_sessions import USAGE, assistant, user
 from pg import postgres_url
 from provider import Reply, route
+from support.fs import files_under
 from tether.config import AccessConfig, Config, RetentionConfig, ServiceConfig
 from tether.followup import FollowupView, build_view
 from tether.interop.pi_export import export_pi
@@ -163,9 +164,12 @@ def _holders(texts: dict[str, str]) -> list[str]:
 
 def _files_holding(root: Path) -> list[str]:
     found = []
-    for p in root.rglob("*"):
-        if p.is_file() and not p.is_symlink():
-            data = p.read_bytes()
+    for p in files_under(root):
+        if not p.is_symlink():
+            try:
+                data = p.read_bytes()
+            except FileNotFoundError:  # removed since the walk: a run directory's rm -rf
+                continue
             if any(n in data for n in NEEDLES):
                 found.append(str(p.relative_to(root)))
     return found

@@ -23,6 +23,7 @@ import pytest
 from pg import drop_schema, new_schema, schema_url
 from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
 from service_support import serve
+from support.fs import files_under
 from support.users import unprivileged
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 
@@ -178,8 +179,7 @@ def run_tether(
 def scan(paths: list[Path], needles: list[bytes]) -> list[tuple[Path, bytes]]:
     found = []
     for root in paths:
-        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
-        for path in files:
+        for path in [root] if root.is_file() else files_under(root):
             try:
                 data = path.read_bytes()
             except OSError:

@@ -26,6 +26,7 @@ from support import (
     Stall,
     ToolCall,
     context_args,
+    files_under,
     run_args,
     start_tether,
     tether,
@@ -45,10 +46,6 @@ def write_config(tmp: Path, url: str, *, workdir: str | None = "work", **changes
         harness={"runs_dir": "state/runs", "pi_settings": {"retry": {"enabled": False}}},
         **changes,
     )
-
-
-def files_under(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
 
 
 def holds(path: Path, needle: bytes) -> bool:

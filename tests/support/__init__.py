@@ -10,7 +10,7 @@ import provider
 from provider import *  # noqa: F403  (the scripted provider, re-exported whole)
 from support.cli import TETHER, context_args, one_line_error, run_args, start_tether, tether
 from support.config import config_text, load_test_config, write_config
-from support.fs import read_only, tmpfs
+from support.fs import files_under, read_only, tmpfs
 from support.wait import wait_for, wait_for_async
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "TETHER",
     "config_text",
     "context_args",
+    "files_under",
     "load_test_config",
     "one_line_error",
     "read_only",
