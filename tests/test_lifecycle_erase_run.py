@@ -27,6 +27,7 @@ from pg import postgres_url
 from provider import Reply, route
 from support.fs import files_under
 from tether.config import AccessConfig, Config, RetentionConfig, ServiceConfig
+from tether.files import DISCARDED_DIR
 from tether.followup import FollowupView, build_view
 from tether.interop.pi_export import export_pi
 from tether.ledger import Ledger, NewRow, Row, RowKind, RunStatus, open_ledger
@@ -240,6 +241,10 @@ def test_erasing_a_source_leaves_its_text_nowhere(
         (kept_dir / "session.jsonl").write_text(seen["export"])
         (tmp_path / "runs" / "unrecorded").mkdir(exist_ok=True)
         (tmp_path / "runs" / "unrecorded" / f"{outcome.run}.json").write_text(seen["view"])
+        # A directory set aside for removal whose rm -rf was cut short (a crash) holds it too.
+        aside = tmp_path / "runs" / DISCARDED_DIR / outcome.run / "sub"
+        aside.mkdir(parents=True, exist_ok=True)
+        (aside / "session.jsonl").write_text(seen["export"])
         assert _files_holding(tmp_path / "runs")
 
         dry = _cli(path, "erase", "--source", "repo:x", "--dry-run", "--json")

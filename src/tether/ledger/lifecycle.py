@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tether.errors import AlreadyExists, NotFound, SessionBusy, UsageError
+from tether.files import DISCARDED_DIR
 from tether.ids import check_id
 from tether.ledger import codec
 from tether.ledger.base import Engine, SqlBase
@@ -517,12 +518,17 @@ class Erased(msgspec.Struct, frozen=True):
 
 
 def _run_files(runs_dir: Path, run_id: str) -> list[Path]:
-    # A run's directory (pi's session file, its events, its log) and an end kept on disk for
-    # the next reconcile (RUNS_DIR/unrecorded/RUN.json), which holds its answer.
+    # A run's directory (pi's session file, its events, its log), the same set aside to be
+    # removed (RUNS_DIR/.discarded/RUN: a run that ended well, whose rm -rf may still be going
+    # or was cut short) and an end kept on disk for the next reconcile
+    # (RUNS_DIR/unrecorded/RUN.json), which holds its answer.
     check_id("run", run_id)
-    return [
-        p for p in (runs_dir / run_id, runs_dir / "unrecorded" / f"{run_id}.json") if p.exists()
-    ]
+    places = (
+        runs_dir / run_id,
+        runs_dir / DISCARDED_DIR / run_id,
+        runs_dir / "unrecorded" / f"{run_id}.json",
+    )
+    return [p for p in places if p.exists()]
 
 
 def erase_selected(
@@ -544,7 +550,11 @@ def erase_selected(
         found = _run_files(runs_dir, run_id)
         for path in found:
             if path.is_dir():
-                shutil.rmtree(path)
+                # ignore_errors: a set-aside directory's own rm -rf may remove files under us;
+                # whatever is left is checked below.
+                shutil.rmtree(path, ignore_errors=True)
+                if path.exists():
+                    shutil.rmtree(path)  # left over: raise what stops its removal
             else:
                 path.unlink()
         if found:
