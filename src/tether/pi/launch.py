@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -35,7 +35,13 @@ from tether.pi.install import (
 )
 from tether.pi.keys import KeyChannel, key_channel
 from tether.pi.toolchannel import TOOL_NAMES, TOOLS_EXTENSION, ToolChannel
-from tether.sandbox.bwrap import Confinement, require_bwrap, split_base_url
+from tether.sandbox.bwrap import (
+    TOOLS_HOME,
+    Confinement,
+    ToolSandbox,
+    require_bwrap,
+    split_base_url,
+)
 from tether.sandbox.outside import PLACEHOLDER_ENV
 
 __all__ = [
@@ -55,6 +61,25 @@ SESSION_DIR = "pi-session"
 """A sandboxed run's session file is ``RUN_DIR/pi-session/session.jsonl``, which
 ``RUN_DIR/session.jsonl`` links to."""
 RELAY_SOCKET_ENV = "TETHER_PROVIDER_SOCKET"
+TOOLBOX_EXTENSION = extension_file("toolbox")
+"""pi's built-in tools through the tool sandbox (``extension/toolbox.ts``)."""
+TOOLBOX_SOCKET_ENV = "TETHER_TOOLBOX_SOCKET"
+TOOLHOST_MODULE = extension_file("toolhost")
+"""The tool host, run by Node in the tool sandbox (``extension/toolhost.ts``)."""
+_TOOL_ENV_PASSED = ("LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ")
+
+
+def tool_env(agent_env: Mapping[str, str], pi: PiInstall) -> dict[str, str]:
+    """The tool sandbox's environment, and so every command's: the locale and terminal of
+    this process, the agent's ``env``, ``HOME`` and ``TMPDIR`` in the sandbox's private
+    ``/tmp``, and ``PATH`` (the pinned Node first, as pi's tools had it). Nothing of pi's:
+    no agent dir, socket or token."""
+    env = {k: os.environ[k] for k in _TOOL_ENV_PASSED if k in os.environ}
+    env.update(agent_env)
+    env["HOME"] = TOOLS_HOME
+    env["TMPDIR"] = "/tmp"
+    env["PATH"] = f"{pi.node_bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+    return env
 
 
 def runs_dir(config: Config) -> Path:
@@ -161,6 +186,8 @@ def pi_command(
                 os.replace(link, session_dir / "session.jsonl")
             link.symlink_to(Path(SESSION_DIR) / "session.jsonl")
     key_extensions = () if sandboxed else keys.extensions
+    # Sandboxed, pi's built-in tools run in the tool sandbox (extension/toolbox.ts).
+    tool_extensions = (TOOLBOX_EXTENSION,) if sandboxed else ()
     argv = pi_argv(
         pi,
         session_file=run_dir / "session.jsonl",
@@ -171,7 +198,9 @@ def pi_command(
         # tools included: recall and note are named whatever the agent's list holds.
         tools=list(dict.fromkeys((*agent.tools, *TOOL_NAMES))),
         system_prompt=agent.system_prompt,
-        extensions=tuple(dict.fromkeys((*key_extensions, *extensions, TOOLS_EXTENSION))),
+        extensions=tuple(
+            dict.fromkeys((*key_extensions, *extensions, TOOLS_EXTENSION, *tool_extensions))
+        ),
     )
     extra: dict[str, str] = {**agent_dir.env, **keys.env, **tools.env}
     pass_fds = keys.pass_fds
@@ -189,6 +218,7 @@ def pi_command(
             {
                 RELAY_SOCKET_ENV: str(tools.path.parent / "provider.sock"),
                 PLACEHOLDER_ENV: NO_KEY,
+                TOOLBOX_SOCKET_ENV: str(tools.path.parent / "toolbox.sock"),
             }
         )
     env = pi_env(extra, pi, tmpdir=run_dir / "tmp", agent_env=agent.env, home=home)
@@ -207,6 +237,13 @@ def pi_command(
     assert home is not None
     assert session_dir is not None
     origin, _ = split_base_url(config.provider(agent.provider).base_url)
+    tool_sandbox = ToolSandbox(
+        node=pi.node,
+        host=TOOLHOST_MODULE,
+        read_only=(_node_root(pi.node), EXTENSION_DIR),
+        socket=tools.path.parent / "toolbox.sock",
+        env=tool_env(agent.env, pi),
+    )
     confinement = Confinement(
         bwrap=bwrap,
         network=agent.network,
@@ -216,6 +253,9 @@ def pi_command(
         writable=(home, run_dir / "tmp", agent_dir.path.resolve(), session_dir, tools.path.parent),
         provider_socket=tools.path.parent / "provider.sock",
         upstream=origin,
+        tools=tool_sandbox,
+        tools_spec=run_dir / "toolbox.spec",
+        tools_log=run_dir / "toolbox.log",
     )
     limits = agent.limits
     _sandbox_log(

@@ -40,6 +40,7 @@ __all__ = [
     "PROVIDER_ORIGIN",
     "Confinement",
     "SandboxUnavailable",
+    "ToolSandbox",
     "find_bwrap",
     "probe",
     "require_bwrap",
@@ -173,9 +174,56 @@ def _covered(path: Path, by: Iterable[Path]) -> bool:
     return any(path == top or top in path.parents for top in by)
 
 
+class ToolSandbox(msgspec.Struct, frozen=True, kw_only=True):
+    """Where pi's tools run (docs/security.md, "Two boundaries"): the tool host
+    (``extension/toolhost.ts``) in a sandbox of its own, started by ``outside.py`` beside pi's.
+    It holds the workspace read-write, the system read-only, Node and the host read-only, a
+    private ``/tmp`` (``HOME`` and ``TMPDIR`` are there), and its own PID, IPC and UTS
+    namespaces (and network, unless ``network = "host"``). Nothing of pi: not its agent dir,
+    session file, sockets or process."""
+
+    node: Path
+    """The Node binary that runs the host."""
+    host: Path
+    """The tool host's compiled module."""
+    read_only: tuple[Path, ...]
+    """What the host needs to read (Node's directory, the host's)."""
+    socket: Path
+    """Where pi reaches the host: a path in a directory bound into pi's sandbox only; the
+    host gets the listening socket as its descriptor 3, never its name."""
+    env: dict[str, str]
+    """The environment of the host and so of every command: the agent's ``env``, ``PATH``,
+    ``LANG``, ``TERM``, and ``HOME`` and ``TMPDIR`` in the private ``/tmp``."""
+
+    def spec(self, bwrap: str, workdir: Path, network: NetworkKind, tmp_bytes: int) -> bytes:
+        """The host's sandbox as ``outside.py --tools-spec`` reads it: its argv, then its
+        environment, NUL-separated with an empty field between (in a file, not on a command
+        line: the agent's ``env`` may hold credentials its tools need)."""
+        args = [
+            bwrap,
+            *_namespace_args(network),
+            *_system_args(tmp_bytes),
+            "--dir",
+            TOOLS_HOME,
+        ]
+        system = [Path("/usr"), Path("/etc")]
+        for path in dict.fromkeys(self.read_only):
+            if not _covered(path, system):
+                args += ["--ro-bind", str(path), str(path)]
+        args += ["--bind", str(workdir), str(workdir), "--remount-ro", "/"]
+        args += ["--chdir", str(workdir), "--", str(self.node), str(self.host)]
+        env = [f"{k}={v}" for k, v in self.env.items()]
+        return "\0".join([*args, "", *env]).encode()
+
+
+TOOLS_HOME = "/tmp/home"
+"""``HOME`` in the tool sandbox: in its private ``/tmp``."""
+
+
 class Confinement(msgspec.Struct, frozen=True, kw_only=True):
     """One run's sandbox: what it sees, its network and limits, and the provider forwarder
-    outside it."""
+    outside it. With ``tools``, pi's tools run in a sandbox of their own and pi's holds no
+    workspace, only an empty directory at its path (pi's working directory)."""
 
     bwrap: str
     network: NetworkKind
@@ -188,6 +236,11 @@ class Confinement(msgspec.Struct, frozen=True, kw_only=True):
     provider_socket: Path
     upstream: str
     """The provider's origin (``scheme://host:port``), which the forwarder reaches."""
+    tools: ToolSandbox | None = None
+    tools_spec: Path | None = None
+    """Where :meth:`argv` writes the tool sandbox's spec (a private file of the run's)."""
+    tools_log: Path | None = None
+    """Where the tool host's own output goes (its commands' output is their tool result)."""
 
     def bwrap_argv(self, command: Sequence[str]) -> list[str]:
         """bubblewrap running ``command`` confined."""
@@ -201,14 +254,19 @@ class Confinement(msgspec.Struct, frozen=True, kw_only=True):
             if not _covered(path, system):
                 args += ["--ro-bind", str(path), str(path)]
         # Writable places last: a workdir or run directory under /tmp lands on the empty /tmp.
-        for path in dict.fromkeys((*self.writable, self.workdir)):
+        for path in dict.fromkeys(self.writable):
             args += ["--bind", str(path), str(path)]
+        if self.tools is None:
+            args += ["--bind", str(self.workdir), str(self.workdir)]
+        else:  # the workspace is the tool sandbox's: here an empty directory at its path
+            args += ["--dir", str(self.workdir)]
         # The root is bubblewrap's own tmpfs holding the mount points: read-only, so nothing
         # written outside the binds and /tmp lands anywhere.
         return [*args, "--remount-ro", "/", "--chdir", str(self.workdir), "--", *command]
 
     def argv(self, command: Sequence[str]) -> list[str]:
-        """The full command: the forwarder outside, starting bubblewrap running ``command``."""
+        """The full command: the forwarder outside, starting bubblewrap running ``command``
+        (and, with ``tools``, the tool sandbox beside it, whose spec this writes)."""
         limits = [
             f"nproc={self.limits.processes}",
             f"data={self.limits.memory_bytes}",
@@ -218,4 +276,17 @@ class Confinement(msgspec.Struct, frozen=True, kw_only=True):
         outside += ["--socket", str(self.provider_socket), "--upstream", self.upstream]
         for limit in limits:
             outside += ["--limit", limit]
+        if self.tools is not None and self.tools_spec is not None:
+            spec = self.tools.spec(
+                self.bwrap, self.workdir, self.network, self.limits.file_size_bytes
+            )
+            fd = os.open(
+                self.tools_spec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600
+            )
+            with os.fdopen(fd, "wb") as f:
+                f.write(spec)
+            outside += ["--tools-socket", str(self.tools.socket)]
+            outside += ["--tools-spec", str(self.tools_spec)]
+            if self.tools_log is not None:
+                outside += ["--tools-log", str(self.tools_log)]
         return [*outside, "--", *self.bwrap_argv(command)]

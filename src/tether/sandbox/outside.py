@@ -72,6 +72,22 @@ def _read_key(fd: int | None) -> bytes:
     return key.encode()
 
 
+def _limit(limits: list[tuple[int, int]]) -> None:
+    """In a child about to exec a sandbox: the limits, hard and soft, and the signals Python
+    ignores back at their defaults (a write over the file size limit then ends the writer, as
+    it would in a shell)."""
+    import resource
+
+    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
+        _signal.signal(sig, _signal.SIG_DFL)
+    for which, value in limits:
+        # Never above the hard limit this process already has (raising it is refused).
+        hard = resource.getrlimit(which)[1]
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+
 def _start(
     argv: list[str], env: dict[str, str], limits: list[tuple[int, int]], key_fd: int | None
 ) -> int:
@@ -80,18 +96,7 @@ def _start(
         try:
             if key_fd is not None:
                 os.close(key_fd)  # the key's pipe stays outside
-            import resource
-
-            # Python ignores these; the sandbox gets them back at their defaults (a write over
-            # the file size limit then ends the writer, as it would in a shell).
-            for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
-                _signal.signal(sig, _signal.SIG_DFL)
-            for which, value in limits:
-                # Never above the hard limit this process already has (raising it is refused).
-                hard = resource.getrlimit(which)[1]
-                if hard != resource.RLIM_INFINITY:
-                    value = min(value, hard)
-                resource.setrlimit(which, (value, value))
+            _limit(limits)
             os.execve(argv[0], argv, env)
         except BaseException as exc:
             os.write(2, f"tether: cannot start the sandbox ({argv[0]}): {exc}\n".encode())
@@ -469,16 +474,64 @@ def _parse_upstream(url: str) -> tuple[str, str, int]:
     return scheme, host.strip("[]"), int(port)
 
 
+def _tools_listener(path: str) -> _socket.socket:
+    """The tool host's listening socket, bound 0600 at ``path`` (in a directory of pi's)."""
+    try:  # noqa: SIM105
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    return listener
+
+
+def _start_tools(
+    spec_path: str, listener: _socket.socket, log_path: str, limits: list[tuple[int, int]]
+) -> int:
+    """The tool sandbox (its argv and environment from the spec file, which is then removed:
+    the agent's ``env`` may hold credentials), with the listener as descriptor 3 and nothing
+    else of this process: not pi's pipes, not the key's. Its output goes to ``log_path``."""
+    with open(spec_path, "rb") as f:
+        fields = f.read().decode().split("\0")
+    os.unlink(spec_path)
+    split = fields.index("")
+    argv, env_fields = fields[:split], fields[split + 1 :]
+    env = dict(item.split("=", 1) for item in env_fields if "=" in item)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            os.dup2(log, 2)
+            os.dup2(listener.fileno(), 3)  # dup2 leaves it inheritable
+            os.closerange(4, 65536)
+            _limit(limits)
+            os.execve(argv[0], argv, env)
+        except BaseException as exc:
+            os.write(2, f"tether: cannot start the tool sandbox ({argv[0]}): {exc}\n".encode())
+        os._exit(127)
+    listener.close()  # the host's now; pi reaches it by its path
+    return pid
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         print(
-            "usage: outside.py --socket PATH --upstream URL [--limit NAME=N] -- ARGV",
+            "usage: outside.py --socket PATH --upstream URL [--limit NAME=N] "
+            "[--tools-socket PATH --tools-spec FILE --tools-log FILE] -- ARGV",
             file=sys.stderr,
         )
         return 2
     split = argv.index("--")
     options, command = argv[:split], argv[split + 1 :]
-    socket_path = upstream = ""
+    socket_path = upstream = tools_socket = tools_spec = tools_log = ""
     wanted: list[tuple[str, int]] = []
     for name, value in zip(options[::2], options[1::2], strict=True):
         if name == "--socket":
@@ -488,6 +541,12 @@ def main(argv: list[str]) -> int:
         elif name == "--limit":
             which, _, number = value.partition("=")
             wanted.append((LIMIT_NAMES[which], int(number)))
+        elif name == "--tools-socket":
+            tools_socket = value
+        elif name == "--tools-spec":
+            tools_spec = value
+        elif name == "--tools-log":
+            tools_log = value
     env = dict(os.environ)
     fd_text = env.pop(KEY_FD_ENV, "")
     key_fd = int(fd_text) if fd_text.isdigit() else None
@@ -497,9 +556,13 @@ def main(argv: list[str]) -> int:
         import resource
 
         limits = [(getattr(resource, name), value) for name, value in wanted]
+    # Listening before pi starts: its first tool call finds the host's socket there.
+    listener = _tools_listener(tools_socket) if tools_socket and tools_spec else None
     pid = _start(command, env, limits, key_fd)
     # The key is read while the sandbox starts: pi asks for nothing before it has loaded.
     key = _read_key(key_fd)
+    if listener is not None:
+        _start_tools(tools_spec, listener, tools_log or os.devnull, limits)
 
     # The sandbox is starting: now the forwarder, on the builtins _thread and _signal (the
     # threading and signal modules cost more to import than the rest of this program).
@@ -507,7 +570,12 @@ def main(argv: list[str]) -> int:
     if socket_path and upstream:
         args = (socket_path, _parse_upstream(upstream), key, placeholder)
         _thread.start_new_thread(_serve, args)
-    status = os.waitpid(pid, 0)[1]
+    while True:
+        # The tool sandbox may end first (it dies with this process otherwise): pi's end is
+        # what ends this program.
+        done, status = os.waitpid(-1, 0)
+        if done == pid:
+            break
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.waitstatus_to_exitcode(status)
