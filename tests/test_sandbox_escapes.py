@@ -547,6 +547,12 @@ def test_sandboxed_runs_alone_still_fill_the_compile_cache_once_outside_the_sand
     assert markers[0] == markers[1]  # warmed once, by the first run
 
 
+PI_SEEN = (
+    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done 2>/dev/null"
+    " | grep -o -E '(cli|toolhost)[.]js' | sed 's/$/ seen/' | sort -u"
+)
+
+
 def test_a_sandboxed_run_as_an_unprivileged_user(
     scripted_provider: Callable[..., ScriptedProvider],
 ) -> None:
@@ -559,6 +565,8 @@ def test_a_sandboxed_run_as_an_unprivileged_user(
         p = scripted_provider(
             [
                 Reply(tool_calls=[ToolCall("bash", {"command": "id -u; echo $HOME"})]),
+                # pi's process is not among those the user's tools can see.
+                Reply(tool_calls=[ToolCall("bash", {"command": PI_SEEN})]),
                 Reply(tool_calls=[ToolCall("bash", {"command": bomb, "timeout": 20})]),
                 # (and for pi's compaction, should the bomb's output fill the small window)
                 *[Reply("done as a user")] * 3,
@@ -578,7 +586,9 @@ def test_a_sandboxed_run_as_an_unprivileged_user(
         texts = tool_results(url, "s1")
         assert texts[0].split()[0] == str(uid)
         assert uid != 0
-        assert "fork: retry: Resource temporarily unavailable" in texts[1], texts[1][-2000:]
+        assert "toolhost.js seen" in texts[1], texts[1]
+        assert "cli.js seen" not in texts[1], texts[1]
+        assert "fork: retry: Resource temporarily unavailable" in texts[2], texts[2][-2000:]
 
 
 def test_without_bwrap_a_run_is_refused_saying_how_to_install_it_or_opt_out(
