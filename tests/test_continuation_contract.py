@@ -21,6 +21,7 @@ _SCRIPT = """
 const m = await import(process.env.TETHER_EXTENSION_URL);
 const markers = JSON.parse(process.env.TETHER_MARKERS);
 const receipts = [];
+const env = { [m.NONCE_ENV]: "the-nonce", OTHER: "kept" };
 const ctx = { ui: { notify: (message, type) => receipts.push({ message, type }) } };
 for (const reason of m.REFUSAL_REASONS) m.refuse(ctx, "r-7", reason);
 process.stdout.write(JSON.stringify({
@@ -30,12 +31,20 @@ process.stdout.write(JSON.stringify({
   PRESENCE_COMMAND: m.PRESENCE_COMMAND,
   PRESENCE_KIND: m.PRESENCE_KIND,
   REFUSAL_REASONS: m.REFUSAL_REASONS,
+  NONCE_ENV: m.NONCE_ENV,
+  MAC_FIELD: m.MAC_FIELD,
+  MAC_DOMAIN: m.MAC_DOMAIN,
   parsed: markers.map((text) => m.parseMarker(text)),
   receipts,
+  mac: m.checkpointMac(process.env.NONCE, "r-9", process.env.SUMMARY),
+  taken: m.takeNonce(env),
+  left: env,
 }));
 """
 
 RETRY = {"max_retries": 2, "base_delay_ms": 500, "max_delay_ms": 9000}
+NONCE = continuation.new_nonce()
+SUMMARY = "## Goal\nCount to 2000 \u2028 \u00e9t\u00e9 \U0001f600, then stop."
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +68,8 @@ def extension() -> dict[str, Any]:
         env={
             "TETHER_EXTENSION_URL": EXTENSION_PATH.resolve().as_uri(),
             "TETHER_MARKERS": json.dumps(markers),
+            "NONCE": NONCE,
+            "SUMMARY": SUMMARY,
         },
     )
     assert done.returncode == 0, done.stderr
@@ -107,3 +118,24 @@ def test_the_harness_reads_every_receipt_the_extension_sends(extension: dict[str
         for receipt in extension["receipts"]
     ]
     assert read == list(ReceiptReason)
+
+
+def test_the_extension_signs_a_checkpoint_as_the_harness_checks_it(
+    extension: dict[str, Any],
+) -> None:
+    """The proof in a checkpoint's marker: the same HMAC on both sides (non-ASCII summaries
+    included), which :func:`proven` accepts for that run and summary only."""
+    assert extension["mac"] == continuation.checkpoint_mac(NONCE, "r-9", SUMMARY)
+    marker = {"version": 1, "run": "r-9", continuation.MAC_FIELD: extension["mac"]}
+    assert continuation.proven(marker, nonce=NONCE, run="r-9", summary=SUMMARY)
+    assert not continuation.proven(marker, nonce=NONCE, run="r-8", summary=SUMMARY)
+    assert not continuation.proven(marker, nonce=NONCE, run="r-9", summary=SUMMARY + " ")
+    assert not continuation.proven(marker, nonce=NONCE + "x", run="r-9", summary=SUMMARY)
+    assert not continuation.proven(
+        {"version": 1, "run": "r-9"}, nonce=NONCE, run="r-9", summary=SUMMARY
+    )
+
+
+def test_the_extension_takes_the_nonce_out_of_the_environment(extension: dict[str, Any]) -> None:
+    assert extension["taken"] == "the-nonce"
+    assert extension["left"] == {"OTHER": "kept"}

@@ -13,7 +13,9 @@
  * `streamSimple`, with the selected model and thinking level, under the compaction's own abort
  * signal. A usable summary becomes a self-retaining compaction (`firstKeptEntryId: null`, which pi
  * stores as the entry's own id) whose `details` carry the continuation marker and, bounded by
- * `anchors_max_bytes`, the anchors of the covered view (`anchors.ts`).
+ * `anchors_max_bytes`, the anchors of the covered view (`anchors.ts`). The marker carries `mac`, an
+ * HMAC of the run id and the summary keyed by the run's nonce (given in pi's environment, taken at
+ * load): tether takes a compaction for its checkpoint only with it (docs/security.md).
  *
  * Anything else is refused with an explicit `{cancel: true}` — never a thrown error, which would
  * make pi run its default summarizer — and a `continuation_checkpoint_refused` receipt sent through
@@ -35,6 +37,7 @@
  * Loaded with `pi -e PATH` from `js/continuation.js`, compiled from this file by `make extension`
  * (pi imports compiled modules natively; see `pimodules.ts`).
  */
+import { createHmac } from "node:crypto";
 import { extractAnchors } from "./anchors.js";
 import { piCodingAgent } from "./pimodules.js";
 // What the harness and this extension agree on. Python's `tether.pi.continuation` (and
@@ -48,6 +51,23 @@ export const RECEIPT_KIND = "continuation_checkpoint_refused";
 export const PRESENCE_COMMAND = "tether-continuation";
 /** The `kind` of the notice the presence command sends when it is run. */
 export const PRESENCE_KIND = "continuation_extension";
+/** The run's nonce, in pi's environment: read once, at load, and removed from `process.env`, so
+ * the processes pi's tools start never inherit it. */
+export const NONCE_ENV = "TETHER_CONTINUATION_NONCE";
+/** The marker field proving this extension wrote the checkpoint for this run (`checkpointMac`). */
+export const MAC_FIELD = "mac";
+export const MAC_DOMAIN = "tether-continuation";
+/** HMAC-SHA256 of the run id and the summary keyed by the run's nonce, hex (Python's
+ * `tether.pi.continuation.checkpoint_mac`). The nonce itself is never written anywhere. */
+export function checkpointMac(nonce, run, summary) {
+    return createHmac("sha256", nonce).update([MAC_DOMAIN, run, summary].join("\0"), "utf8").digest("hex");
+}
+/** The nonce from the environment, taken once and removed from it. */
+export function takeNonce(env) {
+    const nonce = env[NONCE_ENV];
+    delete env[NONCE_ENV];
+    return nonce || undefined;
+}
 /** The closed set of refusal reasons (DESIGN §3.1). */
 export const REFUSAL_REASONS = ["cancelled", "truncated", "empty", "over_bound", "provider_failure"];
 function isRecord(value) {
@@ -288,6 +308,8 @@ function observedStream(ctx, input, evidence, outcome) {
     };
 }
 export default function continuation(pi) {
+    // Before any tool runs: a tool's process must not find the nonce in its environment.
+    const nonce = takeNonce(process.env);
     // pi's package index (its summary generator and serializer), imported at the first
     // checkpoint, not on every pi start.
     let piIndex;
@@ -356,8 +378,11 @@ export default function continuation(pi) {
                 return refuse(ctx, marker.run, "over_bound");
             // Taken from the entries themselves (rows), after the summary succeeded: never from the
             // summary's text.
+            // The proof that this extension wrote it for this run: without the nonce (a pi started
+            // without one) the checkpoint carries none, and tether takes it for pi's own compaction.
+            const proof = nonce ? { [MAC_FIELD]: checkpointMac(nonce, marker.run, summary.text) } : {};
             const details = {
-                continuation: { version: MARKER_VERSION, run: marker.run },
+                continuation: { version: MARKER_VERSION, run: marker.run, ...proof },
             };
             if (marker.anchorsMaxBytes > 0) {
                 details.anchors = extractAnchors(event.branchEntries, marker.anchorsMaxBytes);
