@@ -79,6 +79,23 @@ def direct_rpc(argv: list[str], env: dict[str, str], cwd: str, prompt: str) -> f
     return time.perf_counter() - started
 
 
+def tool_call_ms(store: Any, sessions: list[str]) -> list[float]:
+    """Each tool call's time in these sessions: from the assistant message that makes it to
+    its result, by pi's own timestamps (ms)."""
+    out: list[float] = []
+    for session in sessions:
+        made: float | None = None
+        for row in store.iter_rows(session):
+            stamp = row.body.get("timestamp") if isinstance(row.body, dict) else None
+            if not isinstance(stamp, int | float):
+                continue
+            if row.role == "assistant":
+                made = stamp
+            elif row.role == "toolResult" and made is not None:
+                out.append(stamp - made)
+    return out
+
+
 def percentile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
@@ -111,10 +128,11 @@ def forwarder_latency(url: str, work: Path, replies: int) -> list[float]:
 
     from tether.sandbox.bwrap import OUTSIDE_SCRIPT, split_base_url
 
-    origin, _ = split_base_url(url)
+    origin, base_path = split_base_url(url)
     host, port = origin.split("://")[1].rsplit(":", 1)
     path = work / "provider.sock"
     argv = [sys.executable, "-I", "-S", str(OUTSIDE_SCRIPT), "--socket", str(path)]
+    argv += ["--api", "openai-completions", "--base-path", base_path]
     forwarder = subprocess.Popen(
         [*argv, "--upstream", origin, "--", "/bin/sleep", "3600"], start_new_session=True
     )
@@ -496,6 +514,11 @@ runs_dir = "runs"
                 timings.setdefault("cpu_tether_otel", []).append(cpu()[0] - before[0])
         store.close()
         forwarded = forwarder_latency(provider.url, work, args.replies)
+        with open_ledger(f"sqlite://{work}/ledger.db") as ledger:
+            tool_ms = {
+                name: tool_call_ms(ledger, [f"{prefix}-{i}" for i in range(args.reps)])
+                for name, prefix in (("cli", "cli"), ("cli_none", "none"))
+            }
 
     def med(name: str) -> float:
         return statistics.median(timings[name])
@@ -573,6 +596,16 @@ runs_dir = "runs"
         f"  provider forwarder (outside the sandbox), added time per streamed reply "
         f"({len(added)} replies, each timed direct and through the forwarder's socket): "
         f"p50 {statistics.median(added):.2f} ms, p99 {percentile(added, 0.99):.2f} ms"
+    )
+    sandboxed, unconfined = sorted(tool_ms["cli"]), sorted(tool_ms["cli_none"])
+    print(
+        f"  a tool call, from the assistant message that makes it to its result (pi's entry "
+        f"timestamps, 1 ms resolution; {len(sandboxed)} calls each): in the tool sandbox p50 "
+        f"{statistics.median(sandboxed):.1f} ms, p99 {percentile(sandboxed, 0.99):.1f} ms; "
+        f"unsandboxed p50 {statistics.median(unconfined):.1f} ms, p99 "
+        f"{percentile(unconfined, 0.99):.1f} ms; added p50 "
+        f"{statistics.median(sandboxed) - statistics.median(unconfined):+.1f} ms, p99 "
+        f"{percentile(sandboxed, 0.99) - percentile(unconfined, 0.99):+.1f} ms"
     )
     if sink is not None:
         print(
