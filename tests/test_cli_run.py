@@ -14,9 +14,11 @@ from support import (
     ScriptedProvider,
     Stall,
     ToolCall,
+    route,
     run_args,
     start_tether,
     tether,
+    truncated,
     wait_for,
     write_config,
 )
@@ -185,3 +187,27 @@ def test_a_workdir_the_tools_must_not_reach_exits_2_and_writes_nothing(
         assert store.sessions() == []
         assert store.runs("s1") == []
     assert not (tmp_path / "state").exists(), "no run directory, no pi"
+
+
+def test_an_answered_run_exits_0_whatever_became_of_its_checkpoint(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    """The answer was authored: exit 0, the checkpoint's fate on stderr and in --json (a
+    script retrying on 3 would ask again what was answered)."""
+    long_output = Reply(tool_calls=[ToolCall("bash", {"command": "seq 1 3000"})])
+    p = scripted_provider(
+        route(
+            task=[long_output, Reply("answer A"), long_output, Reply("answer B")],
+            summary=[truncated(), Reply("## Goal\nthe summary of everything")],
+        )
+    )
+    cfg = write_config(tmp_path, p.url, followup={"budget_bytes": 4000})
+    refused = tether(*run_args(cfg, "go", as_json=True), cwd=tmp_path)
+    assert refused.returncode == 0, refused.stderr
+    out = json.loads(refused.stdout)
+    assert (out["answer"], out["checkpoint"]) == ("answer A", "refused:truncated")
+    assert "checkpoint: refused (truncated)" in refused.stderr
+    written = tether(*run_args(cfg, "again"), cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    assert written.stdout.strip() == "answer B"
+    assert "checkpoint: written" in written.stderr

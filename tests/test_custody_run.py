@@ -549,7 +549,8 @@ def test_a_missing_fifo_disables_the_checkpoint_and_keeps_the_answer(
     assert result["answer"] == "answer to A"
     assert result["status"] == "finished"
     assert result["checkpoint"] == "refused:cancelled"
-    assert proc.returncode == 3, err
+    assert proc.returncode == 0, err  # the answer was authored
+    assert "checkpoint: refused (cancelled)" in err
     assert provider.summary_requests == []
     refusing = store.get_session("s1").refusing
     assert refusing is not None

@@ -23,7 +23,7 @@ from tether.sandbox.limits import (
     limits_text,
     recorded_limits,
 )
-from tether.sandbox.outside import _parse_upstream, _Refusal, _upstream_request
+from tether.sandbox.outside import _Api, _parse_upstream, _Refusal, _upstream_request
 
 
 def confinement(tmp: Path, network: NetworkKind = NetworkKind.PROVIDER) -> Confinement:
@@ -37,6 +37,8 @@ def confinement(tmp: Path, network: NetworkKind = NetworkKind.PROVIDER) -> Confi
         writable=(run / "home", run / "tmp", run / "agent", run / "pi-session", run / "sock"),
         provider_socket=run / "sock" / "provider.sock",
         upstream="http://127.0.0.1:9",
+        api="anthropic-messages",
+        base_path="/anthropic",
     )
 
 
@@ -52,6 +54,9 @@ def test_the_sandbox_shows_the_workdir_and_the_run_s_own_pieces_and_nothing_else
     outside, bwrap = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     assert outside[3].endswith("sandbox/outside.py")
     assert outside[outside.index("--socket") + 1] == str(c.provider_socket)
+    # The forwarder passes on the provider api's requests only, under the base URL's path.
+    assert outside[outside.index("--api") + 1] == "anthropic-messages"
+    assert outside[outside.index("--base-path") + 1] == "/anthropic"
     assert [outside[i + 1] for i, a in enumerate(outside) if a == "--limit"] == [
         "nproc=7",
         f"data={8 << 20}",
@@ -82,21 +87,27 @@ def test_network_host_shares_the_host_s_network(tmp_path: Path) -> None:
     assert "--unshare-pid" in bwrap
 
 
-def test_the_forwarder_puts_the_key_where_pi_put_the_placeholder() -> None:
+def test_the_forwarder_puts_the_key_in_the_api_s_header_alone() -> None:
     head = (
-        b"POST /v1/chat/completions?key=tether-no-key HTTP/1.1\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\n"
         b"host: tether-provider.invalid\r\nAuthorization: Bearer tether-no-key\r\n"
-        b"x-api-key: tether-no-key\r\nConnection: keep-alive\r\ncontent-length: 2\r\n"
-        b"TE: trailers"
+        b"x-stainless-lang: js\r\nConnection: keep-alive\r\ncontent-length: 2\r\n"
+        b"Accept-Encoding: gzip, deflate\r\nTE: trailers"
     )
+    api = _Api("openai-completions", "/v1")
     method, target, headers, length = _upstream_request(
-        head, key=b"sk-real", placeholder=NO_KEY.encode()
+        head, key=b"sk-real", placeholder=NO_KEY.encode(), api=api
     )
-    assert (method, target, length) == ("POST", "/v1/chat/completions?key=sk-real", 2)
-    # What belongs to pi's connection stays behind; the forwarder sets Host and the length.
-    assert headers == [(b"Authorization", b"Bearer sk-real"), (b"x-api-key", b"sk-real")]
+    assert (method, target, length) == ("POST", "/v1/chat/completions", 2)
+    # What belongs to pi's connection stays behind; the forwarder sets Host and the length, the
+    # key's header, and asks for an answer it can check for the key (not compressed).
+    assert headers == [
+        (b"x-stainless-lang", b"js"),
+        (b"Authorization", b"Bearer sk-real"),
+        (b"Accept-Encoding", b"identity"),
+    ]
     # A keyless provider: the placeholder goes through as pi sent it.
-    _, _, keyless, _ = _upstream_request(head, key=b"", placeholder=NO_KEY.encode())
+    _, _, keyless, _ = _upstream_request(head, key=b"", placeholder=NO_KEY.encode(), api=api)
     assert (b"Authorization", b"Bearer tether-no-key") in keyless
 
 
@@ -111,7 +122,7 @@ def test_the_forwarder_puts_the_key_where_pi_put_the_placeholder() -> None:
 )
 def test_the_forwarder_refuses_what_it_cannot_pass_on(head: bytes, status: str) -> None:
     with pytest.raises(_Refusal) as refused:
-        _upstream_request(head, key=b"k", placeholder=b"p")
+        _upstream_request(head, key=b"k", placeholder=b"p", api=_Api("openai-completions", ""))
     assert refused.value.status == status
 
 

@@ -1,7 +1,12 @@
-"""The provider's path out of the sandbox, piece by piece (DESIGN §3.12): the forwarder
+"""The provider's path out of the sandbox, piece by piece (docs/security.md): the forwarder
 (``tether/sandbox/outside.py``, run as a sandboxed run runs it) over its Unix socket against an
 upstream this test plays, and pi's relay (``extension/js/relay.js``) in the real Node, which
-turns connections to the placeholder host into connections to that socket."""
+turns connections to the placeholder host into connections to that socket.
+
+The forwarder passes on only the requests of the provider's api, with the key in that api's
+header alone, and never lets the key back to pi in an answer: each rule is driven here
+directly, then through the real pi, whose own requests for every api must pass and whose tools'
+must not."""
 
 from __future__ import annotations
 
@@ -23,10 +28,14 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from provider import Reply, ScriptedProvider, ToolCall
+from tether.config import AgentConfig, ProviderConfig, parse_config
+from tether.ledger import open_ledger
+from tether.pi.agentdir import pi_models, provider_keys
 from tether.pi.install import extension_file, find_pi
 from tether.pi.keys import key_channel
 from tether.sandbox import outside
-from tether.sandbox.bwrap import OUTSIDE_SCRIPT, PROVIDER_ORIGIN
+from tether.sandbox.bwrap import OUTSIDE_SCRIPT, PROVIDER_ORIGIN, SandboxUnavailable
 
 KEY = "sk-forwarder-test-key"
 PLACEHOLDER = "tether-no-key"
@@ -104,13 +113,17 @@ def forwarder(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     hands it on); the socket's path."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(origin: str, **extra_env: str) -> Path:
+    def start(
+        origin: str, api: str | None = "openai-completions", base: str = "/v1", **extra_env: str
+    ) -> Path:
         path = tmp_path / f"provider-{len(started)}.sock"
         with key_channel({"local": KEY}) as channel:  # the harness's own channel
             read = os.dup(channel.pass_fds[0])
         env = {**os.environ, "TETHER_KEY_FD": str(read), "TETHER_KEY_PLACEHOLDER": PLACEHOLDER}
         env.update(extra_env)
         argv = [sys.executable, "-I", "-S", str(OUTSIDE_SCRIPT), "--socket", str(path)]
+        if api is not None:
+            argv += ["--api", api, "--base-path", base]
         proc = subprocess.Popen(
             [*argv, "--upstream", origin, "--", "/bin/sleep", "3600"],
             env=env,
@@ -146,7 +159,7 @@ def exchange(path: Path, request: bytes, *, half_close: bool = False) -> bytes:
         return data
 
 
-def post(body: bytes, *, path: str = f"/v1/chat?key={PLACEHOLDER}") -> bytes:
+def post(body: bytes, *, path: str = "/v1/chat/completions") -> bytes:
     return (
         f"POST {path} HTTP/1.1\r\nHost: tether-provider.invalid\r\nConnection: keep-alive\r\n"
         f"Authorization: Bearer {PLACEHOLDER}\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -195,8 +208,9 @@ def test_requests_reach_the_provider_with_the_key_on_one_kept_connection(
     assert [number for number, _, _ in upstream.heads] == [1, 1, 1]
     for _, head, _ in upstream.heads:
         text = head.decode()
-        assert text.startswith(f"POST /v1/chat?key={KEY} HTTP/1.1")
+        assert text.startswith("POST /v1/chat/completions HTTP/1.1")
         assert f"Authorization: Bearer {KEY}" in text
+        assert "Accept-Encoding: identity" in text
         assert f"Host: {upstream.origin.split('//')[1]}" in text
         assert PLACEHOLDER not in text
         assert "tether-provider.invalid" not in text
@@ -432,3 +446,565 @@ def test_pi_s_relay_sends_the_placeholder_host_to_the_socket_and_nothing_else(
         b"POST /v1/fetch HTTP/1.1",
         b"POST /v1/http HTTP/1.1",
     ]
+
+
+# -- Only the provider's api, the key in its header alone, never back to pi -------------------
+
+MASK = "*" * len(KEY)
+"""What stands for the key in an answer (as long as the key: lengths and chunk sizes hold)."""
+
+PI_REQUESTS = {
+    # api: (the base URL's path, pi's request target, pi's key header as it sends it, as the
+    # provider gets it). Recorded from the real pi (1.6: pi-ai's clients) against a recording
+    # server; test_pi_s_own_requests_for_each_api_pass_the_forwarder checks them again.
+    "openai-completions": (
+        "/v1",
+        "/v1/chat/completions",
+        "authorization: Bearer {}",
+        "Authorization: Bearer {}",
+    ),
+    "openai-responses": (
+        "/v1",
+        "/v1/responses",
+        "authorization: Bearer {}",
+        "Authorization: Bearer {}",
+    ),
+    "anthropic-messages": ("", "/v1/messages?beta=true", "x-api-key: {}", "x-api-key: {}"),
+    "google-generative-ai": (
+        "/v1beta",
+        "/v1beta/models/gemini-test-1.5:streamGenerateContent?alt=sse",
+        "x-goog-api-key: {}",
+        "x-goog-api-key: {}",
+    ),
+    "mistral-conversations": (
+        "",
+        "/v1/chat/completions",
+        "authorization: Bearer {}",
+        "Authorization: Bearer {}",
+    ),
+}
+PI_MODEL = "gemini-test-1.5"
+
+
+def ask(method: str, target: str, *headers: str, body: bytes = b"") -> bytes:
+    """A request as pi's client (or a tool playing it) sends it to the forwarder."""
+    lines = [f"{method} {target} HTTP/1.1", "Host: tether-provider.invalid", *headers]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def echoing() -> Upstream:
+    """A provider that names, in its 404, the request it does not know, as OpenAI's does
+    (``Invalid URL (GET /v1/…)``): whatever the target carries comes back in the answer."""
+
+    def answer(conn: socket.socket, body: bytes) -> bool:
+        line = upstream.heads[-1][1].split(b"\r\n", 1)[0].rsplit(b" ", 1)[0]
+        reply = b'{"error": {"message": "Invalid URL (%s)"}}' % line
+        conn.sendall(
+            b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(reply), reply)
+        )
+        return True
+
+    upstream = Upstream(answer)
+    return upstream
+
+
+def status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_every_api_the_forwarder_passes_on_is_tested() -> None:
+    assert set(PI_REQUESTS) == set(outside.FORWARDED_APIS)
+
+
+@pytest.mark.parametrize("api", sorted(PI_REQUESTS))
+def test_each_api_s_own_request_passes_with_the_key_in_its_header_alone(
+    forwarder: Callable[..., Path], api: str
+) -> None:
+    base, target, sent, got = PI_REQUESTS[api]
+    upstream = Upstream(length_answer)
+    try:
+        sock = forwarder(upstream.origin, api=api, base=base)
+        answer = exchange(sock, ask("POST", target, sent.format(PLACEHOLDER), body=b"{}"))
+        # Every other api's request, and this one's outside the base URL's path: refused.
+        others = {t for b, t, _, _ in PI_REQUESTS.values() if t != target}
+        others.add(target.removeprefix(base) if base else "/v2" + target)
+        refused = [
+            exchange(sock, ask("POST", other, sent.format(PLACEHOLDER), body=b"{}"))
+            for other in sorted(others)
+        ]
+    finally:
+        upstream.close()
+    assert answer.endswith(b"echo:{}"), answer
+    assert [status(a) for a in refused] == [403] * len(refused), refused
+    ((_, head, _),) = upstream.heads  # the provider saw that one request, and nothing else
+    text = head.decode()
+    lines = text.split("\r\n")
+    assert lines[0] == f"POST {target} HTTP/1.1"
+    # The key in the api's header, once, and nowhere else; no placeholder anywhere.
+    assert [line for line in lines if KEY in line] == [got.format(KEY)]
+    assert PLACEHOLDER not in text
+    assert "Accept-Encoding: identity" in lines
+
+
+def test_the_key_echo_request_never_returns_the_key_and_never_reaches_the_provider(
+    forwarder: Callable[..., Path],
+) -> None:
+    """The attack: a tool asks for the placeholder as a path, hoping the forwarder puts the key
+    there and the provider's 404 names the path."""
+    upstream = echoing()
+    try:
+        sock = forwarder(upstream.origin)
+        bearer = f"Authorization: Bearer {PLACEHOLDER}"
+        echo = exchange(sock, ask("GET", f"/v1/{PLACEHOLDER}", bearer))
+        # The provider does echo what reaches it (here an allowed request's line).
+        shown = exchange(sock, ask("POST", "/v1/chat/completions", bearer, body=b"{}"))
+    finally:
+        upstream.close()
+    assert status(echo) == 400
+    assert KEY.encode() not in echo
+    assert b"Invalid URL (POST /v1/chat/completions)" in shown
+    assert [head.split(b"\r\n", 1)[0] for _, head, _ in upstream.heads] == [
+        b"POST /v1/chat/completions HTTP/1.1"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "header"),
+    [
+        ("GET", f"/v1/{PLACEHOLDER}", ""),
+        ("GET", f"/v1/{PLACEHOLDER.upper()}", ""),
+        ("POST", f"/v1/chat/completions?key={PLACEHOLDER}", ""),
+        ("POST", "/v1/chat/completions", f"X-Echo: {PLACEHOLDER}"),
+        ("POST", "/v1/chat/completions", f"x-api-key: {PLACEHOLDER}"),  # another api's header
+        ("POST", "/v1/chat/completions", f"{PLACEHOLDER}: 1"),
+        ("POST", "/v1/chat/completions", f"Connection: {PLACEHOLDER}"),
+        ("GET", f"http://tether-provider.invalid/v1/{PLACEHOLDER}", ""),
+        ("POST", f"http://{PLACEHOLDER}.example/v1/chat/completions", ""),
+    ],
+    ids=[
+        "target",
+        "target-upper",
+        "query",
+        "other-header",
+        "other-key-header",
+        "header-name",
+        "hop-header",
+        "absolute-uri",
+        "absolute-uri-host",
+    ],
+)
+def test_the_placeholder_anywhere_but_the_key_header_is_refused_and_not_forwarded(
+    forwarder: Callable[..., Path], method: str, target: str, header: str
+) -> None:
+    upstream = echoing()
+    try:
+        sock = forwarder(upstream.origin)
+        headers = [f"Authorization: Bearer {PLACEHOLDER}", *([header] if header else [])]
+        answer = exchange(sock, ask(method, target, *headers, body=b"{}"))
+    finally:
+        upstream.close()
+    assert status(answer) == 400, answer
+    assert b"placeholder" in answer
+    assert KEY.encode() not in answer
+    assert upstream.heads == []
+    assert upstream.connections == 0
+
+
+@pytest.mark.parametrize(
+    ("api", "method", "target"),
+    [
+        ("openai-completions", "DELETE", "/v1/files/x"),
+        ("openai-completions", "GET", "/v1/models"),
+        ("openai-completions", "GET", "/v1/files/x/content"),
+        ("openai-completions", "GET", "/v1/chat/completions"),
+        ("openai-completions", "HEAD", "/v1/chat/completions"),
+        ("openai-completions", "POST", "/v1/files"),
+        ("openai-completions", "POST", "/v1/embeddings"),
+        ("openai-completions", "POST", "/v1/chat/completions/../../files"),
+        ("openai-completions", "POST", "/v1//chat/completions"),
+        ("openai-completions", "POST", "/v1/chat/completions/"),
+        ("openai-completions", "POST", "/v1/chat/completions?stream=true"),
+        ("openai-completions", "POST", "/v1/chat/completions#x"),
+        ("openai-completions", "POST", "/chat/completions"),
+        ("openai-completions", "POST", "/v1/responses"),
+        ("openai-completions", "POST", "http://tether-provider.invalid/v1/chat/completions"),
+        ("openai-completions", "OPTIONS", "*"),
+        ("anthropic-messages", "POST", "/v1/messages/batches"),
+        ("anthropic-messages", "POST", "/v1/messages/count_tokens?beta=true"),
+        ("anthropic-messages", "GET", "/v1/models"),
+        ("google-generative-ai", "POST", "/v1beta/models/m:generateContent"),
+        ("google-generative-ai", "POST", "/v1beta/models/m:streamGenerateContent"),
+        ("google-generative-ai", "POST", "/v1beta/models/..:streamGenerateContent?alt=sse"),
+        ("google-generative-ai", "POST", "/v1beta/models/a/b:streamGenerateContent?alt=sse"),
+        ("google-generative-ai", "POST", "/v1beta/models/a%2Fb:streamGenerateContent?alt=sse"),
+        ("google-generative-ai", "POST", "/v1beta/models/:streamGenerateContent?alt=sse"),
+        ("google-generative-ai", "GET", "/v1beta/models"),
+        ("google-generative-ai", "DELETE", "/v1beta/files/x"),
+    ],
+)
+def test_a_request_off_the_api_s_list_is_refused_by_the_forwarder_itself(
+    forwarder: Callable[..., Path], api: str, method: str, target: str
+) -> None:
+    base, _, sent, _ = PI_REQUESTS[api]
+    upstream = echoing()
+    try:
+        sock = forwarder(upstream.origin, api=api, base=base)
+        answer = exchange(sock, ask(method, target, sent.format(PLACEHOLDER), body=b"{}"))
+    finally:
+        upstream.close()
+    assert status(answer) == 403, answer
+    assert KEY.encode() not in answer
+    assert upstream.heads == []
+    assert upstream.connections == 0
+
+
+@pytest.mark.parametrize("api", [None, "bedrock-converse-stream"])
+def test_a_forwarder_without_a_known_api_passes_nothing_on(
+    forwarder: Callable[..., Path], api: str | None
+) -> None:
+    upstream = echoing()
+    try:
+        sock = forwarder(upstream.origin, api=api)
+        answer = exchange(sock, post(b"{}"))
+    finally:
+        upstream.close()
+    assert status(answer) == 403, answer
+    assert upstream.heads == []
+
+
+def test_a_sandboxed_agent_whose_api_the_forwarder_does_not_know_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    text = """
+[providers.aws]
+base_url = "https://bedrock-runtime.us-east-1.amazonaws.com"
+api = "bedrock-converse-stream"
+[agents.rev]
+provider = "aws"
+model = "m"
+"""
+    cfg = parse_config(text, tmp_path / "tether.toml")
+    with pytest.raises(SandboxUnavailable, match="'bedrock-converse-stream' is not one the"):
+        provider_keys(cfg, "rev")
+    unconfined = parse_config(text + 'sandbox = "none"\n', tmp_path / "tether.toml")
+    assert provider_keys(unconfined, "rev") == {}
+
+
+def _pieces_answer(pieces: list[bytes]) -> Callable[[socket.socket, bytes], bool]:
+    """An answer sent in pieces, each its own write after a pause (the forwarder reads each
+    on its own); the connection closes after it."""
+
+    def answer(conn: socket.socket, body: bytes) -> bool:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for piece in pieces:
+            conn.sendall(piece)
+            time.sleep(0.05)
+        return False
+
+    return answer
+
+
+K = KEY.encode()
+SPLIT = len(K) // 2
+ANSWERS = {
+    # name: (the pieces the provider writes, the content pi's client reads from them, how many
+    # keys are in the answer's body, framing included)
+    "length": (
+        [
+            b"HTTP/1.1 401 Unauthorized\r\nX-Echo: %s\r\nContent-Length: %d\r\n\r\n"
+            % (K, len(b'{"key": "%s", "again": "%s"}' % (K, K))),
+            b'{"key": "' + K[:SPLIT],
+            K[SPLIT:] + b'", "again": "' + K[:3],
+            K[3:] + b'"}',
+        ],
+        b'{"key": "%s", "again": "%s"}' % (K, K),
+        2,
+    ),
+    "chunked": (
+        [
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            # the key across two chunks, and the second chunk's size line in a read of its own
+            b"%x\r\ndata: %s\r\n" % (6 + SPLIT, K[:SPLIT]),
+            b"%x\r\n" % (len(K) - SPLIT + 2),
+            K[SPLIT:] + b"\n\n\r\n",
+            # the key whole in one chunk, then cut across two reads inside another
+            b"%x\r\n%s\r\n" % (len(K), K),
+            b"%x\r\n<%s" % (len(K) + 2, K[:5]),
+            K[5:] + b">\r\n0\r\nX-Trailer: %s\r\n\r\n" % K,
+        ],
+        b"data: %s\n\n%s<%s>" % (K, K, K),
+        4,
+    ),
+    "close": (
+        [b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nok " + K[:-1], K[-1:] + b" ok"],
+        b"ok %s ok" % K,
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ANSWERS))
+def test_an_answer_carrying_the_key_reaches_pi_without_it(
+    forwarder: Callable[..., Path], name: str
+) -> None:
+    import http.client
+
+    pieces, content, keys = ANSWERS[name]
+    upstream = Upstream(_pieces_answer(pieces))
+    try:
+        data = exchange(forwarder(upstream.origin), post(b"{}"))
+    finally:
+        upstream.close()
+    assert K not in data, data
+    # Byte for byte as the provider sent it, but where the key was (content and framing).
+    sent = b"".join(pieces)
+    assert len(data) - len(sent) == len(b"Connection: close\r\n")
+    body, sent_body = data.partition(b"\r\n\r\n")[2], sent.partition(b"\r\n\r\n")[2]
+    masked = [i for i, (a, b) in enumerate(zip(body, sent_body, strict=True)) if a != b]
+    assert len(masked) == len(K) * keys
+    assert all(body[i : i + 1] == b"*" for i in masked)
+
+    class Replay:  # what pi's end of the connection got, read as an HTTP client reads it
+        def makefile(self, *args: object, **kwargs: object) -> Any:
+            return io.BytesIO(data)
+
+    answer = http.client.HTTPResponse(Replay())  # type: ignore[arg-type]
+    answer.begin()
+    # The framing as the provider sent it (lengths, chunk sizes), the key masked in place.
+    assert answer.read() == content.replace(K, MASK.encode())
+
+
+def test_a_compressed_answer_is_refused_since_it_cannot_be_checked_for_the_key(
+    forwarder: Callable[..., Path],
+) -> None:
+    import gzip
+
+    packed = gzip.compress(b'{"echo": "%s"}' % K)
+    upstream = Upstream(
+        _pieces_answer(
+            [
+                b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(packed), packed)
+            ]
+        )
+    )
+    try:
+        data = exchange(forwarder(upstream.origin), post(b"{}"))
+    finally:
+        upstream.close()
+    assert data.startswith(b"HTTP/1.1 502 Bad Gateway"), data
+    assert b"compressed (gzip)" in data
+    assert packed not in data
+    assert b"Accept-Encoding: identity" in upstream.heads[0][1]
+
+
+@given(
+    st.binary(min_size=1, max_size=4).filter(lambda k: b"|" not in k),
+    st.lists(st.binary(max_size=12), max_size=8),
+    st.data(),
+)
+@example(b"ab", [b"xa", b"b"], None)
+@example(b"aa", [b"a", b"a", b"a"], None)
+def test_the_key_never_leaves_the_scrubber_whatever_the_pieces(
+    key: bytes, contents: list[bytes], data: Any
+) -> None:
+    """Content pieces (any bytes, the key cut anywhere across them) with framing between:
+    out come the same bytes, framing where it was, content as long, the key nowhere in it and
+    every byte not masked as it was; content that ends in no start of the key is not held."""
+    contents = [c.replace(b"|", b"") for c in contents]
+    alphabet = [key[:1], key[-1:], b"x"]
+    if data is not None:  # (pieces made of the key's ends: the key, cut, often)
+        contents = [
+            b"".join(data.draw(st.lists(st.sampled_from(alphabet), max_size=6))) + c[:2]
+            for c in contents
+        ]
+    scrub = outside._Scrub(key)
+    mask = outside._mask(key)
+    out, fed, seen = b"", b"", b""
+    for i, content in enumerate(contents):
+        framing = b"|%d|" % i
+        out += scrub.feed(content, framing)
+        fed += content + framing
+        seen += content
+        if not any(key.startswith(seen[-n:]) for n in range(1, min(len(key), len(seen) + 1))):
+            assert len(out) == len(fed)  # nothing held back
+    out += scrub.end()
+    assert len(out) == len(fed)
+    framed = [i for i in range(len(fed)) if fed[i : i + 1] == b"|"]
+    assert [i for i in range(len(out)) if out[i : i + 1] == b"|"][: len(framed)] == framed
+    plain_out = b"".join(out.split(b"|")[::2])
+    plain_in = b"".join(fed.split(b"|")[::2])
+    assert key not in plain_out
+    assert all(a == b or a == mask[0] for a, b in zip(plain_out, plain_in, strict=True))
+
+
+def refusing(conn: socket.socket, body: bytes) -> bool:
+    """A provider that records the request and answers with an error pi shows."""
+    reply = b'{"error": {"message": "recorded by the test", "type": "invalid_request_error"}}'
+    conn.sendall(
+        b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(reply), reply)
+    )
+    return True
+
+
+@pytest.mark.parametrize("api", sorted(PI_REQUESTS))
+def test_pi_s_own_requests_for_each_api_pass_the_forwarder(
+    forwarder: Callable[..., Path], tmp_path: Path, api: str
+) -> None:
+    """The real pi, configured as a sandboxed run configures it (the placeholder origin and
+    key, its relay to the forwarder's socket), asks its provider once: the request is the
+    one the allow-list names, and reaches the provider with the key in its header."""
+    base, target, _, got = PI_REQUESTS[api]
+    upstream = Upstream(refusing)
+    try:
+        sock = forwarder(upstream.origin, api=api, base=base)
+        agent_dir = tmp_path / "agent"
+        agent_dir.mkdir()
+        provider = ProviderConfig(base_url=upstream.origin + base, api=api)
+        agent = AgentConfig(provider="p", model=PI_MODEL)
+        models = pi_models("p", provider, agent, sandboxed=True)
+        (agent_dir / "models.json").write_text(json.dumps(models))
+        settings = {"retry": {"enabled": False}, "enableInstallTelemetry": False}
+        (agent_dir / "settings.json").write_text(json.dumps(settings))
+        pi = find_pi()
+        relay = extension_file("relay").as_uri()
+        pi_print = [str(pi.node), "--import", relay, str(pi.cli), "-p", "--offline"]
+        pi_print += ["--no-extensions", "--no-session"]
+        done = subprocess.run(
+            [*pi_print, "--provider", "p", "--model", PI_MODEL, "--no-tools", "hello"],
+            env={
+                "PATH": os.environ["PATH"],
+                "HOME": str(tmp_path),
+                "PI_CODING_AGENT_DIR": str(agent_dir),
+                "TETHER_PROVIDER_SOCKET": str(sock),
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        upstream.close()
+    # pi got the provider's own answer: the forwarder passed its request on.
+    assert "recorded by the test" in done.stdout + done.stderr, (done.stdout, done.stderr)
+    assert upstream.heads, done.stderr
+    for _, head, _ in upstream.heads:
+        lines = head.decode().split("\r\n")
+        assert lines[0] == f"POST {target} HTTP/1.1"
+        assert [line for line in lines if KEY in line] == [got.format(KEY)]
+        assert PLACEHOLDER not in head.decode()
+
+
+TOOL_PROBE = r"""python3 - <<'EOF'
+import os, socket, subprocess
+# The provider socket, wherever a tool can find it (its variable is gone from the tools' env).
+found = subprocess.run(
+    "find / \\( -path /proc -o -path /sys -o -path /dev -o -path /usr \\) -prune -o "
+    "-name provider.sock -print 2>/dev/null", shell=True, capture_output=True, text=True
+).stdout.split()
+named = os.environ.get("TETHER_PROVIDER_SOCKET")
+paths = list(dict.fromkeys(([named] if named else []) + found))
+print("sockets:", paths)
+bearer = b"Authorization: Bearer tether-no-key\r\n"
+asks = [
+    b"GET /v1/tether-no-key HTTP/1.1\r\nHost: x\r\n" + bearer + b"\r\n",
+    b"GET http://tether-provider.invalid/v1/tether-no-key HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + bearer + b"\r\n",
+    b"DELETE /v1/files/x HTTP/1.1\r\nHost: x\r\n" + bearer + b"\r\n",
+    b"POST /v1/chat/completions?key=tether-no-key HTTP/1.1\r\nHost: x\r\n"
+    + bearer + b"Content-Length: 2\r\n\r\n{}",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Echo: tether-no-key\r\n"
+    + bearer + b"Content-Length: 2\r\n\r\n{}",
+]
+for path in paths:
+    for ask in asks:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(20)
+        try:
+            s.connect(path)
+            s.sendall(ask)
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        except OSError as exc:
+            print("UNREACHABLE", path, exc)
+            continue
+        finally:
+            s.close()
+        print("ANSWER", data.split(b"\r\n", 1)[0].decode(errors="replace"))
+        print(data.decode(errors="replace")[-300:])
+EOF"""
+
+
+def test_a_tool_asking_the_provider_socket_for_the_key_never_gets_it(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    """Through the real pi in its sandbox, a bash tool call (as a prompt injection would make
+    it) finds the provider socket, if it can reach it, and asks it for the key every way the
+    forwarder refuses. The forwarder answers each itself (400 or 403), and the key is in no
+    tool result, row or file; a tool that cannot reach the socket at all gets nothing either."""
+    key = "sk-tool-probe-" + os.urandom(12).hex()
+    # pi's first request gets the tool call; any other request (pi's next, or one of the
+    # tool's that got through) gets the answer.
+    probe = Reply(tool_calls=[ToolCall("bash", {"command": TOOL_PROBE})])
+    p = scripted_provider(lambda req: probe if req.index == 0 else Reply("probe done"))
+    (tmp_path / "work").mkdir()
+    (tmp_path / "state").mkdir()
+    ledger = f"sqlite://{tmp_path}/state/ledger.db"
+    cfg = tmp_path / "tether.toml"
+    cfg.write_text(
+        f"""[ledger]
+url = "{ledger}"
+
+[providers.hosted]
+base_url = "{p.url}"
+api_key_env = "TETHER_TEST_PROVIDER_KEY"
+context_window = 8192
+max_tokens = 1024
+
+[agents.rev]
+provider = "hosted"
+model = "scripted"
+deadline_s = 120
+workdir = "work"
+
+[harness]
+runs_dir = "state/runs"
+pi_settings = {{ retry = {{ enabled = false }} }}
+"""
+    )
+    tether_run = [sys.executable, "-m", "tether", "run", "--config", str(cfg)]
+    done = subprocess.run(
+        [*tether_run, "-s", "s1", "-a", "rev", "--json", "probe"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "TETHER_TEST_PROVIDER_KEY": key},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["answer"] == "probe done"
+    with open_ledger(ledger) as store:
+        rows = list(store.iter_rows("s1"))
+    (result,) = [r for r in rows if r.role == "toolResult"]
+    text = "".join(c.get("text", "") for c in result.body["content"])
+    assert "sockets:" in text, text
+    # Reached or not (a tool sandbox of its own may not see the socket), never the key.
+    assert key not in text
+    assert all(key not in json.dumps(r.body) for r in rows)
+    # Each request that reached the socket was answered by the forwarder itself.
+    statuses = [line.split()[2] for line in text.splitlines() if line.startswith("ANSWER")]
+    assert set(statuses) <= {"400", "403"}, text
+    for where in (tmp_path / "state", tmp_path / "work"):
+        for root, _, names in os.walk(where):
+            for name in names:
+                path = Path(root) / name
+                if path.is_file():
+                    assert key.encode() not in path.read_bytes(), path
+    # pi's own requests, and only those, reached the provider, with the key.
+    assert [r.path for r in p.requests] == ["/v1/chat/completions"] * 2, p.requests
+    assert {r.headers.get("Authorization") for r in p.requests} == {f"Bearer {key}"}

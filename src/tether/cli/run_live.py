@@ -38,8 +38,8 @@ from tether.followup import Refused
 from tether.harness.checkpoint import continuation_checkpoint
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
-from tether.harness.turn import CheckpointStatus
-from tether.ledger import Ledger, RunStatus
+from tether.harness.turn import CheckpointResult, CheckpointStatus
+from tether.ledger import Ledger, ReceiptReason, RunStatus
 from tether.pi.install import PiInstall
 from tether.pi.launch import PiLaunch
 
@@ -321,8 +321,18 @@ def execute(
             + f"; pi's log: {esc(str(outcome.run_dir / 'pi.log'))}"
         )
         raise SystemExit(Exit.RUN_FAILED)
-    if outcome.checkpoint.status is CheckpointStatus.REFUSED:
-        err_console.print(
-            f"[yellow]the continuation checkpoint was {esc(outcome.checkpoint.label)}[/]"
+    # The answer was authored: exit 0 whatever became of the checkpoint (a script that
+    # retried would ask again what was answered); its fate is a line on stderr, and --json's.
+    err_console.print(_checkpoint_line(outcome.checkpoint))
+
+
+def _checkpoint_line(checkpoint: CheckpointResult) -> str:
+    if checkpoint.status is CheckpointStatus.REFUSED:
+        reason = (checkpoint.reason or ReceiptReason.CANCELLED).value
+        return (
+            f"[yellow]checkpoint: refused ({reason})[/]: the answer is kept; the next run "
+            "reads this one's rows without a summary of them"
         )
-        raise SystemExit(Exit.REFUSED)
+    if checkpoint.status is CheckpointStatus.WRITTEN:
+        return "checkpoint: written"
+    return "checkpoint: not needed"

@@ -21,7 +21,12 @@ import msgspec
 from tether.config import AgentConfig, Config, ProviderConfig, SandboxKind
 from tether.errors import ConfigError
 from tether.files import private_dir, private_file
-from tether.sandbox.bwrap import PROVIDER_ORIGIN, require_bwrap, split_base_url
+from tether.sandbox.bwrap import (
+    PROVIDER_ORIGIN,
+    require_bwrap,
+    require_forwarded_api,
+    split_base_url,
+)
 
 __all__ = ["AgentDir", "merge", "pi_models", "pi_settings", "provider_keys", "write_agent_dir"]
 
@@ -111,11 +116,13 @@ class AgentDir(msgspec.Struct, frozen=True):
 def provider_keys(config: Config, agent_name: str) -> dict[str, str]:
     """The agent's provider key by provider name (empty for a provider without one), or
     ``ConfigError`` when the key's variable is not set, or ``SandboxUnavailable`` when the
-    agent runs sandboxed and bubblewrap cannot be used (checked before a run writes anything)."""
+    agent runs sandboxed and bubblewrap cannot be used or its provider's api cannot be forwarded
+    (checked before a run writes anything)."""
     agent = config.agent(agent_name)
+    provider = config.provider(agent.provider)
     if agent.sandbox is SandboxKind.BWRAP:
         require_bwrap(agent_name)
-    provider = config.provider(agent.provider)
+        require_forwarded_api(agent_name, provider.api)
     if not provider.api_key_env:
         return {}
     key = os.environ.get(provider.api_key_env)

@@ -236,7 +236,7 @@ def pi_command(
         read_only.append(cache)
     assert home is not None
     assert session_dir is not None
-    origin, _ = split_base_url(config.provider(agent.provider).base_url)
+    origin, base_path = split_base_url(config.provider(agent.provider).base_url)
     tool_sandbox = ToolSandbox(
         node=pi.node,
         host=TOOLHOST_MODULE,
@@ -253,6 +253,8 @@ def pi_command(
         writable=(home, run_dir / "tmp", agent_dir.path.resolve(), session_dir, tools.path.parent),
         provider_socket=tools.path.parent / "provider.sock",
         upstream=origin,
+        api=config.provider(agent.provider).api,
+        base_path=base_path,
         tools=tool_sandbox,
         tools_spec=run_dir / "toolbox.spec",
         tools_log=run_dir / "toolbox.log",

@@ -34,6 +34,7 @@ import msgspec
 
 from tether.config import LimitsConfig, NetworkKind
 from tether.errors import ConfigError
+from tether.sandbox.outside import FORWARDED_APIS
 
 __all__ = [
     "OUTSIDE_SCRIPT",
@@ -44,6 +45,7 @@ __all__ = [
     "find_bwrap",
     "probe",
     "require_bwrap",
+    "require_forwarded_api",
     "split_base_url",
     "userns_problem",
 ]
@@ -115,6 +117,18 @@ def require_bwrap(agent: str) -> str:
             + INSTALL_HINT.format(agent=agent).split(", ", 1)[1]
         )
     return found
+
+
+def require_forwarded_api(agent: str, api: str) -> None:
+    """:class:`SandboxUnavailable` when a sandboxed agent's provider api is not one the
+    forwarder passes on (it knows each api's requests and key header; docs/security.md)."""
+    if api not in FORWARDED_APIS:
+        raise SandboxUnavailable(
+            f"agent {agent!r} runs sandboxed and its provider's api {api!r} is not one the "
+            f"sandbox's provider forwarder passes on ({', '.join(FORWARDED_APIS)}): use one "
+            "of those, or run this agent unconfined, knowingly, with "
+            f'[agents.{agent}] sandbox = "none"'
+        )
 
 
 @functools.lru_cache(maxsize=1)
@@ -236,6 +250,11 @@ class Confinement(msgspec.Struct, frozen=True, kw_only=True):
     provider_socket: Path
     upstream: str
     """The provider's origin (``scheme://host:port``), which the forwarder reaches."""
+    api: str
+    """The provider's api (``[providers.X] api``): the only requests the forwarder passes on
+    are that api's, and the key goes in its header alone."""
+    base_path: str
+    """The path of the provider's base URL (``/v1``, or ""), under which the api's requests go."""
     tools: ToolSandbox | None = None
     tools_spec: Path | None = None
     """Where :meth:`argv` writes the tool sandbox's spec (a private file of the run's)."""
@@ -274,6 +293,7 @@ class Confinement(msgspec.Struct, frozen=True, kw_only=True):
         ]
         outside = [sys.executable, "-I", "-S", str(OUTSIDE_SCRIPT)]
         outside += ["--socket", str(self.provider_socket), "--upstream", self.upstream]
+        outside += ["--api", self.api, "--base-path", self.base_path]
         for limit in limits:
             outside += ["--limit", limit]
         if self.tools is not None and self.tools_spec is not None:

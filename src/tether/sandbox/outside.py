@@ -1,6 +1,7 @@
 """Outside the sandbox: start it, and forward pi's provider calls with the credential.
 
-    python -I -S outside.py --socket PATH --upstream URL [--limit NAME=N ...] -- BWRAP_ARGV...
+    python -I -S outside.py --socket PATH --upstream URL --api NAME [--base-path BASE]
+        [--limit NAME=N ...] -- BWRAP_ARGV...
 
 Started in pi's place (by the keeper, or by the harness when pi is its child), this program
 
@@ -9,11 +10,14 @@ Started in pi's place (by the keeper, or by the harness when pi is its child), t
   nor named in its environment: the key never enters the sandbox;
 - serves the provider forwarder on the Unix socket ``PATH`` (in a directory bound into the
   sandbox): each connection carries one HTTP request from pi (whose connections to its
-  placeholder provider host land here: ``extension/relay.ts``), whose head gets the credential
-  in place of the placeholder pi was configured with and the upstream's ``Host``; the request
-  goes to ``URL``'s host (TLS for ``https``) over a connection kept alive for the next one, and
-  the answer comes back as it arrives (streaming, unbuffered), its head saying
-  ``Connection: close``;
+  placeholder provider host land here: ``extension/relay.ts``). Only the requests pi's client
+  for the api ``NAME`` makes, under the base URL's path ``BASE``, are passed on (anything else
+  is refused with 403), and one carrying the placeholder pi was configured with anywhere but in
+  the api's key header is refused with 400; the head gets the credential in that one header
+  and the upstream's ``Host``; the request goes to ``URL``'s host (TLS for ``https``) over a
+  connection kept alive for the next one, and the answer comes back as it arrives (streaming,
+  unbuffered), its head saying ``Connection: close``, with the key masked wherever it echoes
+  it (docs/security.md, "The provider forwarder");
 - exits with the sandbox's status (128 + N when it was killed by signal N). Killed itself, it
   takes nothing with it: pi's end is the sandbox's first process ending.
 
@@ -113,20 +117,83 @@ class _Refusal(Exception):
         self.why = why
 
 
+_MODEL = "{model}"
+_APIS: dict[str, tuple[bytes, bytes, tuple[tuple[str, str, tuple[str, ...]], ...]]] = {
+    # api: (the one header that carries the key, what precedes the key in it, and the requests
+    # pi's client for it makes: (method, path under the base URL's, the queries it adds)).
+    # Seen from pi 1.6 (pi-ai's clients), each api against a recording server.
+    "openai-completions": (b"Authorization", b"Bearer ", (("POST", "/chat/completions", ("",)),)),
+    "openai-responses": (b"Authorization", b"Bearer ", (("POST", "/responses", ("",)),)),
+    "anthropic-messages": (b"x-api-key", b"", (("POST", "/v1/messages", ("beta=true", "")),)),
+    "google-generative-ai": (
+        b"x-goog-api-key",
+        b"",
+        (("POST", "/models/" + _MODEL + ":streamGenerateContent", ("alt=sse",)),),
+    ),
+    "mistral-conversations": (
+        b"Authorization",
+        b"Bearer ",
+        (("POST", "/v1/chat/completions", ("",)),),
+    ),
+}
+FORWARDED_APIS = tuple(_APIS)
+"""The provider apis a sandboxed pi can use: the forwarder knows what each one sends."""
+_MODEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")
+
+
+class _Api:
+    """What the forwarder passes on for one provider api under the base URL's path: its
+    requests (method, path and query, exactly), and the header the key goes in."""
+
+    def __init__(self, name: str, base: str) -> None:
+        self.name = name
+        header, self.scheme, routes = _APIS.get(name, (b"", b"", ()))
+        self.header, self.header_lower = header, header.lower()
+        base = base.rstrip("/")
+        self.routes = [(method, base + path, queries) for method, path, queries in routes]
+
+    def allows(self, method: str, target: str) -> bool:
+        path, _, query = target.partition("?")
+        for allowed, where, queries in self.routes:
+            if method != allowed or query not in queries:
+                continue
+            before, model, after = where.partition(_MODEL)
+            if not model:
+                if path == where:
+                    return True
+                continue
+            # One path segment of a model's name in its place (no slash, no dot segment).
+            name = path[len(before) : len(path) - len(after)]
+            if (
+                path.startswith(before)
+                and path.endswith(after)
+                and len(path) > len(before) + len(after)
+                and name[0] != "."
+                and all(c in _MODEL_CHARS for c in name)
+            ):
+                return True
+        return False
+
+
 def _upstream_request(
-    head: bytes, *, key: bytes, placeholder: bytes
+    head: bytes, *, key: bytes, placeholder: bytes, api: _Api
 ) -> tuple[str, str, list[tuple[bytes, bytes]], int]:
-    """pi's request head as the upstream gets it: method, target and headers with the
-    credential in place of the placeholder (in the target and every header: the API decides
-    where its key goes), without what belongs to one connection (the forwarder sets ``Host``
-    and the length itself); and the body's length. Raises :class:`_Refusal`."""
+    """pi's request head as the upstream gets it: method, target and headers, without what
+    belongs to one connection (the forwarder sets ``Host`` and the length itself), the key in
+    the api's own header and nowhere else; and the body's length. Only the api's requests are
+    passed on (403 otherwise), and the placeholder anywhere but in the key's header is refused
+    (400): nothing pi's tools send can put the key where an answer could echo it. Raises
+    :class:`_Refusal`."""
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise _Refusal("400 Bad Request", "not an HTTP/1.1 request line")
     method, target = parts[0], parts[1]
-    if key:
-        target = target.replace(placeholder, key)
+    if not api.routes:
+        raise _Refusal("403 Forbidden", f"it passes on no api's requests ({api.name or 'none'})")
+    marker = placeholder.lower()
+    if marker and marker in target.lower():
+        raise _Refusal("400 Bad Request", "the key's placeholder in the request target")
     headers: list[tuple[bytes, bytes]] = []
     length = 0
     for line in lines[1:]:
@@ -134,19 +201,35 @@ def _upstream_request(
         lower = name.strip().lower()
         if not sep or not lower:
             raise _Refusal("400 Bad Request", "a malformed header line")
+        if lower == api.header_lower:
+            if not key:  # a keyless provider: as pi sent it
+                headers.append((name.strip(), value.strip()))
+            continue
+        if marker and marker in line.lower():
+            why = f"the key's placeholder in a header other than {api.header.decode()}"
+            raise _Refusal("400 Bad Request", why)
         if lower == b"content-length":
             if not value.strip().isdigit():
                 raise _Refusal("400 Bad Request", "a malformed Content-Length")
             length = int(value)
         elif lower == b"transfer-encoding":
             raise _Refusal("411 Length Required", "a request body needs a Content-Length")
-        elif lower not in _HOP_BY_HOP:
-            value = value.strip()
-            headers.append((name.strip(), value.replace(placeholder, key) if key else value))
+        elif lower not in _HOP_BY_HOP and lower != b"accept-encoding":
+            headers.append((name.strip(), value.strip()))
     try:
-        return method.decode("ascii"), target.decode("ascii"), headers, length
+        method_text, target_text = method.decode("ascii"), target.decode("ascii")
     except UnicodeDecodeError:
         raise _Refusal("400 Bad Request", "a request line that is not ASCII") from None
+    if not api.allows(method_text, target_text):
+        why = (
+            f"{method_text} {target_text.partition('?')[0]} is not a request of the {api.name} api"
+        )
+        raise _Refusal("403 Forbidden", why)
+    if key:
+        headers.append((api.header, api.scheme + key))
+    # An answer's body is checked for the key byte by byte: never compressed.
+    headers.append((b"Accept-Encoding", b"identity"))
+    return method_text, target_text, headers, length
 
 
 def _end_writes(sock: _socket.socket) -> None:
@@ -251,6 +334,9 @@ class _Answer:
         self.length: int | None = None
         self.chunked = self.reusable = self._done = False
         self._chunk_left = 0
+        self.content = 0
+        """How many of the bytes :meth:`read` last gave are the answer's content (they come
+        first); the rest are its framing (a chunk's size line or CRLF, the last chunk)."""
 
     def begin(self, method: str) -> None:
         """Read the answer's head (past any interim 1xx one) and learn its framing."""
@@ -315,6 +401,7 @@ class _Answer:
     def read(self) -> bytes:
         """The next bytes of the answer as they arrive, byte for byte (chunks keep their
         framing: an answer cut short stays one, for pi's client to see); b"" at its end."""
+        self.content = 0
         if self._done:
             return b""
         if self.chunked:
@@ -333,6 +420,7 @@ class _Answer:
                 return line + b"\r\n"
             out = self._take(self._chunk_left)
             self._chunk_left -= len(out)
+            self.content = len(out)
             if self._chunk_left == 0:  # the chunk's data ends with CRLF
                 while len(self.buf) < 2:
                     self._fill()
@@ -347,6 +435,7 @@ class _Answer:
                 return b""
             out = self._take(self.length)
             self.length -= len(out)
+            self.content = len(out)
             return out
         # Ended by the connection's end.
         if not self.buf:
@@ -354,8 +443,10 @@ class _Answer:
             if not chunk:
                 self._done = True
                 return b""
+            self.content = len(chunk)
             return chunk
         out, self.buf = self.buf, b""
+        self.content = len(out)
         return out
 
     @property
@@ -387,7 +478,88 @@ def _ask(up: _Upstream, request: bytes, method: str) -> tuple[_socket.socket, _A
     raise AssertionError("unreachable")
 
 
-def _handle(client: _socket.socket, up: _Upstream, key: bytes, placeholder: bytes) -> None:
+def _mask(key: bytes) -> bytes:
+    """What stands for the key in an answer: as long as the key (a length or a chunk's size
+    stays right), of one byte the key does not hold (so no mask, beside what surrounds it,
+    can make up the key again)."""
+    fill = next(c for c in (*b"*#~^", *range(256)) if c not in key)
+    return bytes([fill]) * len(key)
+
+
+def _key_start(text: bytes, key: bytes) -> int:
+    """How long the longest end of ``text`` is that begins the key (shorter than the key)."""
+    first = key[:1]
+    at = text.find(first, max(0, len(text) - len(key) + 1))
+    while at >= 0:
+        if key.startswith(text[at:]):
+            return len(text) - at
+        at = text.find(first, at + 1)
+    return 0
+
+
+class _Scrub:
+    """The answer's bytes for pi, with the key nowhere in them: in the content (a chunked
+    answer's chunks joined, as pi's client reads them) and in each piece of framing, every
+    occurrence becomes a mask of its length, so the framing, lengths and chunk sizes stay as
+    the upstream sent them. Content that may begin the key waits for what follows (at most
+    ``len(key) - 1`` bytes, and only while they match the key's start: a stream's events are
+    not held back), and the framing after it with it."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key, self.mask = key, _mask(key) if key else b""
+        self.out = bytearray()  # held back: content that may begin the key, framing after it
+        self.held: list[int] = []  # where that content is in out
+
+    def head(self, head: bytes) -> bytes:
+        return head.replace(self.key, self.mask) if self.key else head
+
+    def feed(self, content: bytes, framing: bytes = b"") -> bytes:
+        """What can go to pi now, of what came: ``content``, then ``framing``."""
+        key, held, out = self.key, self.held, self.out
+        if not key:
+            return content + framing
+        text = bytes(out[i] for i in held) + content
+        if key in text:
+            text = text.replace(key, self.mask)  # (as long: every position stays)
+            for j, i in enumerate(held):
+                out[i] = text[j]
+            content = text[len(held) :]
+        keep = _key_start(text, key)
+        if keep <= len(content):
+            ready = bytes(out) + content[: len(content) - keep]
+            self.out = out = bytearray(content[len(content) - keep :])
+            self.held = list(range(keep))
+        else:  # some of what was held stays held
+            first = held[len(held) - (keep - len(content))]
+            ready = bytes(out[:first])
+            self.held = [i - first for i in held[len(held) - (keep - len(content)) :]]
+            self.held += range(len(out) - first, len(out) - first + len(content))
+            self.out = out = out[first:] + content
+        framing = framing.replace(key, self.mask)
+        if self.held:
+            out += framing
+            return ready
+        return ready + framing
+
+    def end(self) -> bytes:
+        """What was held back, at the answer's end (it cannot be the key any more)."""
+        rest = bytes(self.out)
+        self.out, self.held = bytearray(), []
+        return rest
+
+
+def _compressed(head: bytes) -> bytes:
+    """The answer's content coding, when it has one (not ``identity``)."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-encoding" and value.strip().lower() != b"identity":
+            return value.strip()
+    return b""
+
+
+def _handle(
+    client: _socket.socket, up: _Upstream, key: bytes, placeholder: bytes, api: _Api
+) -> None:
     try:
         try:
             received = _read_head(client)
@@ -395,7 +567,7 @@ def _handle(client: _socket.socket, up: _Upstream, key: bytes, placeholder: byte
                 return
             head, body = received
             method, target, headers, length = _upstream_request(
-                head, key=key, placeholder=placeholder
+                head, key=key, placeholder=placeholder, api=api
             )
         except _Refusal as refusal:
             _refuse(client, refusal.status, refusal.why)
@@ -415,10 +587,19 @@ def _handle(client: _socket.socket, up: _Upstream, key: bytes, placeholder: byte
         except _Refusal as refusal:
             _refuse(client, refusal.status, refusal.why)
             return
+        if key and (coding := _compressed(answer.head)):
+            conn.close()  # (its content could hold the key, where no byte can be checked)
+            why = f"the provider's answer is compressed ({coding.decode('latin-1')})"
+            _refuse(client, "502 Bad Gateway", why)
+            return
+        scrub = _Scrub(key)  # the key never goes back to pi, whatever the answer echoes
         try:
-            client.sendall(answer.pi_head())
+            client.sendall(scrub.head(answer.pi_head()))
             while chunk := answer.read():  # as it arrives: streaming, unbuffered
-                client.sendall(chunk)
+                if ready := scrub.feed(chunk[: answer.content], chunk[answer.content :]):
+                    client.sendall(ready)
+            if rest := scrub.end():
+                client.sendall(rest)
         except (OSError, EOFError, ValueError):
             conn.close()  # mid-answer: neither side can go on
             raise
@@ -438,7 +619,9 @@ def _handle(client: _socket.socket, up: _Upstream, key: bytes, placeholder: byte
         client.close()
 
 
-def _serve(path: str, upstream: tuple[str, str, int], key: bytes, placeholder: bytes) -> None:
+def _serve(
+    path: str, upstream: tuple[str, str, int], key: bytes, placeholder: bytes, api: _Api
+) -> None:
     try:  # noqa: SIM105
         os.unlink(path)
     except FileNotFoundError:
@@ -462,7 +645,7 @@ def _serve(path: str, upstream: tuple[str, str, int], key: bytes, placeholder: b
     while True:
         fd, _ = listener._accept()  # type: ignore[attr-defined]  # (the C method accept wraps)
         client = _socket.socket(fileno=fd)
-        _thread.start_new_thread(_handle, (client, up, key, placeholder))
+        _thread.start_new_thread(_handle, (client, up, key, placeholder, api))
 
 
 def _parse_upstream(url: str) -> tuple[str, str, int]:
@@ -524,7 +707,8 @@ def _start_tools(
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         print(
-            "usage: outside.py --socket PATH --upstream URL [--limit NAME=N] "
+            "usage: outside.py --socket PATH --upstream URL --api NAME [--base-path BASE] "
+            "[--limit NAME=N] "
             "[--tools-socket PATH --tools-spec FILE --tools-log FILE] -- ARGV",
             file=sys.stderr,
         )
@@ -533,11 +717,16 @@ def main(argv: list[str]) -> int:
     options, command = argv[:split], argv[split + 1 :]
     socket_path = upstream = tools_socket = tools_spec = tools_log = ""
     wanted: list[tuple[str, int]] = []
+    api_name = base_path = ""
     for name, value in zip(options[::2], options[1::2], strict=True):
         if name == "--socket":
             socket_path = value
         elif name == "--upstream":
             upstream = value
+        elif name == "--api":  # what the forwarder passes on, and where the key goes
+            api_name = value
+        elif name == "--base-path":  # the path of the provider's base URL ("/v1")
+            base_path = value
         elif name == "--limit":
             which, _, number = value.partition("=")
             wanted.append((LIMIT_NAMES[which], int(number)))
@@ -568,7 +757,7 @@ def main(argv: list[str]) -> int:
     # threading and signal modules cost more to import than the rest of this program).
     _signal.signal(_signal.SIGHUP, _signal.SIG_IGN)  # like the keeper: only pi's end ends this
     if socket_path and upstream:
-        args = (socket_path, _parse_upstream(upstream), key, placeholder)
+        args = (socket_path, _parse_upstream(upstream), key, placeholder, _Api(api_name, base_path))
         _thread.start_new_thread(_serve, args)
     while True:
         # The tool sandbox may end first (it dies with this process otherwise): pi's end is
