@@ -57,3 +57,17 @@ def test_a_commands_help_is_its_own() -> None:
     assert done.returncode == 0, done.stderr
     assert "--prefix" in done.stdout
     assert "--install-completion" not in done.stdout, "completion belongs to `tether` itself"
+
+
+def test_version_names_tether_and_the_pinned_pi_and_exits_0() -> None:
+    import json
+    from importlib.metadata import version
+    from pathlib import Path
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tether", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    manifest = Path(__file__).resolve().parent.parent / "src/tether/runtime/package.json"
+    pinned = json.loads(manifest.read_text())["dependencies"]["@earendil-works/pi-coding-agent"]
+    assert done.stdout == f"tether {version('tether')}, pi {pinned} (pinned)\n"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, MutableMapping
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -166,8 +166,41 @@ app = typer.Typer(
 )
 
 
+def version_text() -> str:
+    """``tether X.Y.Z, pi A.B.C (pinned)``: this package's version and the pi it installs."""
+    import json
+    from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
+
+    try:
+        mine = version("tether")
+    except PackageNotFoundError:  # a source tree run without installing
+        mine = "unknown"
+    manifest = Path(__file__).resolve().parent.parent / "runtime" / "package.json"
+    pinned = json.loads(manifest.read_text())["dependencies"]["@earendil-works/pi-coding-agent"]
+    return f"tether {mine}, pi {pinned} (pinned)"
+
+
+def _show_version(asked: bool) -> None:
+    if asked:
+        print(version_text())
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(config: RootConfigOpt = None, ledger: RootLedgerOpt = None) -> None:
+def _root(
+    config: RootConfigOpt = None,
+    ledger: RootLedgerOpt = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print tether's version and the pinned pi's, and exit.",
+        ),
+    ] = False,
+) -> None:
     """Run pi coding agents on long-lived sessions, inside a fixed context budget.
 
     --config and --ledger may come before the command too (tether --config X sessions); given
