@@ -30,7 +30,7 @@ from tether.harness.custody.markers import Marked, Markers
 from tether.harness.custody.owner import newer_owner
 from tether.harness.custody.recovery import await_lost_checkpoint
 from tether.harness.custody.state import CustodyState, load_run_state
-from tether.harness.ending import PiEnded, RunEnder, last_answer
+from tether.harness.ending import PiEnded, RunEnder
 from tether.harness.prepare import Prepared, make_mirror, prepare
 from tether.harness.pump import RunState, follower
 from tether.harness.relay import LivePi
@@ -51,6 +51,7 @@ from tether.harness.turn import (
 from tether.ledger import ReceiptReason
 from tether.mirror.mirror import Mirror
 from tether.pi.client import Record, RpcClient
+from tether.pi.continuation import new_nonce
 from tether.pi.detached import KeeperTransport
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.keys import key_channel
@@ -97,7 +98,8 @@ class Driver:
         # the run's rows and its session file are written; then it is let through its gate.
         try:
             tools = launch.tools if launch is not None else ToolChannel.new(run.run_dir)
-            prepared = await self._prepare(view, tools)
+            nonce = launch.nonce if launch is not None and launch.nonce else new_nonce()
+            prepared = await self._prepare(view, tools, nonce)
         except BaseException:
             if launch is not None:
                 with anyio.CancelScope(shield=True):
@@ -121,7 +123,8 @@ class Driver:
         """pi as this process's child (``custody.detached = false``): it ends with the harness."""
         run = self.run
         tools = ToolChannel.new(make_run_dir(run.config, run.fence.run))
-        prepared = await self._prepare(view, tools)
+        nonce = new_nonce()
+        prepared = await self._prepare(view, tools, nonce)
         # The provider key reaches pi over this channel only (DESIGN §3.10).
         with key_channel(self.start.keys) as keys:
             command = pi_command(
@@ -133,6 +136,7 @@ class Driver:
                 tools=tools,
                 workdir=run.workdir,
                 extensions=run.request.extensions,
+                nonce=nonce,
             )
             opener = SubprocessTransport.open(
                 command.argv,
@@ -144,7 +148,7 @@ class Driver:
             )
             return await self._drive_pi(opener, prepared, self._tools(tools))
 
-    async def _prepare(self, view: FollowupView | None, tools: ToolChannel) -> Prepared:
+    async def _prepare(self, view: FollowupView | None, tools: ToolChannel, nonce: str) -> Prepared:
         c = self.controls
         return await prepare(
             self.run,
@@ -154,6 +158,7 @@ class Driver:
             clock=c.clock,
             deadline=c.deadline,
             bus=c.bus,
+            nonce=nonce,
         )
 
     async def resume(self, placement: dict[str, Any]) -> RunOutcome:
@@ -172,6 +177,8 @@ class Driver:
             request_seq=saved.request_seq,
             bus=self.controls.bus,
             obligations=self.progress.obligations,
+            nonce=saved.nonce,
+            session_file=saved.session_file,
         )
         opener = KeeperTransport.attach(
             run.run_dir, placement, grace_s=run.grace, before_send=self.markers.mark
@@ -240,9 +247,7 @@ class Driver:
         if self.progress.prompted and not self.state.settled:
             # pi's events stopped before it settled (its keeper died, it was killed): what it
             # authored is in its session file, mirrored just now, so that is the answer.
-            session_file = self.run.run_dir / "session.jsonl"
-            found = await in_thread(last_answer, session_file, prepared.offset)
-            self.state.answer = found or self.state.answer
+            self.state.answer = mirror.last_answer or self.state.answer
         return await self.ender.conclude(
             PiEnded(task, checkpoint, late, exit_status, diagnostics, lost),
             state=self.state,
@@ -302,6 +307,11 @@ class Driver:
                         checkpoint, late = await self._checkpoint(client, transport, mirror)
                 if not stepped:
                     c.trace.checkpoint(checkpoint, {}, None)  # the step never ran: say why
+                if transport.exit_status is not None:
+                    # pi is gone (killed, or it died): its last records are read before the
+                    # last mirror pass, which mirrors only the entries pi announced.
+                    with anyio.move_on_after(1.0):
+                        await client.closed.wait()
                 tg.cancel_scope.cancel()
         return task, checkpoint, late
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -27,32 +26,11 @@ from tether.harness.stranded import keep_stranded_end
 from tether.harness.turn import CheckpointResult, RunOutcome, TaskEnd, verdict
 from tether.ledger import Fence, Ledger, RunStatus
 from tether.ledger.models import now_iso
-from tether.mirror.entries import message_text
 from tether.mirror.mirror import Mirror
-from tether.pi.sessionformat import entry_message
 from tether.sandbox.limits import LimitHit
 from tether.threads import in_thread
 
-__all__ = ["PiEnded", "RunEnd", "RunEnder", "drive_recorded", "last_answer"]
-
-
-def last_answer(session_file: Path, offset: int) -> str | None:
-    """The last assistant text pi wrote to the run's session file after ``offset``, each entry
-    read by the one mapping of pi's session format the mirror uses (``entry_message``), so this
-    is the last answer row the mirror writes for the run."""
-    try:
-        lines = session_file.read_bytes()[offset:].split(b"\n")
-    except OSError:
-        return None
-    answer = None
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            entry = json.loads(line)
-            message = entry_message(entry) if isinstance(entry, dict) else None
-            if isinstance(message, dict) and message.get("role") == "assistant":
-                text = message_text(message)
-                answer = text if text.strip() else answer
-    return answer
+__all__ = ["PiEnded", "RunEnd", "RunEnder", "drive_recorded"]
 
 
 class PiRecord(msgspec.Struct, kw_only=True):

@@ -14,13 +14,14 @@ from tether.access import Obligations
 from tether.clock import Clock
 from tether.config import Config, SandboxKind
 from tether.events import EventBus
-from tether.files import private_file
+from tether.files import FileId, file_id, private_file
 from tether.followup import FollowupView, Refusal, build_view
 from tether.harness.context import ClaimedRun
 from tether.harness.custody.state import CustodyState, save_run_state
 from tether.harness.rundir import make_run_dir
 from tether.harness.turn import RunRequest
 from tether.ledger import Ledger, NewRow, RowKind
+from tether.mirror.announced import Announced
 from tether.mirror.mirror import Mirror
 from tether.pi.sessionfile import PreEntry, write_session_file
 from tether.pi.toolchannel import ToolChannel
@@ -123,7 +124,12 @@ def make_mirror(
     request_seq: int,
     bus: EventBus | None,
     obligations: Obligations | None,
+    nonce: str | None,
+    session_file: FileId | None,
 ) -> Mirror:
+    """The run's mirror: it writes only what pi announces over RPC (the harness's follower
+    passes it every record), checks the checkpoint's proof with the run's ``nonce``, and reads
+    only the ``session_file`` tether wrote (docs/security.md, "Rows only from pi")."""
     return Mirror(
         run.ledger,
         run.fence,
@@ -136,6 +142,9 @@ def make_mirror(
         obligations=obligations,
         # Unconfined, no limit applies: a tool's MemoryError is the host's, not the run's.
         limits=LimitWatch() if run.agent.sandbox is SandboxKind.BWRAP else None,
+        announced=Announced(),
+        nonce=nonce,
+        file_id=session_file,
     )
 
 
@@ -148,6 +157,7 @@ async def prepare(
     clock: Clock,
     deadline: float,
     bus: EventBus,
+    nonce: str,
 ) -> Prepared:
     """The run's rows (the view's copies, the request) and pi's session file, and what a
     harness taking the run over needs (DESIGN §3.7)."""
@@ -161,6 +171,7 @@ async def prepare(
     offset, known = write_session_file(
         session_file, session_id=run.fence.run, cwd=run.workdir, messages=entries
     )
+    written = file_id(session_file)  # pi is at its gate (or not started): no tool ran yet
     save_run_state(
         run.run_dir,
         CustodyState(
@@ -173,6 +184,8 @@ async def prepare(
             tools_token=tools.token,
             tools_path=str(tools.path),
             sandboxed=run.agent.sandbox is SandboxKind.BWRAP,
+            nonce=nonce,
+            session_file=written,
         ),
     )
     mirror = make_mirror(
@@ -182,5 +195,7 @@ async def prepare(
         request_seq=request_seq,
         bus=bus,
         obligations=obligations,
+        nonce=nonce,
+        session_file=written,
     )
     return Prepared(mirror, view_record, offset)

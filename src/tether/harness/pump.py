@@ -105,6 +105,7 @@ def on_record(
         state.turns += 1
         bus.emit(TurnStarted(state.turns))
     elif kind == Event.MESSAGE_END:
+        mirror.heard(item)  # pi announced an entry: the mirror writes only what pi announced
         message = item.get("message") or {}
         if message.get("role") == "assistant":
             state.last_assistant = message
@@ -138,6 +139,7 @@ def on_record(
     elif kind == Event.COMPACTION_START:
         bus.emit(Compacting(str(item.get("reason"))))
     elif kind == Event.COMPACTION_END:
+        mirror.heard(item)
         error = item.get("errorMessage")
         bus.emit(
             Compacted(
@@ -168,5 +170,10 @@ def on_record(
                 message=str(item.get("message", "")),
             )
         )
-    elif kind in (Event.ENTRY_APPENDED, Event.TURN_END, Event.AGENT_END):
+    elif kind == Event.ENTRY_APPENDED:
+        mirror.heard(item)
+        mirror.poke()
+    elif kind == Event.QUEUE_UPDATE:
+        mirror.heard(item)  # a relayed request's text, which pi will write as a user message
+    elif kind in (Event.TURN_END, Event.AGENT_END):
         mirror.poke()

@@ -23,6 +23,7 @@ from tether.errors import ConfigError
 from tether.files import private_dir, private_file
 from tether.pi import keeper
 from tether.pi.agentdir import NO_KEY, provider_keys, write_agent_dir
+from tether.pi.continuation import NONCE_ENV, new_nonce
 from tether.pi.gate import Gate
 from tether.pi.install import (
     EXTENSION_DIR,
@@ -123,6 +124,12 @@ def check_workdir(workdir: Path, *, agent: str, config: Config, ledger_path: Pat
     return workdir
 
 
+def _loads_continuation(extensions: Sequence[Path]) -> bool:
+    """Whether pi loads the continuation extension (only then is it given the run's nonce)."""
+    ours = extension_file("continuation").resolve()
+    return any(Path(ext).resolve() == ours for ext in extensions)
+
+
 class PiCommand(msgspec.Struct, frozen=True):
     """How one run's pi is started."""
 
@@ -158,6 +165,7 @@ def pi_command(
     workdir: Path | None = None,
     extensions: Sequence[Path] = (),
     gate: Gate | None = None,
+    nonce: str | None = None,
 ) -> PiCommand:
     """pi's command line and environment for the run in ``run_dir`` (its agent dir written
     there): the agent's model, tools and prompt; the keys, tools and continuation extensions;
@@ -203,6 +211,8 @@ def pi_command(
         ),
     )
     extra: dict[str, str] = {**agent_dir.env, **keys.env, **tools.env}
+    if nonce is not None and _loads_continuation(extensions):
+        extra[NONCE_ENV] = nonce  # the run's nonce, which the extension takes out at load
     pass_fds = keys.pass_fds
     if gate is not None:
         argv = gate.argv(argv)
@@ -281,8 +291,11 @@ class PiLaunch:
         tools: ToolChannel,
         keeper_proc: subprocess.Popen[bytes],
         gate: Gate,
+        nonce: str | None = None,
     ) -> None:
         self.run_id = run_id
+        self.nonce = nonce
+        """The run's continuation nonce, in pi's environment (``tether.pi.continuation``)."""
         self.run_dir = run_dir
         self.tools = tools
         self.keeper = keeper_proc
@@ -314,6 +327,7 @@ class PiLaunch:
             run_dir = make_run_dir(config, run_id)
             tools = ToolChannel.new(run_dir)
             gate = Gate()
+            nonce = new_nonce()
             with key_channel(keys) as channel:
                 command = pi_command(
                     config,
@@ -325,6 +339,7 @@ class PiLaunch:
                     workdir=workdir,
                     extensions=extensions,
                     gate=gate,
+                    nonce=nonce,
                 )
                 proc = keeper.start(
                     command.argv,
@@ -344,7 +359,9 @@ class PiLaunch:
             shutil.rmtree(runs_dir(config) / run_id, ignore_errors=True)
             raise
         gate.handed_over()
-        return cls(run_id=run_id, run_dir=run_dir, tools=tools, keeper_proc=proc, gate=gate)
+        return cls(
+            run_id=run_id, run_dir=run_dir, tools=tools, keeper_proc=proc, gate=gate, nonce=nonce
+        )
 
     @property
     def released(self) -> bool:

@@ -17,7 +17,11 @@ import msgspec
 
 from tether.pi.sessionformat import SESSION_VERSION, iso_of_ms, new_entry_id
 
-__all__ = ["PreEntry", "write_session_file"]
+__all__ = ["SESSION_LINK", "PreEntry", "write_session_file"]
+
+SESSION_LINK = "pi-session/session.jsonl"
+"""Where a sandboxed run's ``RUN_DIR/session.jsonl`` links to (``tether.pi.launch.pi_command``
+makes the link): the one link tether takes there, by this target, never by following it."""
 
 
 class PreEntry(msgspec.Struct, frozen=True):

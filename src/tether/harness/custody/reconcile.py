@@ -19,6 +19,7 @@ epoch (of several reconcilers exactly one wins), and then, by its placement:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import signal
 import time
@@ -33,19 +34,21 @@ from tether.clock import Clock, SystemClock
 from tether.config import Config
 from tether.errors import FencedOut, RunNotActive
 from tether.events import EventBus, Resumed, Subscriber
+from tether.files import open_own
 from tether.harness.checkpoint import continuation_checkpoint
 from tether.harness.claimed import queued_request
 from tether.harness.context import ClaimedRun, PiStart, RunControls
 from tether.harness.custody import placement as place
 from tether.harness.custody.state import has_run_state, load_run_state
 from tether.harness.driver import Driver
-from tether.harness.ending import drive_recorded, last_answer
+from tether.harness.ending import drive_recorded
 from tether.harness.relay import RelayHook
 from tether.harness.stops import StopControl
 from tether.harness.stranded import record_stranded_ends
 from tether.harness.traces import run_trace, takeover_span
 from tether.harness.turn import RunOutcome
 from tether.ledger import Fence, Ledger, Run, RunStatus
+from tether.mirror.announced import Announced
 from tether.mirror.entries import Actors
 from tether.mirror.mirror import Mirror
 from tether.pi import keeper
@@ -296,6 +299,7 @@ async def _mirror_what_pi_wrote(
         return _Mirrored(None, [])
     asked = run.extra.get("request") or {}
     session_file = run_dir / "session.jsonl"
+    announced, unheard = await in_thread(_announcements, run_dir)
     mirror = Mirror(
         ledger,
         fence,
@@ -306,13 +310,37 @@ async def _mirror_what_pi_wrote(
         request=(str(asked.get("text", "")), run.request_seq),
         # From the run's first entry: rows the lost harness wrote come back as they are.
         limits=LimitWatch() if saved.sandboxed else None,
+        # Only what pi announced: its records, as its keeper kept them in the events file.
+        announced=announced,
+        nonce=saved.nonce,
+        file_id=saved.session_file,
     )
+    if unheard is not None:
+        mirror.problems.append(unheard)
     try:
         await mirror.sync(final=True)
     except (FencedOut, RunNotActive):
         return None
-    answer = last_answer(session_file, saved.offset)
-    return _Mirrored(answer, mirror.problems[:10], mirror.limits_hit)
+    return _Mirrored(mirror.last_answer, mirror.problems[:10], mirror.limits_hit)
+
+
+def _announcements(run_dir: Path) -> tuple[Announced, str | None]:
+    """What pi announced in the run, from the events file its keeper wrote (and why none were
+    heard, when it cannot be read: then no entry of its session file is mirrored)."""
+    from tether.pi.jsonl import decode
+
+    announced = Announced()
+    path = run_dir / keeper.EVENTS_NAME
+    try:
+        with open_own(path) as f:
+            data = f.read()
+    except OSError as exc:  # ForeignFile among them: never read
+        return announced, f"pi's events were not read ({exc}): nothing it wrote is mirrored"
+    for line in data.split(b"\n"):
+        if line.strip():
+            with contextlib.suppress(ValueError):
+                announced.hear(decode(line))
+    return announced, None
 
 
 async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -> Reconciled | None:

@@ -35,6 +35,11 @@ class CustodyState(msgspec.Struct, kw_only=True):
     """pi's tools socket and token: a resume serves the same ones."""
     sandboxed: bool = False
     """pi ran in the sandbox: what it wrote is read for the limits its tools hit."""
+    nonce: str | None = None
+    """The run's continuation nonce (``tether.pi.continuation``): a takeover checks the
+    checkpoint's proof with it."""
+    session_file: tuple[int, int] | None = None
+    """The session file tether wrote (``st_dev``, ``st_ino``): the only file the mirror reads."""
 
 
 def save_run_state(run_dir: Path, state: CustodyState) -> None:
