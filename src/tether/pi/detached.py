@@ -23,6 +23,7 @@ import ctypes
 import json
 import os
 import signal
+import stat
 import struct
 import subprocess
 import threading
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from tether.files import open_own
 from tether.pi import keeper
 from tether.pi.errors import PiStartupFailed, TransportClosed
 from tether.pi.jsonl import LineSplitter
@@ -62,7 +64,8 @@ Placement = dict[str, Any]
 
 def read_exit(run_dir: Path) -> int | None:
     try:
-        data = json.loads((run_dir / keeper.EXIT_NAME).read_text())
+        with open_own(run_dir / keeper.EXIT_NAME) as f:  # never through a link
+            data = json.loads(f.read())
     except (OSError, ValueError):
         return None
     status = data.get("status") if isinstance(data, dict) else None
@@ -188,7 +191,7 @@ class KeeperTransport:
 
     def diagnostics(self) -> str:
         tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
-        with contextlib.suppress(OSError), self._log.open("rb") as f:
+        with contextlib.suppress(OSError), open_own(self._log) as f:
             f.seek(max(0, f.seek(0, 2) - 64 * 1024))
             for line in f.read().split(b"\n"):
                 if line.strip():
@@ -223,7 +226,9 @@ class KeeperTransport:
         ended = True
         with (
             watch,
-            open(self._events, "rb") as f,  # noqa: ASYNC230  (a local file, read without waiting)
+            # A local file, read without waiting; never through a link, nor another file than
+            # the keeper's (tether.files.open_own).
+            open_own(self._events) as f,
         ):
             f.seek(self.offset)
             while True:
@@ -273,7 +278,12 @@ class KeeperTransport:
         if self._fd is None:
             # The keeper holds the FIFO open, so a non-blocking open for writing succeeds at
             # once; a FIFO whose keeper is gone raises ENXIO here instead of blocking forever.
-            self._fd = os.open(self._fifo, os.O_WRONLY | os.O_NONBLOCK)
+            fd = os.open(self._fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            found = os.fstat(fd)
+            if not stat.S_ISFIFO(found.st_mode) or found.st_uid != os.geteuid():
+                os.close(fd)  # not the keeper's FIFO (a tool's file in its place): no command
+                raise OSError(f"{self._fifo} is not the keeper's command FIFO")
+            self._fd = fd
             os.set_blocking(self._fd, True)
         view = memoryview(data)
         while view:
@@ -400,6 +410,7 @@ class _DirWatch:
     (anyio's other backend) waits with ``wait_readable`` each time."""
 
     _IN_MODIFY = 0x002
+    _IN_DONT_FOLLOW = 0x02000000
     _IN_MOVED_TO = 0x080
     _IN_CREATE = 0x100
     _IN_Q_OVERFLOW = 0x4000
@@ -420,7 +431,10 @@ class _DirWatch:
                 return
             landing = self._IN_MOVED_TO | self._IN_CREATE
             followed = grows is not None and (
-                libc.inotify_add_watch(fd, os.fsencode(grows), self._IN_MODIFY) >= 0
+                libc.inotify_add_watch(
+                    fd, os.fsencode(grows), self._IN_MODIFY | self._IN_DONT_FOLLOW
+                )
+                >= 0
             )
             # Without the file's own watch (it is not there yet), any change in the directory.
             mask = landing if followed or grows is None else landing | self._IN_MODIFY
@@ -521,7 +535,7 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 def _size(path: Path) -> int:
     try:
-        return path.stat().st_size
+        return os.stat(path, follow_symlinks=False).st_size
     except OSError:
         return 0
 

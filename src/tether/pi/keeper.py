@@ -59,6 +59,7 @@ _BOOT = (
 )
 _PR_SET_CHILD_SUBREAPER = 36
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+_READ_OWN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK = 256 * 1024
 
 
@@ -103,9 +104,15 @@ def keeper_command(run_dir: Path, stderr_log: Path, argv: list[str]) -> list[str
 def read_placement(run_dir: Path) -> dict[str, Any] | None:
     """What a keeper recorded in ``run_dir`` (its pid, pi's), or None."""
     import json
+    import stat
 
     try:
-        with open(os.path.join(run_dir, PLACEMENT_NAME), "rb") as f:
+        # Never through a link, nor from a file not this user's (a tool's, planted in its place).
+        fd = os.open(os.path.join(run_dir, PLACEMENT_NAME), _READ_OWN)
+        with open(fd, "rb") as f:
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid():
+                return None
             data = json.loads(f.read())
     except (OSError, ValueError):
         return None
@@ -126,7 +133,7 @@ def _write_atomic(path: str, data: dict[str, int | float | bool]) -> None:
     # Renamed into place, not synced: these records matter while the host is up (a host that
     # goes down takes pi with it), and a sync costs a run dearly on a busy disk.
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(_json_object(data))
     os.replace(tmp, path)

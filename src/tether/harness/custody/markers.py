@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tether.files import open_own
+
 __all__ = ["Marked", "Markers"]
 
 
@@ -46,12 +48,18 @@ class Markers:
                     self._write(Marked(kind), {"id": record.get("id"), "at": time.time()})
 
     def sent(self, kind: Marked) -> bool:
-        return self.path(kind).exists()
+        """Whether the marker tether wrote is there (not a file in its place: a link, …)."""
+        try:
+            with open_own(self.path(kind)):
+                return True
+        except OSError:
+            return False
 
     def sent_id(self, kind: Marked) -> object:
         """The request id of the marked command (None when unreadable)."""
         try:
-            found = json.loads(self.path(kind).read_text())
+            with open_own(self.path(kind)) as f:
+                found = json.loads(f.read())
         except (OSError, ValueError):
             return None
         return found.get("id") if isinstance(found, dict) else None
@@ -59,7 +67,8 @@ class Markers:
     def _write(self, kind: Marked, data: dict[str, Any]) -> None:
         # Written before the command and not synced: it must survive this process (a SIGKILL
         # leaves the page cache to the next harness), not the host, which pi would not survive.
-        fd = os.open(self.path(kind), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+        fd = os.open(self.path(kind), flags, 0o600)
         try:
             os.write(fd, json.dumps(data).encode())
         finally:

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 
 from tether.clock import Clock
+from tether.files import open_own
 from tether.harness.checkpoint import RECEIPT_KIND, parse_receipt, store_refusal
 from tether.harness.custody.markers import Marked, Markers
 from tether.harness.stops import race_clock
@@ -26,10 +27,17 @@ from tether.threads import in_thread
 __all__ = ["await_lost_checkpoint"]
 
 
+def _events(run_dir: Path) -> bytes:
+    """The events file the keeper wrote (never through a link, nor another file in its place:
+    ``OSError``)."""
+    with open_own(run_dir / keeper.EVENTS_NAME) as f:
+        return f.read()
+
+
 def _compact_response(run_dir: Path, sent_id: object) -> dict[str, Any] | None:
     """pi's answer to the lost harness's ``compact``, if it is in the events file."""
     try:
-        data = (run_dir / keeper.EVENTS_NAME).read_bytes()
+        data = _events(run_dir)
     except OSError:
         return None
     for line in data.split(b"\n"):
@@ -53,7 +61,7 @@ def _receipt(run_dir: Path, run: str) -> ReceiptReason | None:
     """The reason of the refusal receipt pi's extension reported for ``run`` (an error
     ``notify`` in the events file), if it did."""
     try:
-        data = (run_dir / keeper.EVENTS_NAME).read_bytes()
+        data = _events(run_dir)
     except OSError:
         return None
     found = None

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from tether.files import open_own
+
 __all__ = ["RUN_STATE", "CustodyState", "has_run_state", "load_run_state", "save_run_state"]
 
 RUN_STATE = "custody.json"
@@ -44,15 +46,17 @@ class CustodyState(msgspec.Struct, kw_only=True):
 
 def save_run_state(run_dir: Path, state: CustodyState) -> None:
     tmp = run_dir / (RUN_STATE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(msgspec.json.encode(state))
     os.replace(tmp, run_dir / RUN_STATE)
 
 
 def load_run_state(run_dir: Path) -> CustodyState:
-    """Raises ``OSError`` (no file) or ``ValueError`` (not a run state)."""
-    data = (run_dir / RUN_STATE).read_bytes()
+    """Raises ``OSError`` (no file, or ``ForeignFile``: not the one tether wrote, never read)
+    or ``ValueError`` (not a run state)."""
+    with open_own(run_dir / RUN_STATE) as f:
+        data = f.read()
     try:
         return msgspec.json.decode(data, type=CustodyState)
     except msgspec.DecodeError as exc:
