@@ -79,12 +79,13 @@ def direct_rpc(argv: list[str], env: dict[str, str], cwd: str, prompt: str) -> f
     return time.perf_counter() - started
 
 
-def tool_call_ms(store: Any, sessions: list[str]) -> list[float]:
+def tool_call_ms(store: Any, sessions: list[str], *, first: bool = False) -> list[float]:
     """Each tool call's time in these sessions: from the assistant message that makes it to
-    its result, by pi's own timestamps (ms)."""
+    its result, by pi's own timestamps (ms); ``first``: each run's first call only."""
     out: list[float] = []
     for session in sessions:
         made: float | None = None
+        calls: list[float] = []
         for row in store.iter_rows(session):
             stamp = row.body.get("timestamp") if isinstance(row.body, dict) else None
             if not isinstance(stamp, int | float):
@@ -92,7 +93,8 @@ def tool_call_ms(store: Any, sessions: list[str]) -> list[float]:
             if row.role == "assistant":
                 made = stamp
             elif row.role == "toolResult" and made is not None:
-                out.append(stamp - made)
+                calls.append(stamp - made)
+        out += calls[:1] if first else calls
     return out
 
 
@@ -516,8 +518,11 @@ runs_dir = "runs"
         forwarded = forwarder_latency(provider.url, work, args.replies)
         with open_ledger(f"sqlite://{work}/ledger.db") as ledger:
             tool_ms = {
-                name: tool_call_ms(ledger, [f"{prefix}-{i}" for i in range(args.reps)])
+                name + suffix: tool_call_ms(
+                    ledger, [f"{prefix}-{i}" for i in range(args.reps)], first=bool(suffix)
+                )
                 for name, prefix in (("cli", "cli"), ("cli_none", "none"))
+                for suffix in ("", "_first")
             }
 
     def med(name: str) -> float:
@@ -605,7 +610,9 @@ runs_dir = "runs"
         f"unsandboxed p50 {statistics.median(unconfined):.1f} ms, p99 "
         f"{percentile(unconfined, 0.99):.1f} ms; added p50 "
         f"{statistics.median(sandboxed) - statistics.median(unconfined):+.1f} ms, p99 "
-        f"{percentile(sandboxed, 0.99) - percentile(unconfined, 0.99):+.1f} ms"
+        f"{percentile(sandboxed, 0.99) - percentile(unconfined, 0.99):+.1f} ms; a run's first "
+        f"call, median: {statistics.median(tool_ms['cli_first']):.1f} ms against "
+        f"{statistics.median(tool_ms['cli_none_first']):.1f} ms"
     )
     if sink is not None:
         print(
