@@ -79,6 +79,12 @@ class SqlBase(abc.ABC):
         already serializes every write transaction, so there is nothing more to take."""
         return True
 
+    def _lock_actor(self, c: Cursor, actor: str) -> None:
+        """Serialize the admission of one actor's requests (its limits' counts and the insert,
+        :mod:`tether.ledger.limits`) inside the current write transaction. SQLite's
+        ``BEGIN IMMEDIATE`` already serializes every write transaction."""
+        return
+
     def __enter__(self) -> Self:
         return self
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -15,6 +16,7 @@ from tether.ids import check_id, new_run_id
 from tether.ledger import codec
 from tether.ledger.codec import Cursor
 from tether.ledger.erasing import is_erasing
+from tether.ledger.limits import RunLimits, check_limits
 from tether.ledger.lineage import NO_BOUND, lineage
 from tether.ledger.models import (
     ENDED_STATUSES,
@@ -160,6 +162,7 @@ class CustodySql(SessionsSql):
         run_id: str | None = None,
         waiter: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
+        limits: RunLimits | None = None,
     ) -> tuple[Run, bool]:
         """A ``queued`` run carrying its request in ``extra["request"]`` (the request row is
         written when the run starts), the session created on first use. The same
@@ -168,21 +171,38 @@ class CustodySql(SessionsSql):
         process that waits to run it itself (``tether run``), so a waiter that died can be
         withdrawn from the queue (:meth:`waited_heads`). ``extra`` is more of the run's record,
         written with it (what a worker must see the moment it can claim the run, such as the
-        trace it continues)."""
+        trace it continues). With ``limits`` (the service's), the actor's limits are counted
+        in the transaction of the insert, under the actor's lock (:mod:`tether.ledger.limits`):
+        over one, ``LimitExceeded`` and nothing is written, not even the new session; a
+        repeated ``request_id`` is answered before the limits are counted."""
         check_id("agent", agent)
         check_id("actor", actor)
         rid = check_id("run", run_id) if run_id is not None else new_run_id()
-        self.ensure_session(session_id)
+        if limits is None:
+            self.ensure_session(session_id)
+        else:
+            check_id("session", session_id)
         extra = {
             **(extra or {}),
             "request": {"text": text, "actor": actor, "request_id": request_id},
         }
         try:
             with self._tx() as c:
+                now = time.time()
+                if limits is not None:
+                    self._lock_actor(c, actor)
+                    if request_id is not None and (found := _by_request(c, session_id, request_id)):
+                        return found, False
+                    check_limits(c, actor, limits, now)
+                    c.execute(
+                        "INSERT INTO sessions (id, created) VALUES (?, ?) "
+                        "ON CONFLICT (id) DO NOTHING",
+                        (session_id, now_iso()),
+                    )
                 self._check_takes_prompts(c, session_id)
                 c.execute(
                     "INSERT INTO runs (id, session, agent, status, epoch, extra, request_id, "
-                    "placement) VALUES (?, ?, ?, 'queued', 0, ?, ?, ?)",
+                    "placement, actor, created_epoch) VALUES (?, ?, ?, 'queued', 0, ?, ?, ?, ?, ?)",
                     (
                         rid,
                         session_id,
@@ -190,6 +210,8 @@ class CustodySql(SessionsSql):
                         canonical_json(extra),
                         request_id,
                         canonical_json(waiter) if waiter else None,
+                        actor,
+                        now,
                     ),
                 )
         except Exception as exc:
@@ -197,13 +219,9 @@ class CustodySql(SessionsSql):
                 raise
             if request_id is not None:
                 with self._read() as c:
-                    c.execute(
-                        f"SELECT {codec.RUN_COLS} FROM runs WHERE session = ? AND request_id = ?",
-                        (session_id, request_id),
-                    )
-                    r = c.fetchone()
-                if r is not None:
-                    return codec.run_of(r), False
+                    found = _by_request(c, session_id, request_id)
+                if found is not None:
+                    return found, False
             raise AlreadyExists(f"run {rid!r} already exists") from exc
         return (
             Run(id=rid, session=session_id, agent=agent, status=RunStatus.QUEUED, extra=extra),
@@ -211,12 +229,19 @@ class CustodySql(SessionsSql):
         )
 
     def _claim_in(
-        self, c: Cursor, session_id: str, run_id: str | None, owner: str, lease_s: float
+        self,
+        c: Cursor,
+        session_id: str,
+        run_id: str | None,
+        owner: str,
+        lease_s: float,
+        live_limit: Callable[[str], int] | None = None,
     ) -> Fence | None:
         """Inside a transaction holding the session's custody lock: claim the session's
         oldest queued run (or ``run_id`` if it is the oldest) when no run of it is live. Without
         ``run_id``, a run a ``tether run`` waits for (its waiter is recorded) is not taken: it is
-        that process's to run, with the pi it already started."""
+        that process's to run, with the pi it already started. With ``live_limit``, a run whose
+        actor has that many runs live already is not taken (counted under the actor's lock)."""
         c.execute(
             "SELECT id FROM runs WHERE session = ? AND status = 'running' LIMIT 1", (session_id,)
         )
@@ -225,7 +250,7 @@ class CustodySql(SessionsSql):
         if is_erasing(c, session_id):
             return None  # no run may become live between an erasure's stop and the erasure
         c.execute(
-            "SELECT id, placement FROM runs WHERE session = ? AND status = 'queued' "
+            "SELECT id, placement, actor FROM runs WHERE session = ? AND status = 'queued' "
             "ORDER BY ord LIMIT 1",
             (session_id,),
         )
@@ -234,6 +259,13 @@ class CustodySql(SessionsSql):
             return None
         if run_id is None and first[1]:
             return None
+        if live_limit is not None and first[2] is not None:
+            self._lock_actor(c, first[2])
+            c.execute(
+                "SELECT COUNT(*) FROM runs WHERE actor = ? AND status = 'running'", (first[2],)
+            )
+            if int(c.fetchone()[0]) >= live_limit(first[2]):
+                return None  # its actor is at its bound: the run waits
         c.execute(
             "UPDATE runs SET epoch = epoch + 1, status = 'running', started = ?, owner = ?, "
             "lease_expires = ? WHERE id = ? AND status = 'queued' RETURNING epoch",
@@ -249,11 +281,14 @@ class CustodySql(SessionsSql):
         lease_s: float,
         session: str | None = None,
         run_id: str | None = None,
+        live_limit: Callable[[str], int] | None = None,
     ) -> Fence | None:
         """Atomically take the oldest queued run (FIFO by creation) of a session that has no
         live run: it becomes ``running`` with a new epoch and a lease held by ``owner``. With
         ``run_id``, that run only, and only when it is first in its session's queue and the
-        session is free. None when there is nothing to take."""
+        session is free. With ``live_limit`` (actor -> its bound, the service's workers), a
+        run is not taken while its actor has that many runs live. None when there is nothing
+        to take."""
         if run_id is not None:
             found = self.run(run_id)
             if found is None:
@@ -264,13 +299,26 @@ class CustodySql(SessionsSql):
         if session is not None:
             with self._tx() as c:
                 self._lock_session(c, session)
-                return self._claim_in(c, session, run_id, owner, lease_s)
+                return self._claim_in(c, session, run_id, owner, lease_s, live_limit)
         with self._read() as c:
+            # The actors at their bound: their queued runs are no candidates (a read of the
+            # live runs, which are few).
+            held: list[str] = []
+            if live_limit is not None:
+                c.execute(
+                    "SELECT actor, COUNT(*) FROM runs WHERE status = 'running' "
+                    "AND actor IS NOT NULL GROUP BY actor"
+                )
+                held = [a for a, n in c.fetchall() if int(n) >= live_limit(a)]
             # Candidates: the head of each free session's queue, oldest first.
+            passed = ""
+            if held:
+                passed = f"AND (q.actor IS NULL OR q.actor NOT IN ({', '.join('?' * len(held))})) "
             c.execute(
                 "SELECT q.session FROM runs q WHERE q.status = 'queued' AND NOT EXISTS "
                 "(SELECT 1 FROM runs l WHERE l.session = q.session AND l.status = 'running') "
-                "GROUP BY q.session ORDER BY MIN(q.ord) LIMIT 64"
+                f"{passed}GROUP BY q.session ORDER BY MIN(q.ord) LIMIT 64",
+                held,
             )
             candidates = [r[0] for r in c.fetchall()]
         for sid in candidates:
@@ -279,7 +327,7 @@ class CustodySql(SessionsSql):
                 # FOR UPDATE SKIP LOCKED would.
                 if not self._lock_session(c, sid, wait=False):
                     continue
-                fence = self._claim_in(c, sid, None, owner, lease_s)
+                fence = self._claim_in(c, sid, None, owner, lease_s, live_limit)
             if fence is not None:
                 return fence
         return None
@@ -310,6 +358,19 @@ class CustodySql(SessionsSql):
             )
             r = c.fetchone()
         return codec.lease_of(r) if r else None
+
+    def last_placement(self, session_id: str) -> tuple[str, dict[str, Any]] | None:
+        """The newest started run of the session that recorded where it ran, with that placement
+        (host, harness, pi and keeper pids with their start times, run directory): where a pi
+        of the session's last run could still be left."""
+        with self._read() as c:
+            c.execute(
+                "SELECT id, placement FROM runs WHERE session = ? AND started IS NOT NULL "
+                "AND placement IS NOT NULL ORDER BY ord DESC LIMIT 1",
+                (session_id,),
+            )
+            r = c.fetchone()
+        return (str(r[0]), json.loads(r[1])) if r else None
 
     def live_runs(self, *, session: str | None = None) -> list[Run]:
         """Running runs (of one session, or all), oldest first."""
@@ -456,6 +517,15 @@ class CustodySql(SessionsSql):
                 if len(found) >= limit:
                     break
             return found
+
+
+def _by_request(c: Cursor, session_id: str, request_id: str) -> Run | None:
+    c.execute(
+        f"SELECT {codec.RUN_COLS} FROM runs WHERE session = ? AND request_id = ?",
+        (session_id, request_id),
+    )
+    r = c.fetchone()
+    return codec.run_of(r) if r else None
 
 
 def _as(session_id: str, run: Run) -> Run:

@@ -139,19 +139,33 @@ class ErasingSql(SqlBase):
                 clear_marks(c, session)
 
     def request_stop(self, run_id: str, *, hard: bool, detail: str, actor: str) -> bool:
-        """Ask the live run ``run_id`` to stop (see the module); False when it is not running."""
+        """Ask the live run ``run_id`` to stop (see the module); False when it is not running.
+        The run's record names who asked (``stopped_by``, and ``stop_asked``: hard or not, when),
+        written with the request, before its harness can see it and end the run."""
         check_id("actor", actor)
+        at = now_iso()
         with self._tx() as c:
-            c.execute("SELECT session, status FROM runs WHERE id = ?", (run_id,))
+            # The run's row lock first, as an append takes it (then the session's row).
+            c.execute(
+                "UPDATE runs SET epoch = epoch WHERE id = ? AND status = 'running' "
+                "RETURNING session, extra",
+                (run_id,),
+            )
             run = c.fetchone()
-            if run is None or run[1] != "running":
+            if run is None:
                 return False
             self._lock_session(c, run[0])
             c.execute("SELECT extra FROM sessions WHERE id = ?", (run[0],))
             found = c.fetchone()
             extra = codec.loads_extra(found[0] if found else None)
-            extra[STOP_KEY] = StopRequest(run_id, hard, detail, actor, now_iso()).to_json()
+            extra[STOP_KEY] = StopRequest(run_id, hard, detail, actor, at).to_json()
             c.execute("UPDATE sessions SET extra = ? WHERE id = ?", (canonical_json(extra), run[0]))
+            asked = {
+                **codec.loads_extra(run[1]),
+                "stopped_by": actor,
+                "stop_asked": {"hard": hard, "at": at},
+            }
+            c.execute("UPDATE runs SET extra = ? WHERE id = ?", (canonical_json(asked), run_id))
         return True
 
     def stop_request(self, fence: Fence) -> StopRequest | None:

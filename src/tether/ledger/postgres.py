@@ -305,6 +305,15 @@ class PostgresLedger(SqlLedger):
         c.execute("SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || ?))", (key,))
         return bool(c.fetchone()[0])
 
+    def _lock_actor(self, c: Cursor, actor: str) -> None:
+        # Per actor, as per session above: the limits' counts and the insert they admit are
+        # serialized across processes and hosts (READ COMMITTED: the count, taken after the
+        # lock, sees every run the lock's last holder committed).
+        c.execute(
+            "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ?))",
+            ("tether.actor:" + actor,),
+        )
+
     def close(self) -> None:
         self._pool.close()
 

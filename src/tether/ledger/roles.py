@@ -10,12 +10,13 @@ satisfies each role structurally: mypy checks that at the foot of this module.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tether.ledger.erasing import StopRequest
 from tether.ledger.lifecycle import ErasePlan, Erasure, Selector
+from tether.ledger.limits import ActorLoad, RunLimits
 from tether.ledger.models import (
     Fence,
     Lease,
@@ -71,6 +72,9 @@ class Sessions(SessionReads, Protocol):
     ) -> Session: ...
     def ensure_session(self, session_id: str) -> Session: ...
     def set_refusing(self, session_id: str, reason: str | None) -> None: ...
+    def clear_refusing(
+        self, session_id: str, *, actor: str, pi_checked: bool = ...
+    ) -> str | None: ...
 
 
 class Custody(Protocol):
@@ -107,7 +111,9 @@ class Custody(Protocol):
         run_id: str | None = ...,
         waiter: dict[str, Any] | None = ...,
         extra: dict[str, Any] | None = ...,
+        limits: RunLimits | None = ...,
     ) -> tuple[Run, bool]: ...
+    def actor_load(self, actor: str, *, now: float | None = ...) -> ActorLoad: ...
     def claim_next(
         self,
         *,
@@ -115,11 +121,13 @@ class Custody(Protocol):
         lease_s: float,
         session: str | None = ...,
         run_id: str | None = ...,
+        live_limit: Callable[[str], int] | None = ...,
     ) -> Fence | None: ...
     def heartbeat(
         self, fence: Fence, *, lease_s: float, placement: dict[str, Any] | None = ...
     ) -> None: ...
     def lease(self, run_id: str) -> Lease | None: ...
+    def last_placement(self, session_id: str) -> tuple[str, dict[str, Any]] | None: ...
     def live_runs(self, *, session: str | None = ...) -> list[Run]: ...
     def session_free(self, session_id: str) -> bool: ...
     def waited_heads(

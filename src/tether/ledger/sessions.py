@@ -17,7 +17,10 @@ from tether.ledger.models import (
 )
 from tether.sizes import canonical_json
 
-__all__ = ["SessionsSql"]
+__all__ = ["CLEARS_KEPT", "SessionsSql"]
+
+CLEARS_KEPT = 20
+"""The receipts of clears a session keeps (the newest)."""
 
 
 class SessionsSql(SqlBase):
@@ -117,6 +120,34 @@ class SessionsSql(SqlBase):
         if r is None:
             raise NotFound(f"no session {session_id!r}")
         return int(r[0])
+
+    def clear_refusing(
+        self, session_id: str, *, actor: str, pi_checked: bool = False
+    ) -> str | None:
+        """Let the session take prompts again, as ``set_refusing(session, None)`` does, and keep
+        a receipt in its record (``extra["cleared"]``, the newest :data:`CLEARS_KEPT`: who, when,
+        the refusal it took away, whether the operator said it checked pi by hand). Returns that
+        refusal (None: there was none, and nothing is written)."""
+        check_id("actor", actor)
+        with self._tx() as c:
+            self._lock_session(c, session_id)
+            c.execute("SELECT refusing FROM sessions WHERE id = ?", (session_id,))
+            found = c.fetchone()
+            if found is None:
+                raise NotFound(f"no session {session_id!r}")
+            was = found[0]
+            clear_marks(c, session_id)
+            if not was:
+                return None
+            c.execute("SELECT extra FROM sessions WHERE id = ?", (session_id,))
+            extra = codec.loads_extra(c.fetchone()[0])
+            receipt = {"by": actor, "at": now_iso(), "was": was, "pi_checked": pi_checked}
+            extra["cleared"] = [*(extra.get("cleared") or []), receipt][-CLEARS_KEPT:]
+            c.execute(
+                "UPDATE sessions SET refusing = NULL, extra = ? WHERE id = ?",
+                (canonical_json(extra), session_id),
+            )
+        return str(was)
 
     def set_refusing(self, session_id: str, reason: str | None) -> None:
         """Mark the session as refusing new prompts (or clear it with ``None``: an erasure that

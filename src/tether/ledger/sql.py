@@ -8,7 +8,8 @@ from one module per domain:
 - :mod:`~tether.ledger.search`: full-text search (the one statement that differs by engine);
 - :mod:`~tether.ledger.imports`: interchange import and copy;
 - :mod:`~tether.ledger.lifecycle`: erasure, its receipts, and the idle sessions retention erases;
-- :mod:`~tether.ledger.erasing`: a session being erased, and the stop asked of its live run.
+- :mod:`~tether.ledger.erasing`: a session being erased, and the stop asked of its live run;
+- :mod:`~tether.ledger.limits`: what one actor may ask for, counted (the service's limits).
 
 They stand on :mod:`~tether.ledger.base` (the engine's part, fencing) and
 :mod:`~tether.ledger.codec` (columns and records). The engines (:mod:`~tether.ledger.sqlite`,
@@ -25,6 +26,7 @@ from tether.ledger.custody import CustodySql
 from tether.ledger.erasing import ErasingSql
 from tether.ledger.imports import DuplicateEntry, Importer, ImportSql
 from tether.ledger.lifecycle import LifecycleSql
+from tether.ledger.limits import LimitsSql
 from tether.ledger.notes import NotesSql
 from tether.ledger.rows import RowsSql
 from tether.ledger.search import MAX_SEARCH_WORDS, SearchSql
@@ -41,6 +43,8 @@ __all__ = [
 ]
 
 
-class SqlLedger(CustodySql, RowsSql, NotesSql, SearchSql, ImportSql, LifecycleSql, ErasingSql):
+class SqlLedger(
+    CustodySql, RowsSql, NotesSql, SearchSql, ImportSql, LifecycleSql, ErasingSql, LimitsSql
+):
     """The run ledger on a SQL engine: every domain's operations. Open one with
     :func:`tether.ledger.open_ledger`."""

@@ -153,6 +153,19 @@ MIGRATIONS: list[str] = [
         counts    TEXT COLLATE "C" NOT NULL
     );
     """,
+    # 9: what one actor may ask for ([service.limits], tether.ledger.limits): each run names
+    # its requesting actor and when it was created (seconds since the epoch), so the actor's
+    # queued and live runs and its requests of the last minute are index reads. Runs still
+    # queued or running take their actor from their request; older runs keep neither.
+    """
+    ALTER TABLE runs ADD COLUMN actor TEXT COLLATE "C";
+    ALTER TABLE runs ADD COLUMN created_epoch DOUBLE PRECISION;
+    UPDATE runs SET actor = extra::jsonb -> 'request' ->> 'actor'
+        WHERE status IN ('queued', 'running');
+    CREATE INDEX runs_open_by_actor ON runs (actor, status)
+        WHERE status IN ('queued', 'running');
+    CREATE INDEX runs_by_actor ON runs (actor, created_epoch) WHERE actor IS NOT NULL;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -186,7 +199,9 @@ SCHEMA = f"""
         lease_expires  DOUBLE PRECISION,
         owner          TEXT COLLATE "C",
         placement      TEXT COLLATE "C",
-        request_id     TEXT COLLATE "C"
+        request_id     TEXT COLLATE "C",
+        actor          TEXT COLLATE "C",
+        created_epoch  DOUBLE PRECISION
     );
     CREATE INDEX runs_by_session ON runs (session, ord);
     CREATE INDEX runs_ended ON runs (session, agent, ord)
@@ -195,6 +210,9 @@ SCHEMA = f"""
         WHERE request_id IS NOT NULL;
     CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
     CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
+    CREATE INDEX runs_open_by_actor ON runs (actor, status)
+        WHERE status IN ('queued', 'running');
+    CREATE INDEX runs_by_actor ON runs (actor, created_epoch) WHERE actor IS NOT NULL;
     CREATE TABLE rows (
         id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         session      TEXT COLLATE "C" NOT NULL REFERENCES sessions(id),

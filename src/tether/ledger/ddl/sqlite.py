@@ -202,6 +202,19 @@ MIGRATIONS: list[str] = [
         INSERT INTO rows_fts (rows_fts, rowid, text) VALUES ('delete', old.fts_key, old.text);
     END;
     """,
+    # 12: what one actor may ask for ([service.limits], tether.ledger.limits): each run names
+    # its requesting actor and when it was created (seconds since the epoch), so the actor's
+    # queued and live runs and its requests of the last minute are index reads. Runs still
+    # queued or running take their actor from their request; older runs keep neither.
+    """
+    ALTER TABLE runs ADD COLUMN actor TEXT;
+    ALTER TABLE runs ADD COLUMN created_epoch REAL;
+    UPDATE runs SET actor = json_extract(extra, '$.request.actor')
+        WHERE status IN ('queued', 'running') AND json_valid(extra);
+    CREATE INDEX runs_open_by_actor ON runs (actor, status)
+        WHERE status IN ('queued', 'running');
+    CREATE INDEX runs_by_actor ON runs (actor, created_epoch) WHERE actor IS NOT NULL;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -241,7 +254,9 @@ SCHEMA = """
         lease_expires  REAL,
         owner          TEXT,
         placement      TEXT,
-        request_id     TEXT
+        request_id     TEXT,
+        actor          TEXT,
+        created_epoch  REAL
     );
     CREATE INDEX runs_by_session ON runs (session, ord);
     CREATE INDEX runs_ended ON runs (session, agent, ord)
@@ -250,6 +265,9 @@ SCHEMA = """
         WHERE request_id IS NOT NULL;
     CREATE INDEX runs_queued ON runs (session, ord) WHERE status = 'queued';
     CREATE INDEX runs_live ON runs (session) WHERE status = 'running';
+    CREATE INDEX runs_open_by_actor ON runs (actor, status)
+        WHERE status IN ('queued', 'running');
+    CREATE INDEX runs_by_actor ON runs (actor, created_epoch) WHERE actor IS NOT NULL;
     CREATE TABLE "rows" (
         fts_key      INTEGER PRIMARY KEY,
         session      TEXT NOT NULL REFERENCES sessions(id),
