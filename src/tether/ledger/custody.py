@@ -13,6 +13,7 @@ import msgspec
 
 from tether.errors import AlreadyExists, NotFound, RunNotActive
 from tether.ids import check_id, new_run_id
+from tether.images import ended_extra
 from tether.ledger import codec
 from tether.ledger.codec import Cursor
 from tether.ledger.erasing import is_erasing
@@ -26,13 +27,14 @@ from tether.ledger.models import (
     RunStatus,
     now_iso,
 )
+from tether.ledger.outbox import OutboxSql
 from tether.ledger.sessions import SessionsSql
 from tether.sizes import canonical_json
 
 __all__ = ["CustodySql"]
 
 
-class CustodySql(SessionsSql):
+class CustodySql(SessionsSql, OutboxSql):
     """Runs, the queue and custody."""
 
     def create_run(
@@ -116,7 +118,7 @@ class CustodySql(SessionsSql):
             r = c.fetchone()
             if r is None:
                 return None
-            merged = {**codec.loads_extra(r[0]), **(extra or {})}
+            merged = ended_extra({**codec.loads_extra(r[0]), **(extra or {})})
             c.execute(
                 "UPDATE runs SET status = ?, ended = ?, extra = ? "
                 "WHERE id = ? AND status = 'queued'",
@@ -124,6 +126,7 @@ class CustodySql(SessionsSql):
             )
             if c.rowcount != 1:
                 return None
+            self._record_run_end(c, run_id)  # the webhooks' event (tether.ledger.outbox)
         return self.get_run(run_id)
 
     def run_counts(self) -> dict[RunStatus, int]:
@@ -477,13 +480,14 @@ class CustodySql(SessionsSql):
         with self._tx() as c:
             c.execute("SELECT extra FROM runs WHERE id = ?", (fence.run,))
             r = c.fetchone()
-            merged = {**codec.loads_extra(r[0] if r else None), **(extra or {})}
+            merged = ended_extra({**codec.loads_extra(r[0] if r else None), **(extra or {})})
             self._check_fence(
                 c,
                 fence,
                 "status = ?, ended = ?, extra = ?",
                 (status.value, now_iso(), canonical_json(merged)),
             )
+            self._record_run_end(c, fence.run)  # the webhooks' event (tether.ledger.outbox)
         return self.get_run(fence.run)
 
     def update_run_extra(self, fence: Fence, extra: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from tether.ledger.models import (
     Session,
     TailRead,
 )
+from tether.ledger.outbox import Outbox
 
 if TYPE_CHECKING:
     from tether.ledger.imports import Importer
@@ -42,6 +43,7 @@ __all__ = [
     "Lifecycle",
     "NoteReads",
     "Notes",
+    "Outbox",
     "RowReads",
     "RowWriter",
     "Rows",
@@ -316,7 +318,7 @@ class ViewReads(Protocol):
         ...
 
 
-class Ledger(Sessions, Custody, Rows, Notes, Search, Interchange, Lifecycle, Protocol):
+class Ledger(Sessions, Custody, Rows, Notes, Search, Interchange, Lifecycle, Outbox, Protocol):
     """The whole ledger: every role, and the ledger's own handle (its URL, its file, closing
     it). Open one with :func:`tether.ledger.open_ledger`."""
 

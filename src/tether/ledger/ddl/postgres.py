@@ -166,6 +166,40 @@ MIGRATIONS: list[str] = [
         WHERE status IN ('queued', 'running');
     CREATE INDEX runs_by_actor ON runs (actor, created_epoch) WHERE actor IS NOT NULL;
     """,
+    # 10: webhooks (tether.ledger.outbox): a run's end is an event, written in the transaction
+    # that ends the run; a delivering process fans each event out into one delivery per
+    # endpoint, and delivers and retries those (``due``: when the next attempt is, or while one
+    # is in flight, when its lease lapses).
+    """
+    CREATE TABLE webhook_events (
+        id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        event_id  TEXT COLLATE "C" NOT NULL UNIQUE,
+        kind      TEXT COLLATE "C" NOT NULL,
+        run       TEXT COLLATE "C" NOT NULL,
+        session   TEXT COLLATE "C" NOT NULL,
+        status    TEXT COLLATE "C" NOT NULL,
+        at        TEXT COLLATE "C" NOT NULL,
+        fanned    INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE UNIQUE INDEX webhook_events_by_run ON webhook_events (run, kind);
+    CREATE INDEX webhook_events_unfanned ON webhook_events (id) WHERE fanned = 0;
+    CREATE TABLE webhook_deliveries (
+        id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        event        BIGINT NOT NULL REFERENCES webhook_events(id),
+        endpoint     TEXT COLLATE "C" NOT NULL,
+        state        TEXT COLLATE "C" NOT NULL
+                         CHECK (state IN ('pending', 'delivered', 'failed', 'dropped')),
+        attempts     INTEGER NOT NULL DEFAULT 0,
+        due          DOUBLE PRECISION NOT NULL,
+        owner        TEXT COLLATE "C",
+        last_status  INTEGER,
+        last_error   TEXT COLLATE "C",
+        done_at      TEXT COLLATE "C",
+        UNIQUE (event, endpoint)
+    );
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
+        WHERE state = 'pending';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -254,4 +288,32 @@ SCHEMA = f"""
         selector  TEXT COLLATE "C" NOT NULL,
         counts    TEXT COLLATE "C" NOT NULL
     );
+    CREATE TABLE webhook_events (
+        id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        event_id  TEXT COLLATE "C" NOT NULL UNIQUE,
+        kind      TEXT COLLATE "C" NOT NULL,
+        run       TEXT COLLATE "C" NOT NULL,
+        session   TEXT COLLATE "C" NOT NULL,
+        status    TEXT COLLATE "C" NOT NULL,
+        at        TEXT COLLATE "C" NOT NULL,
+        fanned    INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE UNIQUE INDEX webhook_events_by_run ON webhook_events (run, kind);
+    CREATE INDEX webhook_events_unfanned ON webhook_events (id) WHERE fanned = 0;
+    CREATE TABLE webhook_deliveries (
+        id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        event        BIGINT NOT NULL REFERENCES webhook_events(id),
+        endpoint     TEXT COLLATE "C" NOT NULL,
+        state        TEXT COLLATE "C" NOT NULL
+                         CHECK (state IN ('pending', 'delivered', 'failed', 'dropped')),
+        attempts     INTEGER NOT NULL DEFAULT 0,
+        due          DOUBLE PRECISION NOT NULL,
+        owner        TEXT COLLATE "C",
+        last_status  INTEGER,
+        last_error   TEXT COLLATE "C",
+        done_at      TEXT COLLATE "C",
+        UNIQUE (event, endpoint)
+    );
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
+        WHERE state = 'pending';
 """

@@ -215,6 +215,39 @@ MIGRATIONS: list[str] = [
         WHERE status IN ('queued', 'running');
     CREATE INDEX runs_by_actor ON runs (actor, created_epoch) WHERE actor IS NOT NULL;
     """,
+    # 13: webhooks (tether.ledger.outbox): a run's end is an event, written in the transaction
+    # that ends the run; a delivering process fans each event out into one delivery per
+    # endpoint, and delivers and retries those (``due``: when the next attempt is, or while one
+    # is in flight, when its lease lapses).
+    """
+    CREATE TABLE webhook_events (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        event_id  TEXT NOT NULL UNIQUE,
+        kind      TEXT NOT NULL,
+        run       TEXT NOT NULL,
+        session   TEXT NOT NULL,
+        status    TEXT NOT NULL,
+        at        TEXT NOT NULL,
+        fanned    INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE UNIQUE INDEX webhook_events_by_run ON webhook_events (run, kind);
+    CREATE INDEX webhook_events_unfanned ON webhook_events (id) WHERE fanned = 0;
+    CREATE TABLE webhook_deliveries (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        event        INTEGER NOT NULL REFERENCES webhook_events(id),
+        endpoint     TEXT NOT NULL,
+        state        TEXT NOT NULL CHECK (state IN ('pending', 'delivered', 'failed', 'dropped')),
+        attempts     INTEGER NOT NULL DEFAULT 0,
+        due          REAL NOT NULL,
+        owner        TEXT,
+        last_status  INTEGER,
+        last_error   TEXT,
+        done_at      TEXT,
+        UNIQUE (event, endpoint)
+    );
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
+        WHERE state = 'pending';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -315,4 +348,31 @@ SCHEMA = """
         selector  TEXT NOT NULL,
         counts    TEXT NOT NULL
     );
+    CREATE TABLE webhook_events (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        event_id  TEXT NOT NULL UNIQUE,
+        kind      TEXT NOT NULL,
+        run       TEXT NOT NULL,
+        session   TEXT NOT NULL,
+        status    TEXT NOT NULL,
+        at        TEXT NOT NULL,
+        fanned    INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE UNIQUE INDEX webhook_events_by_run ON webhook_events (run, kind);
+    CREATE INDEX webhook_events_unfanned ON webhook_events (id) WHERE fanned = 0;
+    CREATE TABLE webhook_deliveries (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        event        INTEGER NOT NULL REFERENCES webhook_events(id),
+        endpoint     TEXT NOT NULL,
+        state        TEXT NOT NULL CHECK (state IN ('pending', 'delivered', 'failed', 'dropped')),
+        attempts     INTEGER NOT NULL DEFAULT 0,
+        due          REAL NOT NULL,
+        owner        TEXT,
+        last_status  INTEGER,
+        last_error   TEXT,
+        done_at      TEXT,
+        UNIQUE (event, endpoint)
+    );
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
+        WHERE state = 'pending';
 """
