@@ -104,10 +104,15 @@ def auth(token: str = "ana-token") -> dict[str, str]:
 
 
 def tether_proc(
-    tmp: Path, *args: str, log: str, env: dict[str, str] | None = None
+    tmp: Path,
+    *args: str,
+    log: str,
+    env: dict[str, str] | None = None,
+    preexec: Callable[[], None] | None = None,
 ) -> subprocess.Popen[bytes]:
     """`tether ARGS` in its own process group (so a test can signal it and what it started);
-    ``env`` adds to the environment."""
+    ``env`` adds to the environment; ``preexec`` runs in the child before it starts (e.g. a
+    lower open-files limit)."""
     out = (tmp / log).open("wb")
     return subprocess.Popen(
         [sys.executable, str(ENTRY), *args],
@@ -120,6 +125,7 @@ def tether_proc(
             **(env or {}),
         },
         start_new_session=True,
+        preexec_fn=preexec,
     )
 
 
@@ -179,6 +185,7 @@ def serve(
     workers: int = 1,
     log: str = "serve.log",
     env: dict[str, str] | None = None,
+    preexec: Callable[[], None] | None = None,
 ) -> Iterator[Served]:
     port = free_port()
     proc = tether_proc(
@@ -192,6 +199,7 @@ def serve(
         str(workers),
         log=log,
         env=env,
+        preexec=preexec,
     )
     url = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=url, timeout=30)

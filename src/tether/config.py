@@ -25,6 +25,7 @@ from tether.errors import BadLedgerUrl, ConfigError
 __all__ = [
     "DEFAULT_BUDGET",
     "AccessConfig",
+    "ActorLimits",
     "AgentConfig",
     "Config",
     "CustodyConfig",
@@ -37,6 +38,7 @@ __all__ = [
     "RetentionConfig",
     "SandboxKind",
     "ServiceConfig",
+    "ServiceLimits",
     "TelemetryConfig",
     "load_config",
     "parse_config",
@@ -208,6 +210,42 @@ class AccessConfig(_Section, frozen=True):
     """actor -> source patterns (fnmatch) it is admitted to."""
 
 
+class ActorLimits(_Section, frozen=True):
+    """``[service.limits.actors."user:ana"]``: one actor's own limits; a key left out is the
+    default's (``[service.limits]``)."""
+
+    queued: NonNegative | None = None
+    live: NonNegative | None = None
+    per_minute: NonNegative | None = None
+
+
+class ServiceLimits(_Section, frozen=True):
+    """What one actor may ask of the service, counted in the ledger (so across every serve
+    process on one PostgreSQL): over a limit a request is refused with 429 and nothing is
+    written. The CLI has no limits."""
+
+    queued: NonNegative = 20
+    """The actor's runs waiting to start (status ``queued``)."""
+    live: NonNegative = 4
+    """The actor's runs going at once (status ``running``): a request is refused while the
+    actor has this many, and workers start no more of its queued runs meanwhile."""
+    per_minute: NonNegative = 60
+    """Requests (runs created) in the last 60 seconds."""
+    actors: dict[str, ActorLimits] = {}
+    """Actor -> its own limits (``[service.limits.actors."user:ana"] queued = 100``)."""
+
+    def of(self, actor: str) -> tuple[int, int, int]:
+        """The actor's (queued, live, per_minute)."""
+        own = self.actors.get(actor)
+        if own is None:
+            return self.queued, self.live, self.per_minute
+        return (
+            self.queued if own.queued is None else own.queued,
+            self.live if own.live is None else own.live,
+            self.per_minute if own.per_minute is None else own.per_minute,
+        )
+
+
 class ServiceConfig(_Section, frozen=True):
     """``tether serve`` and ``tether worker`` (DESIGN §3.8)."""
 
@@ -228,6 +266,17 @@ class ServiceConfig(_Section, frozen=True):
     max_body_bytes: Positive | None = None
     """The largest request body the service reads; a larger one is refused with 413 before it
     is read (default: :meth:`Config.body_limit`, room for the largest admissible request)."""
+    operators: list[str] = []
+    """Actors that may stop or withdraw anyone's run and clear a refusing session over the API."""
+    limits: ServiceLimits = ServiceLimits()
+    """What one actor may queue, run at once and ask a minute (``[service.limits]``)."""
+    head_timeout_s: PositiveSeconds = 10.0
+    """A request's head must arrive within this many seconds of its connection opening (or of
+    the answer before it on the connection); a connection that has not sent one is closed."""
+    max_connections: Positive = 512
+    """The connections a serve process holds open at once. Past it, a new connection takes the
+    place of the one that has waited longest for a request head, or is closed at once when every
+    one is busy with a request; kept well below the usual 1,024 open-files limit."""
 
     def __post_init__(self) -> None:
         for digest in self.tokens:

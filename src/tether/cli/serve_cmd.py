@@ -86,6 +86,7 @@ def serve(
         import uvicorn
 
         from tether.service import create_app
+        from tether.service.connections import bounded_http
 
         _logging()
         cfg, store = open_configured_ledger(config, ledger)
@@ -98,6 +99,8 @@ def serve(
             lifespan="on",
             log_level="warning",
             timeout_graceful_shutdown=5,
+            # A request head within head_timeout_s; at most max_connections held open.
+            http=bounded_http(cfg.service.head_timeout_s, cfg.service.max_connections),
         )
     )
     _second_signal_exits(server)

@@ -38,6 +38,7 @@ from tether.ledger.lifecycle import Selector, SelectorKind
 from tether.recall import add_note
 from tether.sandbox.limits import recorded_limits
 from tether.service.auth import Caller, caller
+from tether.service.limits import request_limits
 from tether.service.state import ServiceState, service_of
 from tether.threads import in_thread
 
@@ -350,6 +351,7 @@ def _admit_and_enqueue(
         text=body.text,
         request_id=scoped_request_id(who.actor, body.request_id),
         extra=traced,
+        limits=request_limits(st.config, who.actor, body.deliver),  # over one: 429 (limits.py)
     )
 
 

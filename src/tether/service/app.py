@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request, Response
 from tether.config import Config
 from tether.ledger import Fence, Ledger
 from tether.pi.install import PiInstall
-from tether.service import api, errors, ops, pages, stream
+from tether.service import api, control, errors, limits, ops, pages, stream
 from tether.service.guard import BodyGuard
 from tether.service.state import ServiceState, service_of
 from tether.service.worker import Worker
@@ -81,10 +81,12 @@ def create_app(
     )
     app.state.service = st
     app.include_router(api.router)
+    app.include_router(control.router)
     app.include_router(stream.router)
     app.include_router(ops.router)
     app.include_router(pages.router)
     errors.install(app)
+    limits.install(app)  # after: a request over a limit is a 429, not the ledger's 503
     # Before the timing middleware below: that one wraps this, so refusals are counted too.
     app.add_middleware(BodyGuard, state=st)
 

@@ -40,6 +40,7 @@ from tether.harness.relay import Deliver, LivePi
 from tether.ledger import Fence, Ledger, RunStatus
 from tether.pi.install import PiInstall
 from tether.service.hub import LiveHub
+from tether.service.limits import live_bound
 from tether.service.metrics import Metrics
 from tether.threads import in_thread
 
@@ -92,6 +93,7 @@ class Worker:
         self._stopped_event: anyio.Event | None = None
         self._relays: dict[str, _Poke] = {}
         """The sessions whose live runs this worker relays into (one each, while relaying)."""
+        self._live_limit = live_bound(config)
 
     @property
     def lease_s(self) -> float:
@@ -161,8 +163,12 @@ class Worker:
                     continue
                 seen = self._signals
                 try:
+                    # No more of an actor's runs live than its [service.limits] live.
                     fence = await in_thread(
-                        self.ledger.claim_next, owner=self.owner, lease_s=self.lease_s
+                        self.ledger.claim_next,
+                        owner=self.owner,
+                        lease_s=self.lease_s,
+                        live_limit=self._live_limit,
                     )
                 except LedgerError as exc:
                     log.warning("claiming a run failed (%s); trying again", exc)
