@@ -5,6 +5,7 @@ sessions overview read on every ledger backend. (The browser suite is tests/test
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from tether.service import api, page_context
 from tether.service.app import create_app
 from tether.service.pages import COOKIE
 from tether.service.pages.contexts import answer_row
+from tether.service.pages.login import FORM_COOKIE
 
 CONTEXTS = [
     getattr(page_context, name)
@@ -94,12 +96,26 @@ def test_pages_need_a_token_and_login_sets_an_httponly_cookie(client: Any) -> No
     assert c.get("/sessions/s1.json").status_code == 401
     assert c.get("/sessions/s1/rows.html").status_code == 401
     assert c.get("/live/runs/x/events").status_code == 401
-    bad = c.post("/login", data={"token": "nope", "next": "/"}, follow_redirects=False)
+    # The form carries a token, the value of the form cookie GET /login sets (double submit).
+    form = c.get("/login")
+    token = re.search(r'name="form_token" value="([^"]+)"', form.text)
+    assert token is not None
+    assert c.cookies.get(FORM_COOKIE) == token[1]
+    missing = c.post("/login", data={"token": "ana-token", "next": "/"}, follow_redirects=False)
+    assert missing.status_code == 403
+    assert COOKIE not in missing.headers.get("set-cookie", "")
+    bad = c.post(
+        "/login",
+        data={"token": "nope", "next": "/", "form_token": token[1]},
+        follow_redirects=False,
+    )
     assert bad.status_code == 401
     assert COOKIE not in bad.headers.get("set-cookie", "")
     # A login never sends the browser to another site.
     ok = c.post(
-        "/login", data={"token": "ana-token", "next": "//evil.example/x"}, follow_redirects=False
+        "/login",
+        data={"token": "ana-token", "next": "//evil.example/x", "form_token": token[1]},
+        follow_redirects=False,
     )
     assert ok.status_code == 303
     assert ok.headers["location"] == "/"
@@ -107,8 +123,36 @@ def test_pages_need_a_token_and_login_sets_an_httponly_cookie(client: Any) -> No
     assert "httponly" in cookie
     assert "samesite=strict" in cookie
     assert c.get("/sessions/s1.json").status_code == 200  # the cookie now authenticates
-    c.post("/logout")
+    # Log out: the form's token is a digest of the login cookie, which the page carries.
+    assert c.post("/logout", follow_redirects=False).status_code == 403
+    assert c.get("/sessions/s1.json").status_code == 200
+    page = c.get("/")
+    out = re.search(
+        r'action="/logout"><input type="hidden" name="form_token" value="([^"]+)"', page.text
+    )
+    assert out is not None
+    assert c.post("/logout", data={"form_token": out[1]}, follow_redirects=False).status_code == 303
     assert c.get("/sessions/s1.json").status_code == 401
+
+
+def test_a_form_posted_from_another_origin_is_refused(client: Any) -> None:
+    c, _ = client
+    token = re.search(r'name="form_token" value="([^"]+)"', c.get("/login").text)
+    assert token is not None
+    data = {"token": "ana-token", "next": "/", "form_token": token[1]}
+    for headers in (
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},
+        {"Referer": "http://evil.example/page"},
+        {"Origin": "http://testserver", "Sec-Fetch-Site": "same-site"},
+        {"Origin": "http://testserver", "Sec-Fetch-Site": "cross-site"},
+    ):
+        refused = c.post("/login", data=data, headers=headers, follow_redirects=False)
+        assert refused.status_code == 403, headers
+        assert "another site" in refused.text
+        assert COOKIE not in refused.headers.get("set-cookie", "")
+    same = {"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}
+    assert c.post("/login", data=data, headers=same, follow_redirects=False).status_code == 303
 
 
 def test_the_timeline_pages_by_seq_and_withholds_like_the_api(client: Any) -> None:

@@ -29,7 +29,11 @@ def doc(text: str, **kw: Any) -> Any:
 @dataclass(frozen=True, slots=True)
 class LoginPage:
     next: str = doc("Where the login goes once the token is accepted (a path on this site).")
-    error: str | None = doc("Why the last token was refused, or null.")
+    error: str | None = doc("Why the last token (or the post itself) was refused, or null.")
+    form_token: str = doc(
+        "The form's token: the same value as the form cookie this page sets, sent back with "
+        "the form (a page of another site can neither read the cookie nor know the value)."
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,11 +51,19 @@ def static_url(name: str) -> str:
     return f"/static/{name}?h={digest}"
 
 
-def render(name: str, ctx: Any, *, json_url: str | None = None, code: int = 200) -> HTMLResponse:
+def render(
+    name: str,
+    ctx: Any,
+    *,
+    json_url: str | None = None,
+    code: int = 200,
+    form_token: str | None = None,
+) -> HTMLResponse:
     """Template ``name`` over the context object ``ctx``, with the pages' security headers and
-    a ``Link`` to the page's JSON twin."""
+    a ``Link`` to the page's JSON twin. ``form_token``: the log-out form's token (a page whose
+    header has that form; :func:`~tether.service.pages.login.logout_token`)."""
     data = asdict(ctx)
-    html = env().get_template(name).render(ctx=data, json_url=json_url)
+    html = env().get_template(name).render(ctx=data, json_url=json_url, form_token=form_token)
     headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
     if json_url:
         headers["Link"] = f'<{json_url}>; rel="alternate"; type="application/json"'

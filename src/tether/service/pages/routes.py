@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from tether.service.api import AgentName, RunId, SessionId, blocking, session_or_404
@@ -20,7 +20,7 @@ from tether.service.pages.contexts import (
     run_header,
     timeline_context,
 )
-from tether.service.pages.login import PageCaller, StateDep
+from tether.service.pages.login import PageCaller, StateDep, logout_token
 
 __all__ = ["router"]
 
@@ -38,8 +38,9 @@ def _query(after: int | None, limit: int) -> str:
 
 
 @router.get("/", response_class=HTMLResponse)
-async def index(who: PageCaller, st: StateDep) -> HTMLResponse:
-    return render("index.html", await blocking(index_context, st, who), json_url="/index.json")
+async def index(who: PageCaller, st: StateDep, request: Request) -> HTMLResponse:
+    ctx = await blocking(index_context, st, who)
+    return render("index.html", ctx, json_url="/index.json", form_token=logout_token(request))
 
 
 @router.get("/index.json")
@@ -91,17 +92,22 @@ async def next_json(
 
 @router.get("/sessions/{session}/next", response_class=HTMLResponse)
 async def next_page(
-    session: SessionId, agent: AgentName, who: PageCaller, st: StateDep
+    session: SessionId, agent: AgentName, who: PageCaller, st: StateDep, request: Request
 ) -> HTMLResponse:
     ctx = await blocking(next_context, st, session, agent, who)
     json_url = f"/sessions/{quote(session, safe='')}/next.json?agent={quote(agent, safe='')}"
-    return render("next.html", ctx, json_url=json_url)
+    return render("next.html", ctx, json_url=json_url, form_token=logout_token(request))
 
 
 @router.get("/sessions/{session}", response_class=HTMLResponse)
 async def timeline(
-    session: SessionId, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
+    session: SessionId,
+    who: PageCaller,
+    st: StateDep,
+    request: Request,
+    after: After = None,
+    limit: Limit = PAGE_ROWS,
 ) -> HTMLResponse:
     ctx = await blocking(timeline_context, st, session, who, after, limit)
     json_url = f"/sessions/{quote(session, safe='')}.json{_query(after, limit)}"
-    return render("session.html", ctx, json_url=json_url)
+    return render("session.html", ctx, json_url=json_url, form_token=logout_token(request))
