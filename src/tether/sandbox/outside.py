@@ -693,7 +693,10 @@ def _start_tools(
             os.dup2(null, 0)
             os.dup2(null, 1)
             os.dup2(log, 2)
-            os.dup2(listener.fileno(), 3)  # dup2 leaves it inheritable
+            if listener.fileno() != 3:
+                os.dup2(listener.fileno(), 3)
+            # (dup2 onto itself changes nothing: the socket's close-on-exec goes either way)
+            os.set_inheritable(3, True)
             os.closerange(4, 65536)
             _limit(limits)
             os.execve(argv[0], argv, env)
