@@ -60,6 +60,10 @@ def config_keys(model: type[msgspec.Struct] = Config, prefix: str = "") -> Itera
             if _struct(value):
                 yield from config_keys(value, f"{key}.<name>.")
                 continue
+        if typing.get_origin(ann) is list and _struct(typing.get_args(ann)[0]):
+            yield key  # an array of tables: the array, then each table's keys
+            yield from config_keys(typing.get_args(ann)[0], f"{key}[].")
+            continue
         if isinstance(ann, types.UnionType):
             assert not any(_struct(a) for a in typing.get_args(ann)), (
                 f"{key}: walk optional sections too"

@@ -40,6 +40,8 @@ __all__ = [
     "ServiceConfig",
     "ServiceLimits",
     "TelemetryConfig",
+    "WebhookEndpoint",
+    "WebhooksConfig",
     "load_config",
     "parse_config",
 ]
@@ -169,6 +171,9 @@ class AgentConfig(_Section, frozen=True):
     """A sandboxed run's network: the provider only (default), or the host's."""
     limits: LimitsConfig = LimitsConfig()
     """A sandboxed run's resource limits."""
+    images: bool = False
+    """The agent's model takes images: pi's ``models.json`` declares ``input: ["text",
+    "image"]`` and ``POST …/requests`` accepts ``images`` for the agent (else 422)."""
 
 
 class HarnessConfig(_Section, frozen=True):
@@ -246,6 +251,50 @@ class ServiceLimits(_Section, frozen=True):
         )
 
 
+WEBHOOK_EVENTS = ("run.ended",)
+"""The closed set of webhook event types (``[[service.webhooks.endpoints]] events``)."""
+
+
+class WebhookEndpoint(_Section, frozen=True):
+    """``[[service.webhooks.endpoints]]``: where run ends are POSTed (tether.service.webhooks)."""
+
+    url: Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s]+$")]
+    secret_env: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    """The environment variable holding the signing secret (never the secret itself)."""
+    events: list[Literal["run.ended"]] = msgspec.field(default_factory=lambda: ["run.ended"])
+    statuses: list[Literal["finished", "failed", "interrupted"]] = msgspec.field(
+        default_factory=lambda: ["finished", "failed", "interrupted"]
+    )
+    """The run statuses whose ends are sent (default: every one)."""
+    actor: str | None = None
+    """The actor the endpoint reads as: events of sessions it is not admitted to are not sent,
+    and an answer only when it is admitted to its sources (default: no actor, so only what
+    carries no sources)."""
+
+
+class WebhooksConfig(_Section, frozen=True):
+    """``[service.webhooks]``: run ends POSTed, signed, from a durable outbox in the ledger."""
+
+    endpoints: list[WebhookEndpoint] = []
+    max_attempts: Positive = 12
+    """Attempts per delivery before it is given up (recorded as ``failed``)."""
+    backoff_base_s: PositiveSeconds = 2.0
+    """The wait after the first failed attempt; it doubles after each one …"""
+    backoff_cap_s: PositiveSeconds = 3600.0
+    """… up to this (each wait jittered between half and all of it)."""
+    timeout_s: PositiveSeconds = 10.0
+    """One attempt's limit: connect, send, answer."""
+    concurrency: Positive = 4
+    """Attempts in flight at once per endpoint (endpoints never wait for each other)."""
+    poll_s: PositiveSeconds = 1.0
+    """How often a delivering process looks for new run ends and deliveries due."""
+
+    def __post_init__(self) -> None:
+        urls = [e.url for e in self.endpoints]
+        if len(set(urls)) != len(urls):
+            raise ValueError("an endpoint's url must be unique (it keys its deliveries)")
+
+
 class ServiceConfig(_Section, frozen=True):
     """``tether serve`` and ``tether worker`` (DESIGN §3.8)."""
 
@@ -277,6 +326,8 @@ class ServiceConfig(_Section, frozen=True):
     """The connections a serve process holds open at once. Past it, a new connection takes the
     place of the one that has waited longest for a request head, or is closed at once when every
     one is busy with a request; kept well below the usual 1,024 open-files limit."""
+    webhooks: WebhooksConfig = WebhooksConfig()
+    """Run ends POSTed to endpoints (``[service.webhooks]``, tether.service.webhooks)."""
 
     def __post_init__(self) -> None:
         for digest in self.tokens:
@@ -332,8 +383,11 @@ class Config(_Section, frozen=True):
     def body_limit(self) -> int:
         """``[service] max_body_bytes``, or room for the largest admissible request: its text at
         ``[followup] request_max_bytes`` with every byte JSON-escaped (``\\u0001`` is 6 bytes
-        for 1), and 64 KiB for the rest of the body (agent, request_id, deliver)."""
-        return self.service.max_body_bytes or 6 * self.followup.request_limit + 65_536
+        for 1), and 64 KiB for the rest of the body (agent, request_id, deliver); when an agent
+        takes images, ``[followup] media_max_total_bytes`` more for them (base64)."""
+        images = any(a.images for a in self.agents.values())
+        media = self.followup.media_max_total_bytes if images else 0
+        return self.service.max_body_bytes or 6 * self.followup.request_limit + 65_536 + media
 
     def workdir(self, name: str) -> Path:
         """The agent's working directory, resolved (relative to the config file)."""

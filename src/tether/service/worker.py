@@ -42,6 +42,7 @@ from tether.pi.install import PiInstall
 from tether.service.hub import LiveHub
 from tether.service.limits import live_bound
 from tether.service.metrics import Metrics
+from tether.service.webhooks import Deliverer
 from tether.threads import in_thread
 
 __all__ = ["Worker"]
@@ -155,6 +156,9 @@ class Worker:
             # A run resumed by the reconcile (§3.7) is driven inside it: it finishes before the
             # worker returns.
             runs.start_soon(self._reconcile_loop)
+            # Run ends to [service.webhooks] (tether.service.webhooks), until the stop.
+            deliverer = Deliverer(self.ledger, self.config, owner=self.owner)
+            runs.start_soon(deliverer.run, self._stopped)
             if self.config.retention.idle_days is not None:
                 runs.start_soon(self._retention_loop, self.config.retention.idle_days)
             while not self._stopping:
