@@ -28,6 +28,7 @@ from tether.harness.rundir import check_workdir, runs_dir
 from tether.harness.stops import StopControl
 from tether.harness.traces import RunTrace, run_trace
 from tether.harness.turn import CheckpointStep, RunOutcome, RunRequest
+from tether.images import IMAGES_KEY, image_parts
 from tether.ledger import Fence, Ledger, RunStatus
 from tether.pi.agentdir import provider_keys
 from tether.pi.install import PiInstall, find_pi
@@ -56,10 +57,17 @@ def start_pi(
 
 
 def queued_request(
-    run_id: str, session: str, agent: str, asked: object, *, checkpoint: bool
+    run_id: str,
+    session: str,
+    agent: str,
+    asked: object,
+    *,
+    checkpoint: bool,
+    images: object = None,
 ) -> RunRequest:
-    """The request a run was queued with (its ``extra["request"]``), with the continuation
-    extension when a checkpoint step is given."""
+    """The request a run was queued with (its ``extra["request"]``, and its images, the
+    record's ``extra["images"]``), with the continuation extension when a checkpoint step is
+    given."""
     fields = asked if isinstance(asked, dict) else {}
     return RunRequest(
         session=session,
@@ -68,6 +76,7 @@ def queued_request(
         actor=str(fields.get("actor", "user:local")),
         run_id=run_id,
         extensions=(EXTENSION_PATH,) if checkpoint else (),
+        images=tuple(image_parts(images)) if isinstance(images, list) else (),
     )
 
 
@@ -97,6 +106,7 @@ async def run_claimed(
             run.agent,
             run.extra.get("request") or {},
             checkpoint=checkpoint is not None,
+            images=run.extra.get(IMAGES_KEY),
         )
     agent = config.agent(request.agent)
     trace = await run_trace(

@@ -419,7 +419,8 @@ class Driver:
             await self.state.done.wait()
             return self._settled()
         try:
-            response = await client.request(Command.PROMPT, message=self.run.request.text)
+            images = {"images": list(self.run.request.images)} if self.run.request.images else {}
+            response = await client.request(Command.PROMPT, message=self.run.request.text, **images)
         except TransportClosed as exc:
             return PiFailed(
                 StopReason.STARTUP_FAILED, f"pi stopped before it took the prompt: {exc}"

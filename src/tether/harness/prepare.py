@@ -6,6 +6,7 @@ harness taking the run over needs (:mod:`tether.harness.custody.state`).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -71,18 +72,20 @@ def _view_record(view: FollowupView, copied: int) -> dict[str, Any]:
     }
 
 
-def _request_message(text: str) -> dict[str, Any]:
-    """The request as pi will store it when it takes the prompt."""
+def _request_message(text: str, images: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The request as pi will store it when it takes the prompt (its images after the text)."""
     return {
         "role": "user",
-        "content": [{"type": "text", "text": text}],
+        "content": [{"type": "text", "text": text}, *images],
         "timestamp": int(time.time() * 1000),
     }
 
 
 async def _record_request(run: ClaimedRun) -> int:
     row = NewRow(
-        actor=run.request.actor, kind=RowKind.MESSAGE, body=_request_message(run.request.text)
+        actor=run.request.actor,
+        kind=RowKind.MESSAGE,
+        body=_request_message(run.request.text, run.request.images),
     )
     rows = await in_thread(run.ledger.append, run.fence, [row], request=True)
     return rows[0].seq

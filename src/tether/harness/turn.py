@@ -51,6 +51,9 @@ class RunRequest(msgspec.Struct, frozen=True):
     run_id: str | None = None
     extensions: tuple[Path, ...] = ()
     """pi extensions loaded with ``--extension`` (e.g. the continuation extension)."""
+    images: tuple[dict[str, Any], ...] = ()
+    """Images after the text: pi's ``ImageContent`` (``{"type":"image","data","mimeType"}``),
+    sent with the prompt and kept in the request row (tether.images)."""
 
 
 class CheckpointStatus(enum.StrEnum):

@@ -65,7 +65,7 @@ def pi_models(
                 "contextWindow": provider.context_window,
                 "maxTokens": provider.max_tokens,
                 "reasoning": agent.effort != "off",
-                "input": ["text"],
+                "input": ["text", "image"] if agent.images else ["text"],
             }
         ],
     }

@@ -379,7 +379,12 @@ async def _resume(
 ) -> Reconciled | None:
     """Finish the run on its original pi (see :meth:`Driver.resume`)."""
     request = queued_request(
-        run.id, run.session, run.agent, run.extra.get("request") or {}, checkpoint=True
+        run.id,
+        run.session,
+        run.agent,
+        run.extra.get("request") or {},
+        checkpoint=True,
+        images=run.extra.get("images"),  # tether.images.IMAGES_KEY
     )
     run_dir = Path(where["run_dir"])
     saved = load_run_state(run_dir)
