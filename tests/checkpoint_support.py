@@ -82,6 +82,7 @@ def config(
         ),
         harness=HarnessConfig(
             runs_dir=tmp / "runs",
+            workspaces_dir=tmp / "workspaces",
             stop_grace_s=stop_grace_s,
             # pi's retries, fast: a failing provider is retried as pi would, in milliseconds.
             pi_settings={"retry": {"maxRetries": 2, "baseDelayMs": 10}},

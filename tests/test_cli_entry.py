@@ -19,7 +19,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from support import Reply, ScriptedProvider, ToolCall, run_args, start_tether, tether, wait_for
+from support import (
+    Reply,
+    ScriptedProvider,
+    ToolCall,
+    run_args,
+    start_tether,
+    tether,
+    wait_for,
+    workspace_tree,
+)
 from support.tier import examples
 from test_launch import alive, make_config, placement
 from tether.cli import entry, run_start
@@ -347,7 +356,7 @@ def test_without_custody_the_run_starts_its_own_pi(
 ) -> None:
     # The bash tool holds until the test has read, from the host's /proc, the processes it
     # descends from (inside the sandbox's PID namespace its parents are not the host's).
-    go = tmp_path / "work" / "go"
+    go = workspace_tree(tmp_path) / "go"  # the session's workspace: what the tool sees
     hold = f"touch held; while [ ! -e {go} ]; do sleep 0.05; done; echo held-tool"
     provider = scripted_provider(
         [Reply(tool_calls=[ToolCall("bash", {"command": hold})]), Reply("ok")]
@@ -357,7 +366,7 @@ def test_without_custody_the_run_starts_its_own_pi(
     cfg.path.write_text(cfg.path.read_text() + "\n[custody]\ndetached = false\n")
     cli = start_tether(*run_args(cfg.path, "go", as_json=True), cwd=tmp_path)
     try:
-        wait_for(lambda: (tmp_path / "work" / "held").exists(), what="the tool to run")
+        wait_for(lambda: (workspace_tree(tmp_path) / "held").exists(), what="the tool to run")
         tool = next(
             p
             for p in psutil.process_iter(["cmdline"])
@@ -379,7 +388,7 @@ def test_without_custody_the_run_starts_its_own_pi(
     assert _run_dirs(cfg) == []
 
 
-def test_workdir_on_the_command_line_is_where_the_tools_run_and_is_checked(
+def test_workdir_on_the_command_line_is_the_session_s_template_and_is_checked(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
     provider = scripted_provider(
@@ -394,9 +403,14 @@ def test_workdir_on_the_command_line_is_where_the_tools_run_and_is_checked(
     assert not runs_dir(cfg).exists()
     assert provider.task_requests == []
     elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    (elsewhere / "sub" / "from-elsewhere").write_text("x")
     done = _tether_run(tmp_path, cfg, "--workdir", str(elsewhere), "go")
     assert done.returncode == 0, done.stderr
-    assert (elsewhere / "made-here").exists()
+    # The session's workspace is made from it; the tools work there, not in it.
+    assert (workspace_tree(tmp_path) / "made-here").exists()
+    assert (workspace_tree(tmp_path) / "sub" / "from-elsewhere").exists()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["sub"]
     assert not (tmp_path / "work" / "made-here").exists()
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 
 from provider import Reply, ScriptedProvider, Stall, Step, ToolCall, route
+from support.config import workspace_tree
 from test_custody_run import (
     by_request,
     descendants_with,
@@ -57,7 +58,7 @@ def test_the_old_harness_says_it_was_taken_over_and_exits_5(
     finishes it on the same pi. Continued, the old ``tether run`` does not report the run as
     failed: it names the takeover and the new owner, prints the run's status in the ledger
     now, and exits 5 (docs/cli.md)."""
-    in_tool = tmp_path / "work" / "in-tool"  # in the workdir: the sandboxed tool may write there
+    in_tool = workspace_tree(tmp_path) / "in-tool"  # the session's: the sandboxed tool writes it
     provider = scripted_provider(by_request(lambda asked: f"touch {in_tool}; sleep 4; echo slept"))
     cfg = write_config(tmp_path, provider.url, lease_s=2)
     old = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
@@ -192,7 +193,7 @@ def test_a_missing_fifo_found_at_recovery_keeps_the_answer_and_refuses_prompts(
     file before pi is ended, it is the run's answer, no checkpoint is attempted, and the
     session refuses prompts (DESIGN §3.7: a missing FIFO disables the checkpoint and further
     prompts without discarding the completed answer)."""
-    in_tool = tmp_path / "work" / "in-tool"  # in the workdir: the sandboxed tool may write there
+    in_tool = workspace_tree(tmp_path) / "in-tool"  # the session's: the sandboxed tool writes it
     provider = scripted_provider(
         route(
             task=by_request(lambda asked: f"touch {in_tool}; sleep 2; seq 1 3000"),

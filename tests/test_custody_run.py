@@ -22,6 +22,7 @@ import pytest
 
 from pg import fresh_schema_url
 from provider import Reply, ScriptedProvider, Step, ToolCall
+from support.config import workspace_tree
 from tether.config import load_config
 from tether.files import DISCARDED_DIR
 from tether.harness.custody.placement import host_id
@@ -227,8 +228,8 @@ def test_two_tether_runs_on_a_session_serialize_and_the_second_sees_the_first(
 ) -> None:
     # A's tool holds its run until the test has seen B queued and C refused (a fixed sleep lost
     # that race on a loaded machine: A ended before B's process had started).
-    # (In the workdir: the sandboxed tool sees nothing else of the test's directory.)
-    go = tmp_path / "work" / "go"
+    # (In the session's workspace: the sandboxed tool sees nothing else of the test's directory.)
+    go = workspace_tree(tmp_path) / "go"
     hold = f"while [ ! -e {go} ]; do sleep 0.05; done; echo went"
     provider = scripted_provider(by_request(lambda asked: hold if asked == "A" else None))
     cfg = write_config(tmp_path, provider.url)
@@ -304,7 +305,8 @@ def test_several_tether_runs_race_on_postgresql_without_two_live_runs(
 def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
-    in_tool = tmp_path / "work" / "in-tool"  # in the workdir: the sandboxed tool may write there
+    # In the session's workspace: what the sandboxed tool may write.
+    in_tool = workspace_tree(tmp_path) / "in-tool"
     provider = scripted_provider(by_request(lambda asked: f"touch {in_tool}; sleep 3; echo slept"))
     cfg = write_config(tmp_path, provider.url)
     proc, run, placed = run_placed(tmp_path, cfg, store)
@@ -517,11 +519,11 @@ def test_when_pi_is_killed_its_tool_processes_end_too(
 def test_sighup_and_sigterm_are_soft_stops(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
-    in_tool = tmp_path / "work" / "in-tool"  # in the workdir: the sandboxed tool may write there
-    provider = scripted_provider(by_request(lambda asked: f"touch {in_tool}; sleep 30"))
+    # A relative path: in the session's workspace, what the sandboxed tool may write.
+    provider = scripted_provider(by_request(lambda asked: "touch in-tool; sleep 30"))
     cfg = write_config(tmp_path, provider.url)
     for sig, session in ((signal.SIGHUP, "s1"), (signal.SIGTERM, "s2")):
-        in_tool.unlink(missing_ok=True)
+        in_tool = workspace_tree(tmp_path, session) / "in-tool"
         proc, run, placed = run_placed(tmp_path, cfg, store, session)
         wait_until(in_tool.exists, what="the bash tool to run")  # pi is well into the run
         proc.send_signal(sig)

@@ -45,6 +45,7 @@ def make_config(tmp: Path, url: str, *, window: int = 8192, **agent: Any) -> Con
             "agents": {"rev": {"provider": "local", "model": "scripted", **agent}},
             "harness": {
                 "runs_dir": str(tmp / "runs"),
+                "workspaces_dir": str(tmp / "workspaces"),
                 "stop_grace_s": 5,
                 "pi_settings": {"retry": {"baseDelayMs": 20}},
             },
@@ -514,9 +515,10 @@ def _pids_naming(marker: str) -> list[int]:
 def test_hard_stop_kills_pi_and_its_tools(
     tmp_path: Path, store: Ledger, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
-    # The tool runs sandboxed: it writes where it can (the workdir), and its pid as the host
-    # sees it is found by the marker on its command line (inside, it has a pid of its own).
-    pidfile = workdir_in(tmp_path) / "tool.pid"
+    # The tool runs sandboxed: it writes where it can (the session's workspace), and its pid as
+    # the host sees it is found by the marker on its command line (inside, it has a pid of its
+    # own).
+    pidfile = tmp_path / "workspaces" / "s1" / "tree" / "tool.pid"
     marker = f"tether-hard-stop-{time.monotonic_ns()}"
     command = f"echo $$ > {pidfile}; sleep 60; : {marker}"
     p = scripted_provider(
@@ -903,7 +905,10 @@ def test_a_missing_api_key_is_refused_before_anything_is_written(
                 }
             },
             "agents": {"rev": {"provider": "hosted", "model": "m"}},
-            "harness": {"runs_dir": str(tmp_path / "runs")},
+            "harness": {
+                "runs_dir": str(tmp_path / "runs"),
+                "workspaces_dir": str(tmp_path / "workspaces"),
+            },
         }
     )
     with pytest.raises(ConfigError, match=r"\$TETHER_TEST_UNSET_KEY"):

@@ -133,7 +133,12 @@ def config(provider: ScriptedProvider, tmp: Path) -> Config:
             provider="local", model=provider.model, system_prompt="SYS-9d2", tools=["bash"]
         ),
         # keep only a few tokens, so pi's own compaction keeps a short, recent range
-        harness=HarnessConfig(runs_dir=tmp / "runs", keep_recent_tokens=5, reserve_tokens=2048),
+        harness=HarnessConfig(
+            runs_dir=tmp / "runs",
+            workspaces_dir=tmp / "workspaces",
+            keep_recent_tokens=5,
+            reserve_tokens=2048,
+        ),
     )
 
 

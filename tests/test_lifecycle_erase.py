@@ -278,7 +278,9 @@ def test_erased_seqs_and_rows_that_did_not_fit_are_told_apart(ledger: Ledger) ->
 
 def _config(tmp_path: Path, *, lease_s: float = 30.0) -> Config:
     return Config(
-        harness=HarnessConfig(runs_dir=tmp_path / "runs", stop_grace_s=0.2),
+        harness=HarnessConfig(
+            runs_dir=tmp_path / "runs", workspaces_dir=tmp_path / "workspaces", stop_grace_s=0.2
+        ),
         custody=CustodyConfig(lease_s=lease_s),
     )
 

@@ -13,6 +13,7 @@ import pytest
 
 from pg import postgres_url
 from provider import ScriptedProvider
+from support.config import workspace_tree
 from test_custody_run import by_request, running_run, start, tether, wait_until, write_config
 from tether.ledger import RunStatus, open_ledger
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 def test_erasing_a_session_stops_its_live_run_in_another_process_first(
     engine: str, tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
-    in_tool = tmp_path / "work" / "in-tool"  # in the workdir: the sandboxed tool may write there
+    in_tool = workspace_tree(tmp_path) / "in-tool"  # the session's: the sandboxed tool writes it
     provider = scripted_provider(by_request(lambda asked: f"touch {in_tool}; sleep 30"))
     url = f"sqlite://{tmp_path}/ledger.db" if engine == "sqlite" else postgres_url(tmp_path)
     cfg = write_config(tmp_path, provider.url, ledger_url=url)

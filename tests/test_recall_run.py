@@ -32,7 +32,11 @@ def make_config(
             },
             "followup": {"budget_bytes": budget},
             "access": {"grants": {"user:ana": ["repo:*"], "user:bob": ["doc:*"]}},
-            "harness": {"runs_dir": str(tmp / "runs"), "stop_grace_s": 5},
+            "harness": {
+                "runs_dir": str(tmp / "runs"),
+                "workspaces_dir": str(tmp / "workspaces"),
+                "stop_grace_s": 5,
+            },
         }
     )
 

@@ -23,6 +23,7 @@ import pytest
 from pg import drop_schema, new_schema, schema_url
 from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
 from service_support import serve
+from support.config import workspace_tree
 from support.fs import files_under
 from support.users import unprivileged
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
@@ -397,7 +398,7 @@ def run_escapes(
     assert not (system_tmp / f"tether-escape-{tmp.name}").exists()
     # No secret and no forged row anywhere tether keeps things.
     needles = [key.encode(), OTHER_TOKEN.encode()]
-    searched = [tmp / "state", tmp / "work"] + [
+    searched = [tmp / "state", tmp / "work", tmp / ".tether"] + [
         system_tmp / name for name in set(os.listdir(system_tmp)) - before_tmp
     ]
     assert scan(searched, needles) == [(other / "custody.json", OTHER_TOKEN.encode())]
@@ -472,11 +473,13 @@ def test_a_normal_review_still_works_sandboxed(
     done = run_tether(tmp_path, cfg, "s1", "sk-review")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["answer"] == "review done"
-    assert (tmp_path / "work" / "notes.txt").read_text() == "alpha\ngamma\n"
+    # The tools work in the session's workspace, a copy of the workdir.
+    assert (workspace_tree(tmp_path) / "notes.txt").read_text() == "alpha\ngamma\n"
+    assert not (tmp_path / "work" / "notes.txt").exists()
     texts = tool_results(url, "s1")
     assert "alpha" in texts[1]
     assert "alpha\ngamma" in texts[3]
-    assert f"{tmp_path}/work" in texts[3]
+    assert str(workspace_tree(tmp_path)) in texts[3]
     assert "4417" in texts[4]
     notes = subprocess.run(
         [*TETHER, "note", "list", "--config", str(cfg), "-s", "s1", "-a", "rev"],

@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from provider import Reply, ScriptedProvider, Step, ToolCall, route
+from support.config import workspace_tree
 from support.service import service_config
 from support.users import unprivileged
 from test_custody_run import lose_everything, run_placed, wait_until
@@ -114,9 +115,9 @@ def test_a_10_gb_file_and_a_full_tmp_name_the_file_size_limit(
         "ENOSPC in /tmp (No space left on device)",
         "EFBIG",
     ]
-    assert (tmp_path / "work" / "big").stat().st_size == 4 * MiB
+    assert (workspace_tree(tmp_path) / "big").stat().st_size == 4 * MiB
     # Each write went up to the limit, and no further.
-    assert (tmp_path / "work" / "grow.txt").stat().st_size == 4 * MiB
+    assert (workspace_tree(tmp_path) / "grow.txt").stat().st_size == 4 * MiB
     shown = subprocess.run(
         [*TETHER, "log", "-s", "s1", "--config", str(cfg)],
         capture_output=True,

@@ -79,14 +79,14 @@ def test_a_bash_env_in_a_run_leaves_no_key_on_disk_or_in_the_ledger(
     # ... but not the tool: what `env` saw has no key and none of tether's variables.
     with open_ledger(f"sqlite://{tmp_path}/state/ledger.db") as store:
         assert [r.role for r in store.iter_rows("s1")].count("toolResult") == 1
-    env_text = (tmp_path / "work" / "envdump.txt").read_text()
+    env_text = (support.workspace_tree(tmp_path) / "envdump.txt").read_text()
     assert "PATH=" in env_text
     assert "TMPDIR=" in env_text
     assert key not in env_text
     assert "TETHER_CONFIG" not in env_text
     assert "TETHER_TEST_PROVIDER_KEY" not in env_text
     # Nowhere on disk: the run directory (kept, the run failed), the ledger and its WAL, the
-    # workdir, the system temp directory.
+    # session's workspace, the system temp directory.
     run_dir = tmp_path / "state" / "runs" / out["run"]
     assert run_dir.is_dir(), "a failed run keeps its directory"
     assert str(run_dir) in done.stderr or str(run_dir) in out.get("error", "")

@@ -16,6 +16,7 @@ import pytest
 
 from pg import drop_schema, new_schema, schema_url
 from provider import Reply, ScriptedProvider, ToolCall
+from support.config import workspace_tree
 from test_sandbox_escapes import run_tether, tool_results, write_config
 from tether.ledger import open_ledger
 
@@ -114,8 +115,8 @@ def check(tmp: Path, scripted_provider: Callable[..., ScriptedProvider], url: st
     assert seen_pids, "pi's pid was found from the host"
     for pid in seen_pids:
         assert f"no such {pid}" in texts[2], texts[2]
-    # The built-in tools work on the workspace, through the tool sandbox.
-    assert (tmp / "work" / "src" / "a.py").read_text() == "x = 41\n"
+    # The built-in tools work on the session's workspace, through the tool sandbox.
+    assert (workspace_tree(tmp) / "src" / "a.py").read_text() == "x = 41\n"
     assert "a.py:1: x = 41" in texts[4], texts[4]
     assert "src/a.py" in texts[5], texts[5]
     assert "a.py" in texts[6], texts[6]

@@ -42,6 +42,7 @@ __all__ = [
     "TelemetryConfig",
     "WebhookEndpoint",
     "WebhooksConfig",
+    "WorkspaceKind",
     "load_config",
     "parse_config",
 ]
@@ -120,6 +121,17 @@ class SandboxKind(enum.StrEnum):
     """Unconfined: an explicit opt-out, shown in the run's log and by ``tether doctor``."""
 
 
+class WorkspaceKind(enum.StrEnum):
+    """Where a session's runs work (``[agents.X] workspace``)."""
+
+    SESSION = "session"
+    """A directory of the session's own, made at its first run from the agent's workdir (a copy,
+    or a git worktree on a branch of the session's): the default."""
+    AGENT = "agent"
+    """The agent's workdir itself, shared by every session of the agent: an explicit opt-in,
+    shown in the run's log and by ``tether doctor``."""
+
+
 class NetworkKind(enum.StrEnum):
     """What a sandboxed run may reach over the network."""
 
@@ -161,8 +173,12 @@ class AgentConfig(_Section, frozen=True):
     """The byte bound of a continuation checkpoint's anchors (exact identifiers taken from the
     rows it covers, DESIGN §3.13), capped at an eighth of the follow-up budget; 0 stores none."""
     workdir: Path | None = None
-    """Where the agent's tools run (relative to the config file; default: the current
-    directory). It must not contain the ledger file, the config or the run directories."""
+    """The template of each session's workspace, or with ``workspace = "agent"`` where every
+    session's tools run (relative to the config file; default: the current directory). It must
+    not contain the ledger file, the config, the run directories or the workspaces."""
+    workspace: WorkspaceKind = WorkspaceKind.SESSION
+    """Each session works in a workspace of its own made from ``workdir`` (default), or
+    ``"agent"``: every session works in ``workdir`` itself."""
     env: dict[str, str] = {}
     """Variables the agent's tools get, besides PATH, HOME, LANG, TERM and a private TMPDIR."""
     sandbox: SandboxKind = SandboxKind.BWRAP
@@ -180,6 +196,10 @@ class HarnessConfig(_Section, frozen=True):
     runs_dir: Path | None = None
     """Where each run keeps its pi agent dir, session file and log (default: ``.tether/runs``
     beside the config file, or in the working directory)."""
+    workspaces_dir: Path | None = None
+    """Where sessions keep their workspaces, one directory each (default: ``.tether/workspaces``
+    beside the config file, or in the working directory). With several hosts, a path every host
+    mounts at the same place."""
     stop_grace_s: PositiveSeconds = 5.0
     """How long a stop waits for pi to settle after ``abort``, and for it to exit after its
     stdin closes, before escalating."""

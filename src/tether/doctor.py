@@ -253,6 +253,38 @@ def _state_dir(config: Config) -> Check:
     return Check("state directory", Status.OK, found)
 
 
+def _workspaces(config: Config) -> list[Check]:
+    """Every agent whose sessions share one workdir, named; where the sessions' workspaces are
+    and whether others may enter it."""
+    from tether.config import WorkspaceKind
+    from tether.pi.launch import workspaces_dir
+
+    checks = [
+        Check(
+            f"agent {name}",
+            Status.WARN,
+            f'workspace = "agent": every session works in {config.workdir(name)}, and sees '
+            "what the others left there",
+            f'remove workspace = "agent" from [agents.{name}] to give each session its own',
+        )
+        for name, agent in sorted(config.agents.items())
+        if agent.workspace is WorkspaceKind.AGENT
+    ]
+    if config.agents and not any(
+        a.workspace is WorkspaceKind.SESSION for a in config.agents.values()
+    ):
+        return checks
+    root = workspaces_dir(config)
+    if not root.exists():
+        return [*checks, Check("workspaces", Status.OK, f"{root} (not created yet)")]
+    mode = stat.S_IMODE(root.stat().st_mode)
+    found = f"{root} mode {mode:04o}"
+    if mode & 0o077:
+        fix = f"chmod go-rwx {root}"
+        return [*checks, Check("workspaces", Status.WARN, found + " (others may enter)", fix)]
+    return [*checks, Check("workspaces", Status.OK, found)]
+
+
 def _sandbox(config: Config) -> list[Check]:
     """bubblewrap and user namespaces, when an agent runs sandboxed; every agent that does not,
     named (DESIGN §3.12)."""
@@ -296,5 +328,6 @@ def run_checks(config: Config, ledger_url: str | None = None) -> list[Check]:
         _ledger(ledger_url or config.ledger.url),
         *_providers(config),
         *_sandbox(config),
+        *_workspaces(config),
         _state_dir(config),
     ]

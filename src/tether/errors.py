@@ -21,6 +21,7 @@
     ├── HarnessError           driving pi failed (startup, transport, protocol)
     ├── RecallError            a recall or note request is malformed or over its bound (exit 2)
     ├── ModelError             the embedded model server is missing, failed to start or to stop
+    ├── WorkspaceError         a session's workspace could not be made, copied or removed
     └── Refused                a follow-up view was refused (tether.followup.Refused; carries
                                a RefusalReason)
 
@@ -48,6 +49,7 @@ __all__ = [
     "StorageError",
     "TetherError",
     "UsageError",
+    "WorkspaceError",
 ]
 
 
@@ -138,3 +140,8 @@ class RecallError(TetherError):
 
 class ModelError(TetherError):
     """The embedded model (``tether model …``) is not installed, did not start, or did not stop."""
+
+
+class WorkspaceError(TetherError):
+    """A session's workspace (:mod:`tether.pi.workspace`) could not be made, copied or removed:
+    a copy or a git command failed, or the directory holds another session's workspace."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import provider
 from provider import *  # noqa: F403  (the scripted provider, re-exported whole)
 from support.cli import TETHER, context_args, one_line_error, run_args, start_tether, tether
-from support.config import config_text, load_test_config, write_config
+from support.config import config_text, load_test_config, workspace_tree, write_config
 from support.fs import files_under, read_only, tmpfs
 from support.wait import wait_for, wait_for_async
 
@@ -28,5 +28,6 @@ __all__ = [
     "tmpfs",
     "wait_for",
     "wait_for_async",
+    "workspace_tree",
     "write_config",
 ]

@@ -4,6 +4,9 @@ provider ``local`` on the scripted provider, one agent ``rev``), with any key ch
     write_config(tmp, provider.url)                                  # tmp/tether.toml
     write_config(tmp, url, harness={"storage_retry_s": 5})           # a key added or changed
     write_config(tmp, url, agents={"rev": {"workdir": None}})        # a key left out
+
+The agent's workdir is ``tmp/work``, the template of each session's workspace; a session's
+tools work in :func:`workspace_tree`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from tether.config import Config, load_config
 
-__all__ = ["config_text", "load_test_config", "write_config"]
+__all__ = ["config_text", "load_test_config", "workspace_tree", "write_config"]
 
 NO_PROVIDER = "http://127.0.0.1:9/v1"
 """A provider URL nothing answers on (port 9, discard): for runs that must not get that far."""
@@ -92,6 +95,14 @@ def write_config(
     path = tmp / name
     path.write_text(config_text(tmp, provider_url, **changes))
     return path
+
+
+def workspace_tree(tmp: Path, session: str = "s1") -> Path:
+    """Where the tools of ``session``'s runs work, with the config in ``tmp`` (the workspaces
+    beside it, by default): its workspace's tree, made from ``tmp/work`` at its first run."""
+    from tether.pi.workspace import workspace_name
+
+    return tmp / ".tether" / "workspaces" / workspace_name(session) / "tree"
 
 
 def load_test_config(tmp: Path, provider_url: str = NO_PROVIDER, **changes: Any) -> Config:

@@ -11,9 +11,10 @@ import typer
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
 from tether.cli.exits import Exit, command, err_console, escape
-from tether.errors import SessionBusy, UsageError
+from tether.errors import SessionBusy, UsageError, WorkspaceError
 from tether.harness.custody.erasing import DEFAULT_STOP_GRACE_S, erase_stopping, retention_stopping
 from tether.ledger.lifecycle import Erased, Selector, SelectorKind
+from tether.pi.workspace import fork_workspace
 
 __all__ = ["erase", "fork", "retention_app"]
 
@@ -93,18 +94,29 @@ def fork(
     """Begin a new session as SESSION up to the end of a run, by reference (nothing copied).
 
     Views, recall and exports of the new session see those rows and its own; its runs,
-    checkpoints and notes are its own; SESSION is unchanged.
+    checkpoints and notes are its own; SESSION is unchanged. SESSION's workspace, as it is
+    now, is copied for it (a git worktree: a new branch from SESSION's, its changes copied).
 
     Example: tether fork -s s1 --at r-1a2b3c -n s1-retry
     """
-    _, store = open_configured_ledger(config, ledger)
+    cfg, store = open_configured_ledger(config, ledger)
     with store:
         made = store.fork_session(session, at, new)
         inherited = store.last_seq(made.id)
+    try:
+        copied = fork_workspace(cfg, session, made.id)
+    except WorkspaceError as exc:
+        raise WorkspaceError(
+            f"session {made.id} was forked from {session}, but {session}'s workspace was not "
+            f"copied for it ({exc}); its first run makes one from the agent's workdir"
+        ) from exc
     if as_json:
         print(json.dumps({"session": made.id, "from": session, "at_run": at, "seq": inherited}))
     else:
         print(f"session {made.id}: {session} up to row {inherited} (the end of run {at})")
+        if copied is not None:
+            branch = f", on branch {copied.branch}" if copied.branch else ""
+            print(f"its workspace: a copy of {session}'s as it is now{branch}")
 
 
 @command

@@ -24,8 +24,10 @@ from tether import telemetry
 from tether.admission import admit_request
 from tether.config import Config, ledger_file, load_config
 from tether.ids import check_id, new_run_id
+from tether.pi.agentdir import provider_keys
 from tether.pi.install import PiInstall, extension_file, find_pi
-from tether.pi.launch import PiLaunch, check_workdir
+from tether.pi.launch import PiLaunch
+from tether.pi.workspace import run_workdir
 
 if TYPE_CHECKING:
     from tether.ledger import Ledger
@@ -131,15 +133,18 @@ def _launch(
     cfg: Config, args: RunArgs, ledger_url: str, run_id: str, pi: PiInstall
 ) -> PiLaunch | None:
     """pi for this request, started now under custody's keeper and held at its gate; None
-    without custody (the run starts pi as its child). A workdir holding the ledger, the config
-    or the run directories, or a missing provider key, is refused first."""
+    without custody (the run starts pi as its child). A workdir holding the ledger, the config,
+    the run directories or the workspaces, or a missing provider key, is refused first; the
+    session's workspace is made here at its first run."""
     if not cfg.custody.detached:
         return None
-    workdir = check_workdir(
-        args.workdir or cfg.workdir(args.agent),
-        agent=args.agent,
-        config=cfg,
+    provider_keys(cfg, args.agent)  # a missing key refuses before the workspace is made
+    workdir = run_workdir(
+        cfg,
+        args.agent,
+        args.session,
         ledger_path=ledger_file(ledger_url),
+        workdir=args.workdir,
     )
     try:
         return PiLaunch.start(

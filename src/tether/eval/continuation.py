@@ -19,6 +19,7 @@ import importlib.metadata
 import io
 import json
 import re
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -118,7 +119,8 @@ def revision() -> str:
 def eval_config(config: Config, options: EvalOptions, root: Path, url: str | None) -> Config:
     """The configuration of the evaluation's runs: the agent's provider, model, effort and
     deadline as configured (or the scripted model), the read and bash tools, the evaluation's
-    own ledger and run directories."""
+    own ledger, run directories and session workspaces (each session's made from the seed's
+    generated workspace, its runs' workdir)."""
     agent = config.agent(options.agent)
     budget = options.budget or config.followup.budget_bytes
     providers = dict(config.providers)
@@ -140,7 +142,9 @@ def eval_config(config: Config, options: EvalOptions, root: Path, url: str | Non
         providers=providers,
         agents={options.agent: agent},
         access=AccessConfig(grants={}),
-        harness=msgspec.structs.replace(config.harness, runs_dir=root / "runs"),
+        harness=msgspec.structs.replace(
+            config.harness, runs_dir=root / "runs", workspaces_dir=root / "workspaces"
+        ),
         # pi need not outlive an evaluation: a stopped evaluation leaves no pi behind.
         custody=msgspec.structs.replace(config.custody, detached=False),
         path=None,
@@ -305,6 +309,8 @@ def evaluate(
     private_dir(root)
     for leftover in root.glob("ledger.db*"):
         leftover.unlink()
+    # The sessions' workspaces of an earlier evaluation: its sessions' ids come again.
+    shutil.rmtree(root / "workspaces", ignore_errors=True)
     pi = find_pi()
     results: list[SeedResult] = []
     with _model(options.scripted) as model:

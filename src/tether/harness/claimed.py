@@ -24,7 +24,7 @@ from tether.harness.driver import Driver
 from tether.harness.ending import drive_recorded
 from tether.harness.prepare import followup_view
 from tether.harness.relay import RelayHook
-from tether.harness.rundir import check_workdir, runs_dir
+from tether.harness.rundir import runs_dir
 from tether.harness.stops import StopControl
 from tether.harness.traces import RunTrace, run_trace
 from tether.harness.turn import CheckpointStep, RunOutcome, RunRequest
@@ -33,6 +33,7 @@ from tether.ledger import Fence, Ledger, RunStatus
 from tether.pi.agentdir import provider_keys
 from tether.pi.install import PiInstall, find_pi
 from tether.pi.launch import PiLaunch
+from tether.pi.workspace import run_workdir
 from tether.threads import in_thread
 
 __all__ = ["queued_request", "run_claimed", "start_pi"]
@@ -170,11 +171,15 @@ async def _run_claimed(
     )
     try:
         keys = provider_keys(config, request.agent)
-        workdir = check_workdir(
-            request.workdir or config.workdir(request.agent),
-            agent=request.agent,
-            config=config,
-            ledger=ledger,
+        # The session's workspace, made at its first run (a copy takes the template's time).
+        workdir = await in_thread(
+            lambda: run_workdir(
+                config,
+                request.agent,
+                request.session,
+                ledger_path=ledger.path,
+                workdir=request.workdir,
+            )
         )
         pi = pi or find_pi()
         start_error: OSError | None = None

@@ -21,7 +21,7 @@ from tether.harness.custody import placement as custody_place
 from tether.harness.custody.reconcile import reconcile
 from tether.harness.prepare import followup_view
 from tether.harness.relay import RelayHook
-from tether.harness.rundir import check_workdir, runs_dir
+from tether.harness.rundir import runs_dir
 from tether.harness.stops import StopControl
 from tether.harness.traces import queued_context
 from tether.harness.turn import CheckpointStep, RunOutcome, RunRequest
@@ -30,6 +30,7 @@ from tether.ledger import Fence, Ledger
 from tether.pi.agentdir import provider_keys
 from tether.pi.install import PiInstall, find_pi
 from tether.pi.launch import PiLaunch
+from tether.pi.workspace import run_workdir
 from tether.threads import in_thread
 
 __all__ = ["execute_run"]
@@ -67,11 +68,15 @@ async def execute_run(
         config.agent(request.agent)
         admit_request(request.text, config.followup)  # before any write (DESIGN §3.5)
         provider_keys(config, request.agent)  # a missing key refuses before any write
-        workdir = check_workdir(
-            request.workdir or config.workdir(request.agent),
-            agent=request.agent,
-            config=config,
-            ledger=ledger,
+        # The session's workspace, made at its first run (a copy takes the template's time).
+        workdir = await in_thread(
+            lambda: run_workdir(
+                config,
+                request.agent,
+                request.session,
+                ledger_path=ledger.path,
+                workdir=request.workdir,
+            )
         )
         pi = pi or find_pi()
         if launch is not None and launch.run_id != request.run_id:

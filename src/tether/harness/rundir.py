@@ -1,7 +1,7 @@
-"""A run's directory (pi's agent dir, session file, log, private TMPDIR) and the agent's working
-directory, kept apart: the agent's tools may read anything under their workdir, so it must not
-contain the ledger, the config or the run directories (DESIGN §3.10). Run directories are
-private (0700), removed when a run ends well (set aside at once, removed in the background:
+"""A run's directory (pi's agent dir, session file, log, private TMPDIR), kept apart from where
+the agent's tools work (:mod:`tether.pi.workspace`, which refuses a workdir holding the ledger,
+the config, the run directories or the workspaces). Run directories are private (0700),
+removed when a run ends well (set aside at once, removed in the background:
 :func:`tether.files.remove_later`) and kept when it does not, and pruned by age."""
 
 from __future__ import annotations
@@ -16,16 +16,9 @@ from tether.config import Config
 from tether.files import DISCARDED_DIR
 from tether.harness.stranded import UNRECORDED_DIR
 from tether.ledger import Ledger, RunStatus
-from tether.pi.launch import check_workdir as check_pi_workdir
 from tether.pi.launch import make_run_dir, runs_dir
 
-__all__ = ["Pruned", "check_workdir", "make_run_dir", "prune_runs", "runs_dir"]
-
-
-def check_workdir(workdir: Path, *, agent: str, config: Config, ledger: Ledger) -> Path:
-    """``workdir`` resolved (and created if missing), or ``ConfigError`` (nothing written yet)
-    when it contains what the agent's tools must not reach."""
-    return check_pi_workdir(workdir, agent=agent, config=config, ledger_path=ledger.path)
+__all__ = ["Pruned", "make_run_dir", "prune_runs", "runs_dir"]
 
 
 class Pruned(msgspec.Struct, frozen=True):

@@ -505,13 +505,20 @@ class Erased(msgspec.Struct, frozen=True):
     run_dirs: list[str]
     stopped: tuple[dict[str, Any], ...] = ()
     """The live runs the erasure stopped first (on a dry run: the ones it would stop)."""
+    workspaces: tuple[str, ...] = ()
+    """The sessions whose workspaces were removed (or would be): :mod:`tether.pi.workspace`."""
 
     def to_json(self) -> dict[str, Any]:
         out = self.plan.to_json()
         out["dry_run"] = self.receipt is None
         out["run_dirs"] = self.run_dirs
         out["stopped"] = list(self.stopped)
-        out["counts"] = {**out["counts"], "run_dirs": len(self.run_dirs)}
+        out["workspaces"] = list(self.workspaces)
+        out["counts"] = {
+            **out["counts"],
+            "run_dirs": len(self.run_dirs),
+            "workspaces": len(self.workspaces),
+        }
         if self.receipt is not None:
             out["receipt"] = self.receipt.to_json()
         return out

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import msgspec
 
-from tether.config import Config, SandboxKind
+from tether.config import Config, SandboxKind, WorkspaceKind
 from tether.errors import ConfigError
 from tether.files import private_dir, private_file
 from tether.pi import keeper
@@ -50,9 +50,11 @@ __all__ = [
     "PiCommand",
     "PiLaunch",
     "check_workdir",
+    "guarded_paths",
     "make_run_dir",
     "pi_command",
     "runs_dir",
+    "workspaces_dir",
 ]
 
 
@@ -92,6 +94,16 @@ def runs_dir(config: Config) -> Path:
     return (chosen if chosen.is_absolute() else base / chosen).resolve()
 
 
+def workspaces_dir(config: Config) -> Path:
+    """Where sessions keep their workspaces (``harness.workspaces_dir``; relative to the config
+    file; :mod:`tether.pi.workspace`)."""
+    base = config.path.parent if config.path else Path.cwd()
+    chosen = config.harness.workspaces_dir
+    if chosen is None:
+        return (base / ".tether" / "workspaces").resolve()
+    return (chosen if chosen.is_absolute() else base / chosen).resolve()
+
+
 def make_run_dir(config: Config, run_id: str) -> Path:
     """The run's private directory, with a private TMPDIR inside."""
     path = private_dir(runs_dir(config) / run_id)
@@ -103,15 +115,24 @@ def _inside(path: Path, directory: Path) -> bool:
     return path == directory or directory in path.parents
 
 
-def check_workdir(workdir: Path, *, agent: str, config: Config, ledger_path: Path | None) -> Path:
-    """``workdir`` resolved (and created if missing), or ``ConfigError`` (nothing written yet)
-    when it contains what the agent's tools must not reach (DESIGN §3.10): the ledger, the
-    config, the run directories."""
-    workdir = workdir.resolve()
-    guarded = [
+def guarded_paths(config: Config, ledger_path: Path | None) -> list[tuple[str, Path | None]]:
+    """What no agent's tools may reach, each with its name: the ledger (None: not a file), the
+    config (None: none read), the run directories."""
+    return [
         ("the ledger", ledger_path),
         ("the config", config.path.resolve() if config.path else None),
         ("the run directories", runs_dir(config)),
+    ]
+
+
+def check_workdir(workdir: Path, *, agent: str, config: Config, ledger_path: Path | None) -> Path:
+    """``workdir`` resolved (and created 0700 if missing), or ``ConfigError`` (nothing written
+    yet) when it contains what the agent's tools must not reach: the ledger, the config, the run
+    directories, the sessions' workspaces."""
+    workdir = workdir.resolve()
+    guarded = [
+        *guarded_paths(config, ledger_path),
+        ("the session workspaces", workspaces_dir(config)),
     ]
     for what, path in guarded:
         if path is not None and _inside(path.resolve(), workdir):
@@ -120,7 +141,10 @@ def check_workdir(workdir: Path, *, agent: str, config: Config, ledger_path: Pat
                 f"tools could read or change it. Set [agents.{agent}] workdir (or --workdir) to a "
                 f"directory that does not contain it, or move {what} out of {workdir}"
             )
-    workdir.mkdir(parents=True, exist_ok=True)
+    if not workdir.is_dir():
+        if workdir.exists():
+            raise ConfigError(f"agent {agent!r} would work in {workdir}, which is not a directory")
+        private_dir(workdir)
     return workdir
 
 
@@ -154,6 +178,19 @@ def _sandbox_log(run_dir: Path, text: str) -> None:
         f.write(f"tether: {text}\n")
 
 
+def _workspace_log(run_dir: Path, agent_name: str, workspace: WorkspaceKind, workdir: Path) -> None:
+    """One line in the run's log: where its tools work, and whether other sessions do too."""
+    if workspace is WorkspaceKind.AGENT:
+        text = (
+            f"workdir {workdir} is SHARED by every session of agent {agent_name!r} "
+            f'([agents.{agent_name}] workspace = "agent"): this run sees and changes what other '
+            "sessions' runs left there"
+        )
+    else:
+        text = f"workspace {workdir} (this session's own)"
+    _sandbox_log(run_dir, text)
+
+
 def pi_command(
     config: Config,
     agent_name: str,
@@ -174,6 +211,7 @@ def pi_command(
     channel: pi gets no key, and its provider URL is its relay's. Raises ``ConfigError``
     (``SandboxUnavailable`` when bubblewrap cannot be used)."""
     agent = config.agent(agent_name)
+    _workspace_log(run_dir, agent_name, agent.workspace, (workdir or Path.cwd()).resolve())
     sandboxed = agent.sandbox is SandboxKind.BWRAP
     bwrap = require_bwrap(agent_name) if sandboxed else ""
     agent_dir = write_agent_dir(run_dir / "agent", config, agent_name, sandboxed=sandboxed)

@@ -37,6 +37,7 @@ from tether.images import IMAGES_KEY, images_digest
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
 from tether.ledger.lifecycle import Selector, SelectorKind
+from tether.pi.workspace import fork_workspace
 from tether.recall import add_note
 from tether.sandbox.limits import recorded_limits
 from tether.service.attachments import ImageIn, request_images
@@ -538,7 +539,8 @@ async def post_fork(
     session: SessionId, body: ForkIn, who: CallerDep, st: StateDep
 ) -> dict[str, Any]:
     """The caller must be admitted to the session; the fork's inherited rows are admitted to
-    whoever may read them in the session, no more (their sources are the same)."""
+    whoever may read them in the session, no more (their sources are the same). The session's
+    workspace is copied for the fork, as ``tether fork`` does."""
     await blocking(session_or_404, st.ledger, session, who)
     try:
         made = await blocking(st.ledger.fork_session, session, body.at_run, body.session)
@@ -551,6 +553,7 @@ async def post_fork(
     except UsageError as exc:
         raise HTTPException(UNPROCESSABLE, str(exc)) from None
     last = await blocking(st.ledger.last_seq, made.id)
+    await in_thread(fork_workspace, st.config, session, made.id)  # WorkspaceError: 500
     return {"session": made.id, "from": session, "at_run": body.at_run, "seq": last}
 
 

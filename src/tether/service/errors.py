@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tether.errors import InvalidId, LedgerError, NotFound
+from tether.errors import InvalidId, LedgerError, NotFound, WorkspaceError
 from tether.service.page_context import ErrorPage
 
 __all__ = ["AsciiJSON", "error_response", "install", "is_page"]
@@ -119,4 +119,11 @@ def install(app: FastAPI) -> None:
         log.warning("ledger error on %s %s: %s", request.method, request.url.path, exc)
         return error_response(
             request, 503, "the ledger failed (the server's log says why); try again"
+        )
+
+    @app.exception_handler(WorkspaceError)
+    async def workspace_failed(request: Request, exc: WorkspaceError) -> Response:
+        log.warning("workspace error on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(
+            request, 500, "a session's workspace failed (the server's log says why)"
         )

@@ -16,6 +16,8 @@ whichever process or host owns it, then the erasure is carried out.
    erased), naming its owner and when its lease expires.
 4. The erasure, in one transaction that checks again that no run is live on the sessions.
 5. The marks go (a session erased whole goes with them).
+6. A session erased whole loses its workspace (:func:`tether.pi.workspace.remove_workspace`:
+   its files; a worktree with its branch).
 
 ``tether erase``, ``POST /v1/erasures`` and retention (``tether retention apply``, the workers)
 all erase through here. A dry run stops nothing: it lists the live runs it would stop.
@@ -39,6 +41,7 @@ from tether.harness.custody.reconcile import reconcile
 from tether.ledger import Ledger, Run, RunStatus
 from tether.ledger.lifecycle import Erased, Selector, SelectorKind, erase_selected
 from tether.pi.launch import runs_dir
+from tether.pi.workspace import remove_workspace, workspace_home
 from tether.threads import in_thread
 
 __all__ = [
@@ -103,7 +106,8 @@ async def erase_stopping(
             for s in done.plan.affected_sessions
             for r in await in_thread(ledger.live_runs, session=s)
         ]
-        return msgspec.structs.replace(done, stopped=tuple(live))
+        kept = tuple(s for s in done.plan.sessions if workspace_home(config, s).exists())
+        return msgspec.structs.replace(done, stopped=tuple(live), workspaces=kept)
     marked: list[str] = []
     stopped: list[dict[str, Any]] = []
     try:
@@ -127,7 +131,11 @@ async def erase_stopping(
                 if attempt == ATTEMPTS - 1:
                     raise
                 continue
-            return msgspec.structs.replace(done, stopped=tuple(stopped))
+            removed = []
+            for session in done.plan.sessions:
+                if await in_thread(remove_workspace, config, session) is not None:
+                    removed.append(session)
+            return msgspec.structs.replace(done, stopped=tuple(stopped), workspaces=tuple(removed))
         raise AssertionError("unreachable: the last attempt returns or raises")
     finally:
         with anyio.CancelScope(shield=True):

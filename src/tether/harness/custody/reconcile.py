@@ -55,6 +55,7 @@ from tether.pi import keeper
 from tether.pi.detached import read_placement
 from tether.pi.install import PiInstall, find_pi
 from tether.pi.launch import runs_dir
+from tether.pi.workspace import session_workdir
 from tether.processes import alive, start_time
 from tether.sandbox.limits import LimitHit, LimitWatch
 from tether.threads import in_thread
@@ -410,7 +411,7 @@ async def _resume(
             fence=fence,
             request=request,
             run_dir=run_dir,
-            workdir=config.workdir(run.agent),
+            workdir=session_workdir(config, run.agent, run.session),
             pi=pi or find_pi(),
         ),
         RunControls(
