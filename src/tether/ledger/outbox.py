@@ -155,6 +155,11 @@ class OutboxSql(SqlBase):
         """Turn up to ``limit`` new events into deliveries, one per route that takes each
         (none when there are no routes: the events are settled as they are). Returns how many
         events it fanned out (0: none was waiting)."""
+        # A read first: a poll that finds nothing takes no write lock (SQLite has one).
+        with self._read() as c:
+            c.execute("SELECT 1 FROM webhook_events WHERE fanned = 0 LIMIT 1")
+            if c.fetchone() is None:
+                return 0
         with self._tx() as c:
             c.execute(
                 "SELECT id, kind, status FROM webhook_events WHERE fanned = 0 "
@@ -194,6 +199,14 @@ class OutboxSql(SqlBase):
         each attempt is counted now and the delivery is due again when the lease ends (an
         attempt that never reports, its process killed, is made again then)."""
         now = time.time() if now is None else now
+        with self._read() as c:  # as in fan_out: an idle poll takes no write lock
+            c.execute(
+                "SELECT 1 FROM webhook_deliveries WHERE endpoint = ? AND state = 'pending' "
+                "AND due <= ? LIMIT 1",
+                (endpoint, now),
+            )
+            if c.fetchone() is None:
+                return []
         with self._tx() as c:
             c.execute(
                 "SELECT id FROM webhook_deliveries WHERE endpoint = ? AND state = 'pending' "
