@@ -22,6 +22,7 @@ FLOORS: dict[str, int] = {
     "events": 1,
     "files": 1,
     "ids": 1,
+    "images": 1,
     "processes": 1,
     "threads": 1,
     "telemetry": 1,

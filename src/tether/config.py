@@ -271,10 +271,6 @@ class ServiceLimits(_Section, frozen=True):
         )
 
 
-WEBHOOK_EVENTS = ("run.ended",)
-"""The closed set of webhook event types (``[[service.webhooks.endpoints]] events``)."""
-
-
 class WebhookEndpoint(_Section, frozen=True):
     """``[[service.webhooks.endpoints]]``: where run ends are POSTed (tether.service.webhooks)."""
 

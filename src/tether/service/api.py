@@ -5,7 +5,6 @@ shown."""
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 from collections.abc import Callable
 from http import HTTPStatus
@@ -33,14 +32,13 @@ from tether.harness.custody.erasing import DEFAULT_STOP_GRACE_S, erase_stopping
 from tether.harness.relay import Deliver
 from tether.harness.traces import KEY, queued_context
 from tether.ids import id_problem
-from tether.images import IMAGES_KEY, images_digest
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
 from tether.ledger.jsonl import row_record
 from tether.ledger.lifecycle import Selector, SelectorKind
 from tether.pi.workspace import fork_workspace
 from tether.recall import add_note
 from tether.sandbox.limits import recorded_limits
-from tether.service.attachments import ImageIn, request_images
+from tether.service.attachments import ImageIn, digests, request_images
 from tether.service.auth import Caller, caller
 from tether.service.limits import request_limits
 from tether.service.state import ServiceState, service_of
@@ -108,9 +106,7 @@ class RequestIn(BaseModel):
     """The client's key, scoped to the session and the caller's actor: the same key again with
     the same agent and text returns the same answer and writes nothing; with another, 409."""
     deliver: Deliver = Deliver.QUEUE
-    images: list[ImageIn] = Field(default_factory=list, max_length=64)
-    """Images after the text (``{"data": base64, "mimeType"}``), within ``[followup] media_*``
-    (tether.service.attachments)."""
+    images: list[ImageIn] = Field(default_factory=list, max_length=64)  # service.attachments
 
 
 class RequestOut(BaseModel):
@@ -372,16 +368,6 @@ def scoped_request_id(actor: str, request_id: str | None) -> str | None:
     return json.dumps([actor, request_id], ensure_ascii=False, separators=(",", ":"))
 
 
-def _digest(body: RequestIn) -> list[str]:
-    """The posted images as :func:`~tether.images.images_digest` names a run's."""
-    return images_digest(
-        [
-            {"mimeType": i.mime_type, "sha256": hashlib.sha256(i.data.encode()).hexdigest()}
-            for i in body.images
-        ]
-    )
-
-
 def _same_request(run: Run, session: str, body: RequestIn, who: Caller) -> None:
     """A retry must be the request it repeats: 409 naming what differs otherwise."""
     asked = run.extra.get("request") or {}
@@ -390,7 +376,7 @@ def _same_request(run: Run, session: str, body: RequestIn, who: Caller) -> None:
         for name, theirs, mine in (
             ("agent", run.agent, body.agent),
             ("text", asked.get("text"), body.text),
-            ("images", images_digest(run.extra.get(IMAGES_KEY)), _digest(body)),
+            ("images", *digests(run, body.images)),
         )
         if theirs != mine
     ]

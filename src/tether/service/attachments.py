@@ -9,6 +9,7 @@ model takes no images (``[agents.X] images``), or a request relayed into a live 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 from fastapi import HTTPException
@@ -16,9 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.config import Config
 from tether.harness.relay import Deliver
-from tether.images import IMAGES_KEY, ImageProblem, check_images
+from tether.images import IMAGES_KEY, ImageProblem, check_images, images_digest
+from tether.ledger import Run
 
-__all__ = ["ImageIn", "request_images"]
+__all__ = ["ImageIn", "digests", "request_images"]
 
 UNPROCESSABLE = 422
 TOO_LARGE = 413
@@ -64,3 +66,13 @@ def request_images(
         code = TOO_LARGE if exc.too_large else UNPROCESSABLE
         raise HTTPException(code, str(exc)) from None
     return {IMAGES_KEY: kept}
+
+
+def digests(run: Run, images: list[ImageIn]) -> tuple[list[str], list[str]]:
+    """What identifies the images a run was queued with, and the posted ones (a request
+    repeated with its ``request_id`` must carry the same)."""
+    posted = [
+        {"mimeType": i.mime_type, "sha256": hashlib.sha256(i.data.encode()).hexdigest()}
+        for i in images
+    ]
+    return images_digest(run.extra.get(IMAGES_KEY)), images_digest(posted)
