@@ -32,12 +32,13 @@ from tether.harness.custody.erasing import DEFAULT_STOP_GRACE_S, erase_stopping
 from tether.harness.relay import Deliver
 from tether.harness.traces import KEY, queued_context
 from tether.ids import id_problem
-from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
+from tether.ledger import Ledger, Row, Run, RunStatus
 from tether.ledger.jsonl import row_record
 from tether.ledger.lifecycle import Selector, SelectorKind
 from tether.pi.workspace import fork_workspace
 from tether.recall import add_note
 from tether.sandbox.limits import recorded_limits
+from tether.service.answers import answer_row
 from tether.service.attachments import ImageIn, digests, request_images
 from tether.service.auth import Caller, caller
 from tether.service.limits import request_limits
@@ -161,25 +162,6 @@ def row_json(row: Row, caller: Caller) -> dict[str, Any]:
     if caller.admission.admits(row.sources):
         return row_record(row)
     return {"type": "row", "session": row.session, "seq": row.seq, "withheld": True}
-
-
-def answer_row(ledger: Ledger, run: Run) -> Row | None:
-    """The run's last assistant message row (what its answer was mirrored from)."""
-    first = ledger.run_first_seq(run.id)
-    if first is None:
-        return None
-    found: Row | None = None
-    start = first
-    while True:
-        page = ledger.rows_range(run.session, start, start + 999)
-        mine = [r for r in page if r.run == run.id]
-        found = next(
-            (r for r in reversed(mine) if r.kind is RowKind.MESSAGE and r.role == "assistant"),
-            found,
-        )
-        if len(page) < 1000 or (page and page[-1].run != run.id):
-            return found
-        start = page[-1].seq + 1
 
 
 def run_json(ledger: Ledger, run: Run, caller: Caller) -> dict[str, Any]:

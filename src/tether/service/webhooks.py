@@ -42,6 +42,7 @@ from tether.errors import TetherError
 from tether.ledger import Ledger, Run
 from tether.ledger.outbox import Delivery, Route
 from tether.sandbox.limits import recorded_limits
+from tether.service.answers import answer_row
 from tether.threads import in_thread
 
 __all__ = ["Deliverer", "backoff_s", "payload", "sign"]
@@ -80,8 +81,6 @@ def payload(ledger: Ledger, delivery: Delivery, run: Run, admission: Admission) 
     """The event as sent: its id, type and time, then the run as ``GET /v1/runs/{run}`` answers
     it, the answer only when the endpoint's actor is admitted to it (else null, and
     ``answer_withheld``)."""
-    from tether.service.api import answer_row  # the API's own reading of a run's answer
-
     request = run.extra.get("request") or {}
     answer = run.extra.get("answer")
     withheld = False
