@@ -39,12 +39,14 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import fcntl
 import hashlib
 import os
 import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -288,7 +290,8 @@ def fork_workspace(config: Config, parent: str, child: str) -> Workspace | None:
                 ready=False,
             )
             _write_meta(tmp, made)
-            _git(repo, "worktree", "add", "--detach", "--lock", str(tree), start.strip())
+            with _locked(repo):
+                _git(repo, "worktree", "add", "--detach", "--lock", str(tree), start.strip())
             # The parent's tree as it is (its uncommitted changes), never its .git file.
             clear_tree(tree, keep=".git")
             copy_tree(parent_tree, tree, skip=".git")
@@ -318,7 +321,8 @@ def remove_workspace(config: Config, session: str) -> Workspace | None:
         repo = Path(found.template)
         tree = home / TREE
         try:
-            _git(repo, "worktree", "remove", "--force", "--force", str(tree))
+            with _locked(repo):
+                _git(repo, "worktree", "remove", "--force", "--force", str(tree))
         except WorkspaceError as exc:
             # Its .git file is the agent's to change, and git may not know the tree for its
             # own: the files go, and git forgets worktrees whose directory is gone.
@@ -327,12 +331,14 @@ def remove_workspace(config: Config, session: str) -> Workspace | None:
     if found.made is Made.GIT:
         repo = Path(found.template)
         if problems:
-            _git_quiet(repo, "worktree", "prune")
+            with _locked(repo):
+                _git_quiet(repo, "worktree", "prune")
         # (A worktree that was never ready may have its branch: no other has that name, as a
         # workspace is not made where its branch exists.)
         if found.branch is not None:
             try:
-                _git(repo, "branch", "--delete", "--force", found.branch)
+                with _locked(repo):
+                    _git(repo, "branch", "--delete", "--force", found.branch)
             except WorkspaceError as exc:
                 if _git_quiet(repo, "rev-parse", "--verify", "--quiet", _ref(found.branch)):
                     raise WorkspaceError(
@@ -348,8 +354,13 @@ def _making(config: Config) -> Path:
     """``WORKSPACES_DIR/.making`` (0700), with what dead processes left there removed."""
     making = private_dir(workspaces_dir(config) / MAKING)
     cutoff = time.time() - STALE_S
+    old = []
     with os.scandir(making) as entries:
-        old = [e.path for e in entries if e.stat(follow_symlinks=False).st_mtime < cutoff]
+        for entry in entries:
+            # (What another process renames away or removes meanwhile is gone: not old.)
+            with contextlib.suppress(FileNotFoundError):
+                if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    old.append(entry.path)
     for path in old:
         _discard(Path(path))
     return making
@@ -372,7 +383,8 @@ def _make(tmp: Path, session: str, template: Path) -> Workspace:
             ready=False,
         )
         _write_meta(tmp, made)  # first: a discarded worktree is found by it
-        _git(template, "worktree", "add", "--detach", "--lock", str(tmp / TREE), "HEAD")
+        with _locked(template):
+            _git(template, "worktree", "add", "--detach", "--lock", str(tmp / TREE), "HEAD")
         os.chmod(tmp / TREE, DIR_MODE)
         return made
     made = Workspace(session=session, made=Made.COPY, template=str(template))
@@ -401,16 +413,17 @@ def _finish(home: Path, made: Workspace) -> None:
     repo = Path(made.template)
     tree = home / TREE
     assert made.branch is not None
-    _git(repo, "worktree", "repair", str(tree))
-    try:
-        _git(tree, "switch", "--quiet", "--create", made.branch)
-    except WorkspaceError:
-        # Made already by another process finishing the same workspace; else a branch of that
-        # name that is not this workspace's (refused, as when it is made).
-        head = _git_quiet(tree, "symbolic-ref", "--quiet", "HEAD")
-        if head is None or head.strip() != f"refs/heads/{made.branch}":
-            raise
-    _git_quiet(repo, "worktree", "unlock", str(tree))
+    with _locked(repo):
+        _git(repo, "worktree", "repair", str(tree))
+        try:
+            _git(tree, "switch", "--quiet", "--create", made.branch)
+        except WorkspaceError:
+            # Made already by another process finishing the same workspace; else a branch of
+            # that name that is not this workspace's (refused, as when it is made).
+            head = _git_quiet(tree, "symbolic-ref", "--quiet", "HEAD")
+            if head is None or head.strip() != f"refs/heads/{made.branch}":
+                raise
+        _git_quiet(repo, "worktree", "unlock", str(tree))
     _write_meta(home, msgspec.structs.replace(made, ready=True))
 
 
@@ -421,9 +434,13 @@ def _discard(tmp: Path) -> None:
         found = _read_meta(tmp)
     if found is not None and found.made is Made.GIT and (tmp / TREE).exists():
         repo = Path(found.template)
-        if _git_quiet(repo, "worktree", "remove", "--force", "--force", str(tmp / TREE)) is None:
-            remove_tree(tmp / TREE)
-            _git_quiet(repo, "worktree", "prune")
+        with contextlib.suppress(OSError, WorkspaceError), _locked(repo):
+            if (
+                _git_quiet(repo, "worktree", "remove", "--force", "--force", str(tmp / TREE))
+                is None
+            ):
+                remove_tree(tmp / TREE)
+                _git_quiet(repo, "worktree", "prune")
     remove_tree(tmp)
 
 
@@ -497,6 +514,24 @@ def _git(where: Path, *args: str) -> str:
             + (f": {said[-1]}" if said else "")
         )
     return done.stdout
+
+
+@contextlib.contextmanager
+def _locked(repo: Path) -> Iterator[None]:
+    """tether's git commands on one repository's worktrees, one at a time (across processes,
+    and hosts where the shared storage has locks): each reads the records of every worktree,
+    and one that another ``git worktree add`` is writing makes it fail ("failed to read
+    .git/worktrees/…/commondir"). The lock is ``tether-worktrees.lock`` in the repository's
+    git directory."""
+    common = _git(repo, "rev-parse", "--path-format=absolute", "--git-common-dir").strip()
+    fd = os.open(
+        Path(common) / "tether-worktrees.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _ref(branch: str) -> str:
