@@ -33,6 +33,7 @@ from rich.text import Text
 
 from tether.config import Config, SandboxKind
 from tether.errors import ModelError
+from tether.files import private_dir, private_file
 from tether.ledger import ReceiptReason, open_ledger
 from tether.model import server_available, stop_recorded, write_local_config
 from tether.model.process import read_state
@@ -55,7 +56,7 @@ def tether(*args: str, check: bool = True, ok: tuple[int, ...] = (0,)) -> int:
 
 
 def example_session() -> None:
-    DEMO_DIR.mkdir(parents=True, exist_ok=True)
+    private_dir(DEMO_DIR)
     db = DEMO_DIR / "example.db"
     for leftover in DEMO_DIR.glob("example.db*"):
         leftover.unlink()
@@ -63,14 +64,14 @@ def example_session() -> None:
     config = DEMO_DIR / "example.toml"
     # ana may read acme's repositories: the rows and the checkpoint that carry repo:acme/api are
     # admitted to her follow-ups (without a grant they would be withheld, and named as gaps).
-    config.write_text(
+    private_file(config).write_text(
         f'[ledger]\nurl = "{ledger}"\n\n[access.grants]\n"user:ana" = ["repo:acme/*"]\n',
         encoding="utf-8",
     )
     example = resources.files("tether") / "examples" / "review.jsonl"
     with resources.as_file(example) as path:
         local = DEMO_DIR / "review.jsonl"
-        shutil.copyfile(path, local)
+        shutil.copyfile(path, private_file(local))
     console.print(Rule("1. A bundled session, loaded into an embedded SQLite ledger"))
     tether("ledger", "load", str(local), "--config", str(config))
     console.print(Rule("2. Its timeline"))
@@ -190,7 +191,7 @@ def live_session() -> int:
         return 2
     began = time.monotonic()
     shutil.rmtree(LIVE_DIR, ignore_errors=True)
-    LIVE_DIR.mkdir(parents=True)
+    private_dir(LIVE_DIR)
     state = DEMO_DIR / "model"
     stop_recorded(state)  # a server left behind by an interrupted demo
     console.print(Rule("1. Start the embedded model (SmolLM2-135M on llama.cpp, on 127.0.0.1)"))

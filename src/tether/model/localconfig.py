@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.config import Config, load_config
+from tether.files import private_dir, private_file
 from tether.model.weights import DEFAULT_MODEL
 
 __all__ = ["LOCAL_COMPAT", "local_config_text", "write_local_config"]
@@ -88,9 +89,12 @@ def local_config_text(
 
 def write_local_config(path: Path, base_url: str, **options: Any) -> Config:
     """Write :func:`local_config_text` to ``path`` and return it as loaded (so it is valid)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(local_config_text(base_url, **options), encoding="utf-8")
+    # Private (0700, 0600) whatever the umask; a directory that exists is left as it is.
+    if not path.parent.exists():
+        private_dir(path.parent)
+    private_file(path).write_text(local_config_text(base_url, **options), encoding="utf-8")
     config = load_config(path)
     for name in config.agents:
-        config.workdir(name).mkdir(parents=True, exist_ok=True)
+        if not config.workdir(name).exists():
+            private_dir(config.workdir(name))
     return config

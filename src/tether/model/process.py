@@ -31,6 +31,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict
 
 from tether.errors import ModelError
+from tether.files import private_dir, private_file
 from tether.model.weights import DEFAULT_MODEL, INSTALL_HINT, find_model, server_available
 from tether.processes import alive, start_time
 
@@ -182,7 +183,8 @@ class ModelServer:
         if not server_available():
             raise ModelError(f"llama-cpp-python's server is not installed; {INSTALL_HINT}")
         model = model_path or find_model()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if not log_path.parent.exists():
+            private_dir(log_path.parent)
         sock = _bind(port)
         argv = [
             sys.executable,
@@ -208,7 +210,7 @@ class ModelServer:
             "no_proxy": "127.0.0.1,localhost",
         }
         try:
-            with log_path.open("ab") as log:
+            with private_file(log_path).open("ab") as log:
                 proc = subprocess.Popen(
                     argv,
                     stdin=subprocess.DEVNULL,
@@ -370,10 +372,11 @@ def read_state(state_dir: Path = DEFAULT_STATE_DIR) -> ServerState | None:
 
 
 def write_state(state: ServerState, state_dir: Path = DEFAULT_STATE_DIR) -> Path:
-    state_dir.mkdir(parents=True, exist_ok=True)
+    if not state_dir.exists():
+        private_dir(state_dir)
     path = state_dir / STATE_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(state.model_dump_json(indent=2) + "\n")
+    private_file(tmp).write_text(state.model_dump_json(indent=2) + "\n")
     tmp.replace(path)
     return path
 

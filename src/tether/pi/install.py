@@ -27,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 
-from tether.files import private_dir
+from tether.files import private_dir, private_file
 from tether.pi.errors import PiNotInstalled
 
 __all__ = [
@@ -161,7 +161,8 @@ def warm_compile_cache(pi: PiInstall, cache: Path, apis: Iterable[str] = ()) -> 
     if loaders:  # pi's extension loader, CommonJS, as that chunk requires it
         warm += ["--require", "jiti", "--from", str(loaders[0])]
     try:
-        with open(cache / ".warm.lock", "a") as lock:
+        # 0600 whatever the umask, as everything tether makes (open() would give it 0644).
+        with open(private_file(cache / ".warm.lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if marker.exists():
                 return

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tether.errors import TetherError
+from tether.files import private_dir, private_file
 
 __all__ = [
     "MANIFEST_FILES",
@@ -162,10 +163,11 @@ def setup(
         raise SetupError(f"npm is not on PATH; {NPM_HINT}")
     pins = pinned_versions()
     try:
-        prefix.mkdir(parents=True, exist_ok=True)
+        if not prefix.exists():
+            private_dir(prefix)
         (prefix / STAMP).unlink(missing_ok=True)
         for name in MANIFEST_FILES:
-            shutil.copyfile(MANIFEST_DIR / name, prefix / name)
+            shutil.copyfile(MANIFEST_DIR / name, private_file(prefix / name))
     except OSError as exc:
         raise SetupError(f"cannot write {prefix}: {exc}; choose another with --prefix") from exc
     say(
@@ -180,6 +182,7 @@ def setup(
         stdout=subprocess.PIPE,  # its summary is passed on below: stdout may be a JSON answer
         text=True,
         check=False,
+        umask=0o077,  # what it installs is this user's alone, as everything tether makes
     )
     for line in done.stdout.splitlines():
         if line.strip():
@@ -191,6 +194,8 @@ def setup(
         )
     say("[2/3] verifying the versions (starting Node and pi once)")
     pi, node = _verify(prefix, run_pi=True)
-    (prefix / STAMP).write_text(json.dumps({"manifest": digest, "pi": pi, "node": node}) + "\n")
+    private_file(prefix / STAMP).write_text(
+        json.dumps({"manifest": digest, "pi": pi, "node": node}) + "\n"
+    )
     say(f"[3/3] recorded in {prefix / STAMP}")
     return SetupResult(SetupState.INSTALLED, prefix, pi, node, time.monotonic() - started)
