@@ -93,7 +93,11 @@ def unconfined(
             checkpoint_min_time_s=0,
             summary_max_bytes=4000,
         ),
-        harness=HarnessConfig(runs_dir=tmp / "runs", pi_settings={"retry": {"enabled": False}}),
+        harness=HarnessConfig(
+            runs_dir=tmp / "runs",
+            workspaces_dir=tmp / "workspaces",
+            pi_settings={"retry": {"enabled": False}},
+        ),
     )
     return cfg if detached else msgspec.structs.replace(cfg, custody=CustodyConfig(detached=False))
 
