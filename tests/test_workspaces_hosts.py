@@ -48,9 +48,6 @@ provider = "local"
 model = "scripted"
 deadline_s = 60
 workdir = "{work}"
-# (Unconfined: under `tether worker` the tool sandbox does not answer pi yet, "cannot reach
-# the tool sandbox"; what this test is about is where the tools work, not how they are confined.)
-sandbox = "none"
 
 [harness]
 runs_dir = "state"  # (short: a deep run directory moves its sockets to /tmp)
