@@ -66,7 +66,11 @@ class Receiver:
 
 
 def value_of(value: Any) -> Any:
-    return getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
+    """An attribute's value; a list one (``array_value``) as a list of its values."""
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [value_of(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
 
 
 def attrs(span: Span) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Traces (DESIGN §3.14) with the SDK's in-memory exporter over runs of the real pi against the
+"""Traces with the SDK's in-memory exporter over runs of the real pi against the
 scripted provider: the span tree, its names and attributes per the GenAI conventions, the
 checkpoint decision for each reason it was not tried, and nothing a person or the agent wrote
 (nor the provider's key) on any span unless ``[telemetry] content = true``."""
@@ -269,8 +269,11 @@ def test_span_tree_of_a_run_with_a_tool_and_a_written_checkpoint(
 
     trace_id = agent.context.trace_id
     assert {s.context.trace_id for s in found} == {trace_id}, "one trace for the whole run"
+    step = one(found, "tether.checkpoint")
+    [summary] = [c for c in by_name(found, "chat") if c.parent.span_id == step.context.span_id]
     children = {s.name.split(" ")[0] for s in found if s.parent is not None}
-    assert all(s.parent.span_id == agent.context.span_id for s in found if s.parent), children
+    others = [s for s in found if s.parent and s is not summary]
+    assert all(s.parent.span_id == agent.context.span_id for s in others), children
     assert children >= {
         "chat",
         "execute_tool",
@@ -280,7 +283,7 @@ def test_span_tree_of_a_run_with_a_tool_and_a_written_checkpoint(
     }
 
     # Two provider calls in the task turn: the tool call, then the answer.
-    chats = by_name(found, "chat")
+    chats = [c for c in by_name(found, "chat") if c is not summary]
     assert len(chats) == 2
     for chat in chats:
         c = attrs(chat)
@@ -290,7 +293,20 @@ def test_span_tree_of_a_run_with_a_tool_and_a_written_checkpoint(
         assert c["gen_ai.usage.input_tokens"] > 0
         assert c["gen_ai.usage.output_tokens"] > 0
         assert chat.start_time <= chat.end_time
-    assert [attrs(c)["gen_ai.response.finish_reasons"] for c in chats] == ["toolUse", "stop"]
+    assert [attrs(c)["gen_ai.response.finish_reasons"] for c in chats] == [
+        ("tool_call",),
+        ("stop",),
+    ]
+    assert {attrs(c)["tether.chat.purpose"] for c in chats} == {"task"}
+    # The checkpoint's summary, the run's third provider call, under the checkpoint step.
+    u = attrs(summary)
+    assert (u["tether.chat.purpose"], u["gen_ai.response.finish_reasons"]) == (
+        "checkpoint_summary",
+        ("stop",),
+    )
+    assert u["gen_ai.usage.input_tokens"] > 0
+    assert u["gen_ai.usage.output_tokens"] > 0
+    assert chats[1].end_time <= summary.start_time <= summary.end_time <= step.end_time
 
     tool = one(found, "execute_tool")
     t = attrs(tool)
@@ -305,7 +321,6 @@ def test_span_tree_of_a_run_with_a_tool_and_a_written_checkpoint(
     view = attrs(one(found, "tether.followup.view"))
     assert view["tether.view.follow_up"] is False  # the session's first run
 
-    step = one(found, "tether.checkpoint")
     s = attrs(step)
     assert (s["tether.checkpoint.decision"], s["tether.checkpoint.label"]) == ("written", "written")
     assert s["tether.checkpoint.view_bytes"] > s["tether.checkpoint.budget_bytes"] == 4000

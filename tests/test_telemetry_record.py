@@ -1,4 +1,4 @@
-"""The checkpoint decision without OpenTelemetry (DESIGN §3.14): what a run's record keeps
+"""The checkpoint decision without OpenTelemetry: what a run's record keeps
 (``extra.checkpoint_decision``) is shown by ``tether log`` on the run's line and by the session
 page on the run's header (and its JSON twin). The real runs that write it are in
 tests/test_telemetry.py."""

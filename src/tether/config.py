@@ -55,6 +55,7 @@ Positive = Annotated[int, msgspec.Meta(gt=0)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeSeconds = Annotated[float, msgspec.Meta(ge=0)]
+OtelName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 
 
 def _decode_extra(kind: type, value: Any) -> Any:
@@ -110,6 +111,8 @@ class ProviderConfig(_Section, frozen=True):
     max_tokens: Positive = 4096
     compat: dict[str, Any] = {}
     """Passed through to pi's models.json ``compat`` for this provider's models."""
+    otel_provider_name: OtelName | None = None
+    """Its ``gen_ai.provider.name`` on spans (default: the conventions' name of ``api``)."""
 
 
 class SandboxKind(enum.StrEnum):

@@ -39,6 +39,7 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from tether import telemetry
 from tether.config import AgentConfig, Config
 from tether.errors import LedgerError
 from tether.harness.stops import race_clock
@@ -199,6 +200,41 @@ async def _compact(turn: SettledTurn, instructions: str) -> Response | Transport
         return exc
 
 
+SUMMARY_STOPS = {
+    ReceiptReason.TRUNCATED: "length",
+    ReceiptReason.PROVIDER_FAILURE: "error",
+    ReceiptReason.EMPTY: "stop",
+    ReceiptReason.OVER_BOUND: "stop",
+}
+"""pi's stop reason of a summary call the extension refused for these reasons: the provider
+answered (too long, or a summary refused for what it holds) or failed."""
+
+
+def _summary_call(
+    turn: SettledTurn,
+    response: Response | TransportClosed | None,
+    receipt: ReceiptReason | None,
+    start_ns: int,
+    end_ns: int,
+) -> None:
+    """What the trace shows of the summary's provider call (``facts["summary_call"]``): when it
+    ended and how, and on success the tokens pi reports for it (``compact``'s ``usage``; none
+    for a refused one). A summary cancelled (perhaps before any call) has no span."""
+    if isinstance(response, Response) and response.success:
+        data = response.data if isinstance(response.data, dict) else {}
+        usage, stop = data.get("usage"), "stop"
+    elif receipt in SUMMARY_STOPS:
+        usage, stop = None, SUMMARY_STOPS[receipt]
+    else:
+        return
+    turn.facts["summary_call"] = {
+        "start_ns": start_ns,
+        "end_ns": end_ns,
+        "stop": stop,
+        "usage": usage if isinstance(usage, dict) else None,
+    }
+
+
 async def _compact_or_abort(
     turn: SettledTurn, instructions: str
 ) -> Response | TransportClosed | None:
@@ -297,7 +333,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
     records = client.subscribe()
     # From here on a cut-off step counts as a refused checkpoint (run.py reads this).
     turn.attempt = CheckpointResult.refused(ReceiptReason.CANCELLED)
-    sent = turn.clock.now()
+    sent, sent_ns = turn.clock.now(), telemetry.now_ns()
     try:
         with records:
             try:
@@ -305,6 +341,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
                     turn.clock, bound, lambda: _compact_or_abort(turn, text)
                 )
                 turn.facts["provider_ms"] = int((turn.clock.now() - sent) * 1000)
+                answered_ns = telemetry.now_ns()
             except anyio.get_cancelled_exc_class():
                 # A hard stop (or a fenced-out mirror) cancelled the step: pi is being killed,
                 # and the run's final mirror pass reads pi's session file as pi left it.
@@ -316,6 +353,7 @@ async def continuation_checkpoint(turn: SettledTurn) -> CheckpointResult:
             receipt = _drain(records, turn.run_id)
     finally:
         records.close()
+    _summary_call(turn, response, receipt, sent_ns, answered_ns)
 
     if isinstance(response, TransportClosed):
         reason = receipt or ReceiptReason.CANCELLED

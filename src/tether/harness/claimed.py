@@ -116,7 +116,7 @@ async def run_claimed(
         run,
         request,
         model=agent.model,
-        provider=agent.provider,
+        provider=config.providers.get(agent.provider),
         content=config.telemetry.content,
     )
     try:

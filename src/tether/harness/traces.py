@@ -1,7 +1,13 @@
-"""A run's spans (DESIGN §3.14): ``invoke_agent`` for the run, ``chat`` per provider call and
-``execute_tool`` per tool call from pi's events, and tether's own: the queue wait, the view,
-the checkpoint decision, the takeover. Every call is a no-op when tracing is off
-(:mod:`tether.telemetry`), so the driver never asks.
+"""A run's spans: ``invoke_agent`` for the run, ``chat`` per provider call (the task turn's,
+from pi's events, and the checkpoint's summary) and ``execute_tool`` per tool call, and tether's
+own: the queue wait, the view, the checkpoint decision, the takeover. Every call is a no-op when
+tracing is off (:mod:`tether.telemetry`), so the driver never asks.
+
+Names, kinds and ``gen_ai.*`` values follow OpenTelemetry's GenAI semantic conventions: the run
+is an agent tether runs itself (``invoke_agent``, INTERNAL), each provider call is a CLIENT
+``chat`` span whose ``gen_ai.provider.name`` comes from the provider's pi api and whose finish
+reasons are the conventions' (:mod:`tether.telemetry.genai`), each tool call an INTERNAL
+``execute_tool`` span.
 
 The run's trace context is kept in its record (``extra["telemetry"]``): the parent it was
 queued with (a service request's ``traceparent``), when it was queued, and its own
@@ -17,13 +23,14 @@ from typing import Any
 import msgspec
 
 from tether import telemetry
+from tether.config import ProviderConfig
 from tether.errors import LedgerError
 from tether.followup import FollowupView
 from tether.harness.turn import CheckpointResult, RunOutcome, RunRequest
 from tether.ledger import Fence, Ledger, Run, RunStatus
 from tether.pi.client import Record
 from tether.pi.protocol import Event
-from tether.telemetry import Span
+from tether.telemetry import Span, genai
 from tether.threads import in_thread
 
 __all__ = ["KEY", "RunTrace", "queued_context", "run_trace", "takeover_span"]
@@ -52,15 +59,23 @@ def _usage(message: Mapping[str, Any]) -> dict[str, telemetry.Attr | None]:
         value = usage.get(key)
         return int(value) if isinstance(value, int | float) else None
 
-    stop = message.get("stopReason")
     return {
         "gen_ai.usage.input_tokens": count("input"),
         "gen_ai.usage.output_tokens": count("output"),
         "gen_ai.usage.cache_read.input_tokens": count("cacheRead"),
         "gen_ai.usage.cache_creation.input_tokens": count("cacheWrite"),
-        "gen_ai.response.model": _str(message.get("model")),
-        "gen_ai.response.finish_reasons": str(stop) if isinstance(stop, str) else None,
+        "gen_ai.usage.reasoning.output_tokens": count("reasoning"),
+        "gen_ai.response.model": _str(message.get("responseModel")) or _str(message.get("model")),
+        "gen_ai.response.id": _str(message.get("responseId")),
+        "gen_ai.response.finish_reasons": genai.finish_reasons(
+            message.get("stopReason"), message.get("rawStopReason")
+        ),
     }
+
+
+CALL_ERRORS = {"error": "provider_error", "aborted": "aborted"}
+"""pi's stop reason -> the ``error.type`` of a provider call that ended so: the provider failed
+(a filter's stop included), or the call was aborted (a stop, the deadline)."""
 
 
 def _str(value: object) -> str | None:
@@ -74,6 +89,9 @@ class RunTrace(msgspec.Struct):
     session: str = ""
     model: str | None = None
     provider: str | None = None
+    """``gen_ai.provider.name`` (:func:`tether.telemetry.genai.provider_name`)."""
+    server: tuple[str | None, int | None] = (None, None)
+    """``server.address`` and ``server.port`` of the provider's endpoint."""
     _waiting_since: int | None = None
     _tools: dict[str, tuple[int, str]] = msgspec.field(default_factory=dict)
     _content: bool = False
@@ -82,9 +100,17 @@ class RunTrace(msgspec.Struct):
         return bool(self.span)
 
     def _child(
-        self, name: str, attrs: Mapping[str, telemetry.Attr | None], *, start_ns: int | None = None
+        self,
+        name: str,
+        attrs: Mapping[str, telemetry.Attr | None],
+        *,
+        start_ns: int | None = None,
+        parent: Span | None = None,
+        kind: str = "internal",
     ) -> Span:
-        return telemetry.start(name, attrs, parent=self.span, start_ns=start_ns)
+        return telemetry.start(
+            name, attrs, parent=parent or self.span, start_ns=start_ns, kind=kind
+        )
 
     # -- before pi ----------------------------------------------------------------------------
 
@@ -146,7 +172,7 @@ class RunTrace(msgspec.Struct):
         elif kind == Event.MESSAGE_END:
             message = item.get("message") or {}
             if message.get("role") == "assistant":
-                self._chat(message, self._waiting_since or now, now)
+                self._chat(message, self._waiting_since or now, now, purpose="task")
             self._waiting_since = now
         elif kind == Event.TOOL_EXECUTION_START:
             call = str(item.get("toolCallId"))
@@ -154,21 +180,37 @@ class RunTrace(msgspec.Struct):
         elif kind == Event.TOOL_EXECUTION_END:
             self._tool(item, now)
 
-    def _chat(self, message: Mapping[str, Any], start_ns: int, end_ns: int) -> None:
-        model = _str(message.get("model")) or self.model
+    def _chat(
+        self,
+        message: Mapping[str, Any],
+        start_ns: int,
+        end_ns: int,
+        *,
+        purpose: str,
+        parent: Span | None = None,
+    ) -> None:
+        """A CLIENT ``chat`` span: one provider call, named for the model asked for."""
+        model = self.model or _str(message.get("model"))
+        address, port = self.server
         chat = self._child(
             f"chat {model}" if model else "chat",
             {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.conversation.id": self.session,
-                "gen_ai.provider.name": _str(message.get("provider")) or self.provider,
-                "gen_ai.request.model": self.model,
+                "gen_ai.provider.name": self.provider,
+                "gen_ai.request.model": model,
+                "server.address": address,
+                "server.port": port if address else None,
+                "tether.chat.purpose": purpose,
                 **_usage(message),
             },
             start_ns=start_ns,
+            parent=parent,
+            kind="client",
         )
-        if message.get("stopReason") == "error":
-            chat.fail("provider_error")
+        stop = message.get("stopReason")
+        if isinstance(stop, str) and stop in CALL_ERRORS:
+            chat.fail(CALL_ERRORS[stop])
         chat.end(end_ns)
 
     def _tool(self, item: Mapping[str, Any], now: int) -> None:
@@ -185,6 +227,7 @@ class RunTrace(msgspec.Struct):
                 "tether.tool.duration_ms": (now - started) // 1_000_000,
             },
             start_ns=started,
+            kind="internal",
         )
         if item.get("isError"):
             tool.fail("tool_error")
@@ -195,7 +238,9 @@ class RunTrace(msgspec.Struct):
     def checkpoint(
         self, result: CheckpointResult, facts: Mapping[str, Any], start_ns: int | None
     ) -> None:
-        """The checkpoint decision: written, refused and why, or not tried and why."""
+        """The checkpoint decision: written, refused and why, or not tried and why; under it,
+        the summary's provider call (``facts["summary_call"]``) as a ``chat`` span, with the
+        tokens pi reported for it."""
         if not self:
             return
         step = self._child(
@@ -215,6 +260,12 @@ class RunTrace(msgspec.Struct):
             },
             start_ns=start_ns,
         )
+        call = facts.get("summary_call")
+        if isinstance(call, Mapping):
+            begun, ended = call.get("start_ns"), call.get("end_ns")
+            if isinstance(begun, int) and isinstance(ended, int):
+                message = {"usage": call.get("usage"), "stopReason": call.get("stop")}
+                self._chat(message, begun, ended, purpose="checkpoint_summary", parent=step)
         step.end()
 
     def ended(self, outcome: RunOutcome) -> None:
@@ -244,25 +295,27 @@ async def run_trace(
     request: RunRequest,
     *,
     model: str,
-    provider: str,
+    provider: ProviderConfig | None,
     content: bool,
     resumed: bool = False,
 ) -> RunTrace:
     """Open the run's ``invoke_agent`` span, a child of what the run was queued with (or, on a
-    resume, of the run's own first span), and keep its context in the run's record."""
+    resume, of the run's own first span), and keep its context in the run's record. ``provider``
+    is the agent's provider: its api (or ``otel_provider_name``) names it on the spans."""
     if telemetry.tracer() is None:
         return RunTrace()
     kept = run.extra.get(KEY)
     kept = kept if isinstance(kept, dict) else {}
     parent = kept.get("run") if resumed else kept.get("parent")
     claimed = telemetry.now_ns()
+    name = genai.provider_name(provider.api, provider.otel_provider_name) if provider else None
     span = telemetry.start(
         f"invoke_agent {request.agent}",
         {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.agent.name": request.agent,
             "gen_ai.conversation.id": run.session,
-            "gen_ai.provider.name": provider,
+            "gen_ai.provider.name": name,
             "gen_ai.request.model": model,
             "tether.run.id": run.id,
             "tether.run.epoch": fence.epoch,
@@ -273,7 +326,8 @@ async def run_trace(
         kind="internal",
     )
     span.content("tether.request", request.text)
-    trace = RunTrace(span, run.session, model, provider, _content=content)
+    server = genai.server_of(provider.base_url) if provider else (None, None)
+    trace = RunTrace(span, run.session, model, name, server, _content=content)
     if not resumed:
         queued = kept.get("queued_ns")
         trace.queue_wait(queued if isinstance(queued, int) else None, claimed)

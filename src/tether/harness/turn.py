@@ -183,7 +183,8 @@ class SettledTurn(msgspec.Struct):
     correlated abort answer)."""
     facts: dict[str, Any] = msgspec.field(default_factory=dict)
     """What the step measured, for the checkpoint's span: ``view_bytes``, ``budget_bytes``,
-    ``remaining_s``, ``provider_ms`` (``compact`` sent to answered), ``summary_bytes``."""
+    ``remaining_s``, ``provider_ms`` (``compact`` sent to answered), ``summary_bytes``, and
+    ``summary_call`` (the summary's provider call, for its ``chat`` span)."""
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - self.clock.now())

@@ -43,6 +43,7 @@ from tether.service.attachments import ImageIn, digests, request_images
 from tether.service.auth import Caller, caller
 from tether.service.limits import request_limits
 from tether.service.state import ServiceState, service_of
+from tether.service.tracing import server_span
 from tether.threads import in_thread
 
 __all__ = [
@@ -280,24 +281,20 @@ async def post_request(
     session: SessionId, body: RequestIn, who: CallerDep, st: StateDep, request: Request
 ) -> RequestOut:
     incoming = request.headers.get("traceparent")
-    with telemetry.span(
-        "POST /v1/sessions/{session}/requests",
-        {
-            "http.request.method": "POST",
-            "http.route": "/v1/sessions/{session}/requests",
-            "gen_ai.conversation.id": session,
-            "gen_ai.agent.name": body.agent,
-        },
+    # Ended with the status answered, a refusal's too (tether.service.tracing).
+    span = server_span(
+        request,
+        "/v1/sessions/{session}/requests",
+        {"gen_ai.conversation.id": session, "gen_ai.agent.name": body.agent},
         parent=incoming,
-        kind="server",
-    ) as span:
-        answer = await _post_request(session, body, who, st, span.traceparent or incoming)
-        span.set({"tether.run.id": answer.run, "tether.request.status": answer.status})
-        if answer.trace_id is not None:  # a repeated request: its run's trace
-            return answer
-        return answer.model_copy(
-            update={"trace_id": telemetry.trace_id_of(span.traceparent or incoming)}
-        )
+    )
+    answer = await _post_request(session, body, who, st, span.traceparent or incoming)
+    span.set({"tether.run.id": answer.run, "tether.request.status": answer.status})
+    if answer.trace_id is not None:  # a repeated request: its run's trace
+        return answer
+    return answer.model_copy(
+        update={"trace_id": telemetry.trace_id_of(span.traceparent or incoming)}
+    )
 
 
 async def _post_request(

@@ -25,6 +25,7 @@ from tether.pi.install import PiInstall
 from tether.service import api, control, errors, limits, ops, pages, stream
 from tether.service.guard import BodyGuard
 from tether.service.state import ServiceState, service_of
+from tether.service.tracing import ServerSpans
 from tether.service.worker import Worker
 
 __all__ = ["create_app"]
@@ -89,6 +90,8 @@ def create_app(
     limits.install(app)  # after: a request over a limit is a 429, not the ledger's 503
     # Before the timing middleware below: that one wraps this, so refusals are counted too.
     app.add_middleware(BodyGuard, state=st)
+    # Outside the exception handlers: a route's server span ends with the status answered.
+    app.add_middleware(ServerSpans)
 
     @app.middleware("http")
     async def timed(

@@ -1,8 +1,9 @@
-"""Traces of runs, tools and checkpoint decisions (DESIGN §3.14), optional (``tether[otel]``).
+"""Traces of runs, tools and checkpoint decisions, optional (``tether[otel]``).
 
 Off unless the standard ``OTEL_*`` variables name somewhere to send spans; off, nothing of
 OpenTelemetry is imported and every call returns at once. :mod:`.setup` decides and holds the
-tracer provider; :mod:`.spans` is what the harness, the service and the CLI call.
+tracer provider; :mod:`.spans` is what the harness, the service and the CLI call;
+:mod:`.genai` has the GenAI semantic conventions' values (provider names, finish reasons).
 """
 
 from tether.telemetry.setup import flush, flush_later, install, reset, tracer, wanted

@@ -1,4 +1,4 @@
-"""Whether runs are traced, and the tracer provider when they are (DESIGN §3.14).
+"""Whether runs are traced, and the tracer provider when they are.
 
 Tracing is on when the standard variables name somewhere to send spans
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, or

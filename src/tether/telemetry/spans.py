@@ -1,6 +1,6 @@
 """Spans as tether uses them: a handle that is a no-op when tracing is off, W3C trace
-context in and out (``traceparent``), and the content rule (DESIGN §3.14: no row text,
-prompt, answer or secret becomes an attribute unless ``[telemetry] content = true``).
+context in and out (``traceparent``), and the content rule (no row text, prompt, answer or
+secret becomes an attribute unless ``[telemetry] content = true``).
 
 Parents are passed explicitly (a :class:`Span` or a ``traceparent`` string), not taken from
 the ambient context: a run's spans are made by several tasks (pi's events are followed in a
@@ -29,7 +29,8 @@ __all__ = [
     "trace_id_of",
 ]
 
-Attr = str | bool | int | float
+Attr = str | bool | int | float | tuple[str, ...]
+"""An attribute's value: one, or a list of strings (``gen_ai.response.finish_reasons``)."""
 
 
 def now_ns() -> int:

@@ -400,7 +400,7 @@ async def _resume(
         run,
         request,
         model=agent.model,
-        provider=agent.provider,
+        provider=config.providers.get(agent.provider),
         content=config.telemetry.content,
         resumed=True,
     )
