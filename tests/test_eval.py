@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 BUDGET = 240_000
 
 
-def _eval(tmp_path: Path, name: str, *args: str) -> dict[str, Any]:
+def _eval(tmp_path: Path, name: str, *args: str, budget: int = BUDGET) -> dict[str, Any]:
     config = tmp_path / "tether.toml"
     # The provider is never reached (--scripted replaces it); the agent's deadline is kept.
     config.write_text(
@@ -29,7 +29,7 @@ def _eval(tmp_path: Path, name: str, *args: str) -> dict[str, Any]:
         '[agents.auditor]\nprovider = "hosted"\nmodel = "m"\ndeadline_s = 600\n'
     )
     cmd = [sys.executable, "-m", "tether", "eval", "continuation", "--agent", "auditor"]
-    cmd += ["--scripted", "--budget", str(BUDGET), "--dir", str(tmp_path / name)]
+    cmd += ["--scripted", "--budget", str(budget), "--dir", str(tmp_path / name)]
     cmd += ["--config", str(config), "--json", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -58,13 +58,15 @@ def test_anchors_carry_the_identifiers_the_summary_loses(tmp_path: Path) -> None
     # Probes: real follow-ups on copies of the session, scored by exact match.
     assert ids["answered_without_recall"] >= 0.95, ids
     assert on["recall_calls"]["without_recall"] == 0
-    # Numbers are no identifiers: no anchor holds them, one named recall call returns them.
+    # Measured values: the lines of tool output holding a number with its unit are anchors.
     numbers = on["kinds"]["number"]
-    assert numbers["available"] == 0.0
-    assert numbers["recoverable"] == 1.0
-    assert numbers["answered_without_recall"] == 0.0
-    assert numbers["answered_with_recall"] == 1.0
-    assert on["recall_calls"]["with_recall"] > 0
+    assert numbers["available"] >= 0.9, numbers
+    assert numbers["by_part"]["anchors"] >= 0.9, numbers
+    assert numbers["answered_without_recall"] >= 0.9, numbers
+    # The user's decisions reach the next view as what people said, not only as the request.
+    decisions = on["kinds"]["decision"]
+    assert decisions["available_without_request"] >= 0.95, decisions
+    assert on["all"]["seen"] == 1.0
 
     off = _eval(tmp_path, "off", "--seeds", "5", "--no-anchors", "--no-probes")
     assert off["anchors"] is False
@@ -83,8 +85,9 @@ def test_decay_over_five_checkpoints_and_anchors_name_their_rows(tmp_path: Path)
     assert [d["checkpoint"] for d in decay] == [1, 2, 3, 4, 5]
     # Run 1's anchors travel into later checkpoints (the quoted anchors are carried forward).
     assert decay[-1]["identifiers_available"] >= 0.95, decay
-    # The first run's decisions were in its request: the next previous request is another one.
-    assert decay[0]["all_available"] > decay[1]["all_available"]
+    # The first run's decisions were in its request: what people said travels in the anchors
+    # when the next previous request is another one.
+    assert decay[-1]["all_available"] >= 0.95, decay
 
     # Every stored anchor names a covered row that holds its text, and the summary is the
     # scripted one.
@@ -148,3 +151,53 @@ def test_the_anchors_bound_keeps_the_newest(tmp_path: Path) -> None:
         seqs = [a["seq"] for a in items]
         assert seqs == sorted(seqs, reverse=True)
         assert seqs[0] >= comp.body["covers_to"] - 2  # the newest rows of the run
+
+
+@pytest.mark.parametrize("budget", [16_000, 64_000, 240_000])
+def test_the_targets_hold_at_each_budget(tmp_path: Path, budget: int) -> None:
+    """Identifiers ≥ 95 % available, measured values ≥ 90 %, the user's decisions ≥ 95 %
+    without counting the previous request, and after 5 checkpoints identifiers ≥ 90 %."""
+    args = ("--seeds", "2", "--runs", "5", "--no-probes")
+    record = _eval(tmp_path, f"b{budget}", *args, budget=budget)
+    assert record["budget"] == budget
+    assert record["anchors_max_bytes"] == 8_000  # stored whatever the budget
+    assert record["checkpoints"] == [["written"] * 5] * 2
+    assert record["identifiers"]["available"] >= 0.95, record["identifiers"]
+    assert record["kinds"]["number"]["available"] >= 0.9, record["kinds"]["number"]
+    decisions = record["kinds"]["decision"]
+    assert decisions["available_without_request"] >= 0.95, decisions
+    assert record["decay"][4]["identifiers_available"] >= 0.9, record["decay"]
+    assert record["view_bytes"] <= budget
+
+
+def test_any_budget_gives_a_record(tmp_path: Path) -> None:
+    """A budget so small that the probe is over a quarter of it: the probes are scored
+    refusals, named among the problems; the record still comes, with the effective anchors
+    bound, and the probes' follow-ups write no checkpoint of their own."""
+    config = tmp_path / "tether.toml"
+    config.write_text(
+        '[providers.hosted]\nbase_url = "http://127.0.0.1:9/v1"\n'
+        '[agents.auditor]\nprovider = "hosted"\nmodel = "m"\nanchors_max_bytes = 1000\n'
+    )
+    cmd = [sys.executable, "-m", "tether", "eval", "continuation", "--agent", "auditor"]
+    cmd += ["--scripted", "--budget", "5000", "--dir", str(tmp_path / "tiny"), "--seeds", "1"]
+    cmd += ["--config", str(config), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(done.stdout)
+    assert record["anchors_max_bytes"] == 1000
+    refused = [p for p in record["problems"] if "request_too_large" in p]
+    assert len(refused) == 2, record["problems"]
+    assert record["all"]["answered_without_recall"] == 0.0
+    assert record["all"]["answered_with_recall"] == 0.0
+    assert record["all"]["seen"] == 1.0
+    assert all(f["seen"] for f in record["seed_results"][0]["facts"])
+
+
+def test_probes_write_no_checkpoint_of_their_own(tmp_path: Path) -> None:
+    _eval(tmp_path, "probes", "--seeds", "1")
+    with open_ledger(f"sqlite:{tmp_path / 'probes' / 'ledger.db'}") as ledger:
+        for session in ("eval-1", "eval-1-without-recall", "eval-1-with-recall"):
+            rows = list(ledger.iter_rows(session))
+            assert [r.kind for r in rows].count(RowKind.COMPACTION) == 1, session
+            assert not [r for r in rows if r.kind is RowKind.RECEIPT], session

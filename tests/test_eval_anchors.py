@@ -132,7 +132,7 @@ def _view(ledger: Any, actor: str, budget: int = 240_000) -> FollowupView:
     return view
 
 
-def test_the_view_quotes_the_anchors_after_the_summary_reserved_with_it(tmp_path: Path) -> None:
+def test_the_view_quotes_the_newest_anchors_that_fit_and_names_the_rest(tmp_path: Path) -> None:
     ledger = _ledger(tmp_path, _session())
     view = _view(ledger, "user:ana")
     kinds = [m.message.get("customType") for m in view.messages if m.synthetic]
@@ -148,12 +148,43 @@ def test_the_view_quotes_the_anchors_after_the_summary_reserved_with_it(tmp_path
     assert data["anchors"]["bytes"] == quoted.bytes
     assert [a["text"] for a in data["anchors"]["items"]] == ["sh check.sh", ERROR, SHA, COMMAND]
     assert data["bytes"] <= data["budget"]
-    # Reserved with the summary: a budget that holds the request and summary but not the anchors
-    # refuses the view rather than dropping them silently.
-    top = view.messages[0].bytes + quoted.bytes
-    request = next(m.bytes for m in view.messages if m.origin == 1)
+    assert data["anchors"]["omitted"] == 0
+    # The anchors fill the room the rows leave: a budget a byte short of the whole view quotes
+    # the newest that fit, names how many it left out and the range that reaches them, and
+    # carries every other message as before (the anchors never push out a row).
+    short = _view(ledger, "user:ana", budget=view.bytes - 1)
+    assert short.bytes <= view.bytes - 1
+    kept = [a["text"] for a in short.to_json()["anchors"]["items"]]
+    assert kept == ["sh check.sh", ERROR], kept  # newest first: the two of row 4
+    assert short.to_json()["anchors"]["omitted"] == 2
+    assert short.to_json()["anchors"]["omitted_range"] == {"from": 3, "to": 3}
+    short_text = short.messages[1].message["content"][0]["text"]
+    assert (
+        "2 older anchors did not fit this view: their rows are reached with "
+        'recall({"from":3,"to":3})' in short_text
+    )
+    others = [m.message for m in view.messages if m.message.get("customType") != ANCHORS_TYPE]
+    assert others == [
+        m.message for m in short.messages if m.message.get("customType") != ANCHORS_TYPE
+    ]
+    # Reserved with the summary is only the message naming them: at the smallest budget that
+    # gives a view it quotes none and names all four; a byte less is refused.
+    lo, hi = 1, view.bytes
+    while lo < hi:
+        mid = (lo + hi) // 2
+        fits = isinstance(
+            build_view(
+                ledger, session="s1", agent="rev", actor="user:ana", budget=mid, grants=GRANTS
+            ),
+            FollowupView,
+        )
+        lo, hi = (lo, mid) if fits else (mid + 1, hi)
+    none = _view(ledger, "user:ana", budget=lo)
+    assert none.to_json()["anchors"]["items"] == []
+    assert none.to_json()["anchors"]["omitted"] == 4
+    assert none.to_json()["anchors"]["omitted_range"] == {"from": 3, "to": 4}
     refused = build_view(
-        ledger, session="s1", agent="rev", actor="user:ana", budget=top + request - 1, grants=GRANTS
+        ledger, session="s1", agent="rev", actor="user:ana", budget=lo - 1, grants=GRANTS
     )
     assert not isinstance(refused, FollowupView)
     assert refused.reason.value == "protected_context_over_budget"

@@ -174,7 +174,8 @@ class AgentConfig(_Section, frozen=True):
     capped at a quarter of the follow-up budget, so the next view can always hold it."""
     anchors_max_bytes: NonNegative = 8_000
     """The byte bound of a continuation checkpoint's anchors (exact identifiers taken from the
-    rows it covers, DESIGN §3.13), capped at an eighth of the follow-up budget; 0 stores none."""
+    rows it covers), whatever the follow-up budget (the next view quotes the newest that fit and
+    names the rest); 0 stores none."""
     workdir: Path | None = None
     """The template of each session's workspace, or with ``workspace = "agent"`` where every
     session's tools run (relative to the config file; default: the current directory). It must

@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from tether.admission import Refused
 from tether.config import (
     AccessConfig,
     AgentConfig,
@@ -37,7 +38,7 @@ from tether.config import (
     ProviderConfig,
 )
 from tether.errors import ConfigError
-from tether.eval.score import Part, ViewScore, score_view, share
+from tether.eval.score import Part, ViewScore, score_view, share, text_of
 from tether.eval.scripted import MODEL, ScriptedModel
 from tether.eval.workspace import (
     IDENTIFIER_KINDS,
@@ -50,6 +51,7 @@ from tether.eval.workspace import (
 from tether.files import private_dir
 from tether.followup import FollowupView, Refusal, build_view
 from tether.harness import EXTENSION_PATH, continuation_checkpoint
+from tether.harness.checkpoint import anchors_bound
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.ledger import open_ledger
 from tether.ledger.jsonl import dump_session, load_lines
@@ -94,6 +96,11 @@ class SeedResult:
     """``with_recall`` / ``without_recall`` → answered, per fact."""
     recall_calls: dict[str, int] = field(default_factory=dict)
     refused: str | None = None
+    seen: list[bool] = field(default_factory=list)
+    """Per fact: whether its needle occurs in a row of the first run (a request, a tool call,
+    a tool result): a fact the run never saw cannot be lost by its checkpoint."""
+    problems: list[str] = field(default_factory=list)
+    """Findings that did not stop the seed: a checkpoint not written, a probe refused."""
 
 
 def revision() -> str:
@@ -174,8 +181,17 @@ def scorer(
 
 
 async def _run(
-    ledger: Any, config: Config, agent: str, session: str, text: str, workdir: Path
+    ledger: Any,
+    config: Config,
+    agent: str,
+    session: str,
+    text: str,
+    workdir: Path,
+    *,
+    checkpoints: bool = True,
 ) -> RunOutcome:
+    """One real run. A probe (``checkpoints=False``) writes no checkpoint of its own: it asks,
+    it does not continue the work."""
     return await execute_run(
         ledger,
         config,
@@ -187,8 +203,23 @@ async def _run(
             workdir=workdir,
             extensions=(EXTENSION_PATH,),
         ),
-        checkpoint=continuation_checkpoint,
+        checkpoint=continuation_checkpoint if checkpoints else None,
     )
+
+
+def seen_by_run(ledger: Any, session: str, run: str, facts: Sequence[Fact]) -> list[bool]:
+    """Per fact, whether its needle occurs in a message row of ``run`` (verbatim, or quoted
+    inside JSON as a tool call's arguments)."""
+    texts = [
+        text_of(row.body)
+        for row in ledger.iter_rows(session)
+        if row.run == run and isinstance(row.body, dict) and "role" in row.body
+    ]
+    joined = "\n".join(texts)
+    return [
+        f.needle in joined or json.dumps(f.needle, ensure_ascii=False)[1:-1] in joined
+        for f in facts
+    ]
 
 
 def copy_session(ledger: SqlLedger, session: str, copy: str) -> None:
@@ -261,11 +292,29 @@ async def evaluate_seed(
     result = SeedResult(ws.seed, ws.facts)
     for k, request in enumerate(ws.requests, start=1):
         progress(f"seed {ws.seed}: run {k} of {len(ws.requests)}")
-        outcome = await _run(ledger, config, options.agent, session, request, ws.root)
+        try:
+            outcome = await _run(ledger, config, options.agent, session, request, ws.root)
+        except Refused as exc:  # a finding (e.g. a request over a quarter of the budget)
+            result.refused = f"run {k} was refused ({exc.reason.value}): {exc.detail}"
+            break
         result.checkpoints.append(outcome.checkpoint.label)
+        if k == 1:
+            result.seen = seen_by_run(ledger, session, outcome.run, ws.facts)
         if outcome.status.value != "finished":
             result.refused = f"run {outcome.run} ended {outcome.status.value}: {outcome.error}"
             break
+        if outcome.checkpoint.label != "written":
+            not_tried = outcome.checkpoint.not_tried
+            reason = not_tried.value if not_tried is not None else None
+            record = ledger.run(outcome.run)
+            detail = record.extra.get("checkpoint_detail") if record is not None else None
+            if isinstance(detail, str):  # e.g. pi's own answer to compact
+                reason = f"{reason}; {detail}" if reason else detail
+            result.problems.append(
+                f"run {k} wrote no checkpoint ({outcome.checkpoint.label}"
+                + (f": {reason}" if reason else "")
+                + "): the next view quotes the previous one, or none"
+            )
         view = _view(ledger, config, session, options.agent)
         if isinstance(view, Refusal):
             # A refused view is a finding (e.g. a summary too large for the budget): recorded,
@@ -282,9 +331,25 @@ async def evaluate_seed(
                 copy = f"{session}-{label.replace('_', '-')}"
                 progress(f"seed {ws.seed}: probe {label.replace('_', ' ')}")
                 copy_session(ledger, session, copy)
-                probe = await _run(
-                    ledger, config, options.agent, copy, probe_text(ws.facts, with_recall), ws.root
-                )
+                try:
+                    probe = await _run(
+                        ledger,
+                        config,
+                        options.agent,
+                        copy,
+                        probe_text(ws.facts, with_recall),
+                        ws.root,
+                        checkpoints=False,
+                    )
+                except Refused as exc:
+                    # A scored refusal: the next run could not have been asked; none answered.
+                    result.probes[label] = [False] * len(ws.facts)
+                    result.recall_calls[label] = 0
+                    result.problems.append(
+                        f"the probe {label.replace('_', ' ')} was refused ({exc.reason.value}): "
+                        f"{exc.detail}; scored as answering nothing"
+                    )
+                    continue
                 result.probes[label] = answered(probe.answer, ws.facts)
                 result.recall_calls[label] = _recall_calls(ledger, copy, probe.run)
     return result
@@ -362,11 +427,20 @@ def report(
             if p is not Part.NOTICES
         }
 
+    seen = {(r.seed, f.id): ok for r in results for f, ok in zip(r.facts, r.seen, strict=False)}
+    first_by_seed = [(r.seed, r.views[0]) for r in results if r.views]
+
     def kind_row(pick: Callable[[Fact], bool]) -> dict[str, Any]:
-        scored = [s for v in first for s in v.facts if pick(s.fact)]
+        every = [(seed, s) for seed, v in first_by_seed for s in v.facts if pick(s.fact)]
+        # Scored first as seen by the run or not: only what the run saw can reach the next one.
+        scored = [s for seed, s in every if seen.get((seed, s.fact.id), True)]
         row: dict[str, Any] = {
-            "facts": len(scored),
+            "facts": len(every),
+            "seen": share([seen.get((seed, s.fact.id), True) for seed, s in every]),
             "available": share([s.available for s in scored]),
+            "available_without_request": share(
+                [any(p is not Part.REQUEST for p in s.parts) for s in scored]
+            ),
             "by_part": by_part(first, pick),
             "recoverable": share([s.recoverable for s in scored if not s.available]),
             "available_or_recoverable": share([s.available or s.recoverable for s in scored]),
@@ -376,7 +450,7 @@ def report(
                 ok
                 for r in results
                 for f, ok in zip(r.facts, r.probes.get(label, []), strict=False)
-                if pick(f)
+                if pick(f) and seen.get((r.seed, f.id), True)
             ]
             row[f"answered_{label}"] = share(marks) if marks else None
         return row
@@ -416,12 +490,17 @@ def report(
         "model": agent.model,
         "agent": options.agent,
         "anchors": options.anchors,
-        "anchors_max_bytes": agent.anchors_max_bytes,
+        # The bound the checkpoints were written with (the marker's), not merely the setting.
+        "anchors_max_bytes": anchors_bound(agent, cfg.followup.budget_bytes),
         "budget": cfg.followup.budget_bytes,
         "seeds": options.seeds,
         "runs": options.runs,
         "checkpoints": [r.checkpoints for r in results],
-        "problems": [f"seed {r.seed}: {r.refused}" for r in results if r.refused],
+        "problems": [
+            f"seed {r.seed}: {problem}"
+            for r in results
+            for problem in [*r.problems, *([r.refused] if r.refused else [])]
+        ],
         "identifiers": kind_row(is_identifier),
         "all": kind_row(lambda _: True),
         "kinds": per_kind,
@@ -447,7 +526,10 @@ def report(
         "seed_results": [
             {
                 "seed": r.seed,
-                "facts": [f.to_json() for f in r.facts],
+                "facts": [
+                    {**f.to_json(), "seen": ok}
+                    for f, ok in zip(r.facts, r.seen or [True] * len(r.facts), strict=False)
+                ],
                 "after_checkpoint": [[s.to_json() for s in v.facts] for v in r.views],
                 "answered": r.probes,
             }

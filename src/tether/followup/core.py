@@ -311,10 +311,15 @@ def protected(
                 )
             )
         )
-        # Reserved with the summary: the anchors travel with the checkpoint or not at all.
+        # Reserved with the summary: the anchors' message, naming them all as left out; the
+        # anchors themselves fill what the rows chosen leave (:func:`quote_anchors`).
         anchors = msgs.anchor_items(comp.body)
         if anchors:
-            top.append(_synthetic(msgs.anchors_message(anchors, seq=comp.seq, timestamp=timestamp)))
+            top.append(
+                _synthetic(
+                    msgs.anchors_message((), seq=comp.seq, timestamp=timestamp, omitted=anchors)
+                )
+            )
     if notes:
         top.append(_synthetic(msgs.notes_message(agent, notes, timestamp=timestamp)))
     return top
@@ -925,8 +930,50 @@ def compose_view(inp: Inputs, request_text: str | None) -> tuple[FollowupView | 
         return refusal, False
     plans, placed, starved = choose(f, split_units(inp.tail))
     messages, gaps = assemble(f, plans, placed)
-    view = finish(inp, f, messages, gaps, plans, request_text)
+    messages, quoted = quote_anchors(inp, f, messages)
+    view = finish(inp, f, messages, gaps, plans, request_text, quoted)
     return view, starved and not inp.tail_whole
+
+
+def quote_anchors(
+    inp: Inputs, f: _Frame, messages: list[ViewMessage]
+) -> tuple[list[ViewMessage], tuple[list[dict[str, Any]], int]]:
+    """The checkpoint's anchors, newest first, as many as fit the room the protected context and
+    the rows chosen leave: they never push out a row. The anchors' message was reserved naming
+    them all as left out; it grows while the view stays within the budget. Also the anchors
+    quoted and the number left out."""
+    at = next(
+        (
+            i
+            for i, m in enumerate(messages)
+            if m.synthetic and m.message.get("customType") == msgs.ANCHORS_TYPE
+        ),
+        None,
+    )
+    comp = inp.compaction
+    if at is None or comp is None:
+        return messages, ([], 0)
+    items = msgs.anchor_items(comp.body)
+    room = f.budget - _size(messages) + messages[at].bytes
+
+    def quoted(k: int) -> ViewMessage:
+        message = msgs.anchors_message(
+            items[:k], seq=comp.seq, timestamp=f.timestamp, omitted=items[k:]
+        )
+        return _synthetic(message)
+
+    best, lo, hi = messages[at], 1, len(items)
+    k_best = 0
+    while lo <= hi:  # the largest k that fits (sizes grow with k)
+        mid = (lo + hi) // 2
+        vm = quoted(mid)
+        if vm.bytes <= room:
+            best, k_best, lo = vm, mid, mid + 1
+        else:
+            hi = mid - 1
+    out = list(messages)
+    out[at] = best
+    return out, (items[:k_best], len(items) - k_best)
 
 
 def finish(
@@ -936,6 +983,7 @@ def finish(
     gaps: list[Gap],
     plans: Sequence[_Plan],
     request_text: str | None,
+    quoted: tuple[list[dict[str, Any]], int] = ([], 0),
 ) -> FollowupView:
     """The view record: reuse only when true (invariant 7), sources, the current request."""
     previous: PreviousRequest | None = None
@@ -968,15 +1016,21 @@ def finish(
         sources.update(plan.sources)
     checkpoint = None
     if comp is not None:
-        anchored = [m for m in f.top if m.message.get("customType") == msgs.ANCHORS_TYPE]
+        anchored = [
+            m for m in messages if m.synthetic and m.message.get("customType") == msgs.ANCHORS_TYPE
+        ]
         checkpoint = Checkpoint(
             seq=comp.seq,
             bytes=f.top[0].bytes,
             run=comp.run,
             covers_to=f.covers,
             continuation=bool(comp.body.get("continuation")),
-            anchors=tuple(msgs.anchor_items(comp.body)) if anchored else (),
+            anchors=tuple(quoted[0]) if anchored else (),
             anchors_bytes=sum(m.bytes for m in anchored),
+            anchors_omitted=quoted[1] if anchored else 0,
+            anchors_left_out=msgs.anchors_left_out(msgs.anchor_items(comp.body)[len(quoted[0]) :])
+            if anchored
+            else None,
         )
     current = None
     if request_text is not None:

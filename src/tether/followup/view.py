@@ -134,6 +134,10 @@ class Checkpoint(msgspec.Struct, frozen=True):
     """Its anchors (DESIGN §3.13), quoted after the summary: ``{seq, kind, text, exit?}``."""
     anchors_bytes: int = 0
     """Size of the quoted-anchors message in the view (0 without anchors)."""
+    anchors_omitted: int = 0
+    """Stored anchors the view had no room for (the oldest): named, with their range."""
+    anchors_left_out: tuple[int, int] | None = None
+    """The recall range reaching the anchors left out."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,7 +152,17 @@ class Checkpoint(msgspec.Struct, frozen=True):
         """The ``anchors`` field of the view's JSON (null when the checkpoint quotes none)."""
         if not self.anchors_bytes:
             return None
-        return {"bytes": self.anchors_bytes, "items": [dict(a) for a in self.anchors]}
+        out: dict[str, Any] = {
+            "bytes": self.anchors_bytes,
+            "items": [dict(a) for a in self.anchors],
+            "omitted": self.anchors_omitted,
+        }
+        if self.anchors_left_out is not None:
+            out["omitted_range"] = {
+                "from": self.anchors_left_out[0],
+                "to": self.anchors_left_out[1],
+            }
+        return out
 
 
 class PreviousRequest(msgspec.Struct, frozen=True):

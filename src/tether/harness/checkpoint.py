@@ -115,14 +115,12 @@ def summary_bound(agent: AgentConfig, budget: int) -> int:
     return max(1, min(agent.summary_max_bytes, budget // SUMMARY_SHARE))
 
 
-ANCHORS_SHARE = 8
-"""A checkpoint's anchors may take at most 1/ANCHORS_SHARE of the follow-up budget: they are
-reserved with the summary in the next view."""
-
-
 def anchors_bound(agent: AgentConfig, budget: int) -> int:
-    """The anchors' byte bound in the marker: ``anchors_max_bytes``, capped by the budget."""
-    return min(agent.anchors_max_bytes, budget // ANCHORS_SHARE)
+    """The anchors' byte bound in the marker: ``anchors_max_bytes``, whatever the budget. The
+    next view quotes the newest that fit the room its rows leave and names the rest, so a
+    smaller budget needs no smaller store."""
+    del budget
+    return agent.anchors_max_bytes
 
 
 def marker(
