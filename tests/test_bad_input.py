@@ -242,7 +242,7 @@ def test_a_read_only_ledger_can_be_read(ro_mount: Path) -> None:
     assert len(dumped.stdout.splitlines()) == 15
     log = tether("log", "--session", "review-42", "--json", "--ledger", url)
     assert log.returncode == 0
-    assert len(log.stdout.splitlines()) == 11
+    assert len(log.stdout.splitlines()) == 2 + 11  # its runs, then its rows
     view = tether(
         "context", "--session", "review-42", "--agent", "reviewer", "--json", "--ledger", url
     )
@@ -313,7 +313,7 @@ def test_a_log_limit_past_the_ledgers_integers_is_a_one_line_usage_error(tmp_pat
     # the largest the ledger takes is fine: every row
     most = tether("log", "-s", "review-42", "--limit", str(2**63 - 1), "--json", "--ledger", url)
     assert most.returncode == 0, most.stderr
-    assert len(most.stdout.splitlines()) == 11
+    assert len(most.stdout.splitlines()) == 2 + 11  # its runs, then every row
 
 
 @pytest.mark.parametrize("url", ["mysql://x", "sqlite:", "postgresql://h/db?nonsense_option=1"])

@@ -36,7 +36,10 @@ def test_load_dump_log_sessions_through_the_entry_point(tmp_path: Path) -> None:
     }
 
     log = tether("log", "--session", "review-42", "--json", "--ledger", url)
-    rows = [json.loads(x) for x in log.stdout.split("\n") if x]
+    records = [json.loads(x) for x in log.stdout.split("\n") if x]
+    runs = [r for r in records if r["type"] == "run"]
+    assert [r["status"] for r in runs] == ["finished", "finished"]
+    rows = [r for r in records if r["type"] == "row"]
     assert [r["seq"] for r in rows] == list(range(1, 12))
     assert "compaction" in rows[6]
 

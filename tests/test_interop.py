@@ -1,4 +1,4 @@
-"""pi interop (DESIGN §3.11) against pi itself: session files the real pi writes (scripted
+"""pi interop against pi itself: session files the real pi writes (scripted
 provider: steering, its own compactions, a branch made by pi's session manager, extension
 entries, context edits), imported, compared with pi's own ``buildSessionContext``, exported and
 continued by a real pi run, and imported again."""
@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -558,8 +559,9 @@ def test_an_entry_time_no_date_can_hold_exports_as_the_time_of_writing(tmp_path:
         out = io.StringIO()
         export_pi(store, "far", out)
     entries = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert [e["type"] for e in entries] == ["session", "message"]
+    assert [e["type"] for e in entries] == ["session", "message", "custom"]  # its run, after it
     assert entries[1]["timestamp"].endswith("Z")  # a date pi can parse, not a crash
+    assert entries[2]["timestamp"] == entries[1]["timestamp"]  # the run has no end: the entry's
 
 
 def test_a_bad_file_or_a_taken_session_writes_nothing(tmp_path: Path) -> None:
@@ -732,7 +734,20 @@ def test_import_and_export_on_every_backend(ledger: Ledger, tmp_path: Path) -> N
     assert ledger.get_session("p").extra["pi_after"][0]["label"] == "here"
     out = io.StringIO()
     export_pi(ledger, "p", out)
-    assert [json.loads(line) for line in out.getvalue().splitlines()] == entries(path)
+    written = [json.loads(line) for line in out.getvalue().splitlines()]
+    # the entries imported, and the run's record right after its last row
+    [run] = [e for e in written if e.get("customType") == "tether.run"]
+    assert (run["type"], run["parentId"], run["timestamp"]) == ("custom", "r", stamp)
+    assert run["data"] == {"status": "finished", "started": stamp, "ended": stamp} | {
+        "first": "a",
+        "last": "r",
+        "request": "a",
+    }
+    original = entries(path)
+    assert [e for e in written if e is not run] == [
+        *original[:-1],
+        {**original[-1], "parentId": run["id"]},
+    ]
 
 
 def test_a_session_tether_wrote_exports_and_imports_back_row_for_row(tmp_path: Path) -> None:
@@ -806,3 +821,50 @@ def test_a_session_tether_wrote_exports_and_imports_back_row_for_row(tmp_path: P
     kinds = [json.loads(line)["type"] for line in out.read_text().splitlines()]
     assert kinds.count("custom_message") == 1
     assert kinds.count("branch_summary") == 1
+
+
+@pytest.mark.slow
+def test_runs_tether_made_survive_export_and_import(scripted_provider: Any, tmp_path: Path) -> None:
+    """Three runs of the real pi (two end with a continuation checkpoint, so the next run's
+    view copies the previous request as a new row), `tether export pi`, then `tether import
+    pi`: three runs again, each with its status, request, rows and times."""
+    import checkpoint_support as cs
+
+    provider = scripted_provider(
+        route(
+            task=[*cs.long_task("one"), *cs.long_task("two"), Reply("three")],
+            summary=[Reply(cs.SUMMARY), Reply(cs.SUMMARY)],
+        )
+    )
+    cfg = cs.config(tmp_path, provider)
+    with open_ledger(cfg.ledger.url) as store:
+        for text in ("first?", "second?", "third?"):
+            assert cs.run(store, cfg, tmp_path, text=text).status == "finished"
+        before = store.runs("s1")
+        copied = [r for r in store.iter_rows("s1") if "origin" in r.extra]
+    assert len(copied) == 2  # the previous requests the second and third runs copied
+    path = tmp_path / "s1.jsonl"
+    ledger = ["--ledger", cfg.ledger.url]
+    done = runner.invoke(app, ["export", "pi", "--session", "s1", "-o", str(path), *ledger])
+    assert done.exit_code == 0, done.output
+    said = " ".join(done.output.split())
+    assert "exported 17 rows and 3 runs of session s1" in said
+    assert "not in the file: 0 runs not ended" in said
+    done = runner.invoke(app, ["import", "pi", str(path), "-s", "s2", "-a", AGENT, *ledger])
+    assert done.exit_code == 0, done.output
+    assert "in 3 runs" in done.output
+    with open_ledger(cfg.ledger.url) as store:
+        after = store.runs("s2")
+        rows = {s: list(store.iter_rows(s)) for s in ("s1", "s2")}
+
+    def ms(stamp: str | None) -> int | None:
+        return None if stamp is None else int(datetime.fromisoformat(stamp).timestamp() * 1000)
+
+    assert [(r.status, r.request_seq) for r in after] == [(r.status, r.request_seq) for r in before]
+    assert [(ms(r.started), ms(r.ended)) for r in after] == [
+        (ms(r.started), ms(r.ended)) for r in before
+    ]
+    names = {new.id: old.id for new, old in zip(after, before, strict=True)}
+    assert [(names.get(r.run), r.body) for r in rows["s2"]] == [(r.run, r.body) for r in rows["s1"]]
+    # pi's context for the file is the ledger's: the run entries are not in it
+    assert not any("tether.run" in json.dumps(m) for m in pi_context(path))

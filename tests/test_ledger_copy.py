@@ -13,10 +13,12 @@ from typer.testing import CliRunner
 
 from pg import fresh_schema_url
 from tether.cli.app import app
-from tether.errors import AlreadyExists, FencedOut, LedgerError, NotFound
+from tether.errors import AlreadyExists, FencedOut, NotFound, StorageError, UsageError
+from tether.followup import build_view
 from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
 from tether.ledger.copy import copy_sessions
 from tether.ledger.jsonl import dump_session, load_file
+from tether.ledger.lifecycle import Selector, SelectorKind
 
 EXAMPLE = Path(__file__).parent.parent / "src" / "tether" / "examples" / "review.jsonl"
 
@@ -208,15 +210,23 @@ def test_an_empty_destination_session_is_taken_over(tmp_path: Path, pg_url: str)
         assert dumps(b) == dumps(a)
 
 
-def test_a_failure_mid_copy_writes_nothing(tmp_path: Path, pg_url: str) -> None:
+def test_a_failure_mid_copy_writes_nothing(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with open_ledger(f"sqlite://{tmp_path}/a.db") as a, open_ledger(pg_url) as b:
         build(a, "s1")
         build(a, "s2", rows=1500)
-        # A row of s2 vanishes from the source behind the ledger's back: the copy, already
-        # writing s1 and s2 in its transaction, must stop and leave the destination as it was.
-        with a._tx() as c:
-            c.execute("DELETE FROM rows WHERE session = ? AND seq = ?", ("s2", 1200))
-        with pytest.raises(LedgerError, match="no dense rows after seq 1000"):
+        # The source fails on the second page of s2's rows: the copy, already writing s1 and
+        # s2 in its transaction, must stop and leave the destination as it was.
+        reads = a.rows_range
+
+        def failing(session: str, first: int, last: int, *, limit: int = 1000) -> Any:
+            if session == "s2" and first > 1:
+                raise StorageError("the source went away")
+            return reads(session, first, last, limit=limit)
+
+        monkeypatch.setattr(a, "rows_range", failing)
+        with pytest.raises(StorageError, match="went away"):
             copy_sessions(a, b)
         assert b.sessions() == []
 
@@ -228,7 +238,7 @@ def test_cli_copy_and_dump(tmp_path: Path, pg_url: str) -> None:
     runner = CliRunner()
     done = runner.invoke(app, ["ledger", "copy", src, pg_url, "--session", "s1"])
     assert done.exit_code == 0, done.output
-    assert "copied 1 sessions, 4 runs" in done.output
+    assert "copied 1 session, 4 runs" in done.output
     dumped = [
         runner.invoke(app, ["ledger", "dump", "--session", "s1", "--ledger", url])
         for url in (src, pg_url)
@@ -240,3 +250,177 @@ def test_cli_copy_and_dump(tmp_path: Path, pg_url: str) -> None:
     again = runner.invoke(app, ["ledger", "copy", src, pg_url])
     assert again.exit_code == 1
     assert "not empty" in again.output
+
+
+# -- forks, erasure, queued runs -------------------------------------------------------------
+
+GRANTS = {"user:ana": ["*"]}
+
+
+def _turn(ledger: Ledger, sid: str, i: int, *, sources: tuple[str, ...] = ()) -> str:
+    """Turn ``i`` of session ``sid``: a request, an answer (carrying ``sources``), now and then
+    an image, a checkpoint over everything before it or a refused checkpoint's receipt, and a
+    note."""
+    fence = ledger.claim_run(ledger.create_run(sid, "rev", run_id=f"{sid}-t{i}").id)
+    ledger.append(fence, [NewRow.message("user:ana", msg("user", f"request {i}"))], request=True)
+    rows = [NewRow.message("agent:rev", msg("assistant", f"answer {i}"), sources=sources)]
+    if i % 3 == 1:
+        image = {"type": "image", "data": "QUJD" * (10 + i), "mimeType": "image/png"}
+        rows.append(
+            NewRow.message(
+                "tool:read", {"role": "toolResult", "toolCallId": f"c{i}", "content": [image]}
+            )
+        )
+    if i % 3 == 2:
+        rows.append(
+            NewRow(
+                actor="agent:rev",
+                kind=RowKind.COMPACTION,
+                body={
+                    "summary": f"so far {i}",
+                    "continuation": {"version": 1, "run": fence.run},
+                    "covers_to": ledger.last_seq(sid) + len(rows),
+                    "tokens_before": 100 + i,
+                },
+            )
+        )
+    if i % 4 == 3:
+        receipt = {"kind": "continuation_checkpoint_refused", "run": fence.run, "reason": "empty"}
+        rows.append(NewRow(actor="agent:rev", kind=RowKind.RECEIPT, body=receipt))
+    ledger.append(fence, rows)
+    ledger.add_note(sid, "rev", f"note {i}", actor="user:ana", run=fence.run, sources=sources)
+    ledger.end_run(fence, RunStatus.FINISHED)
+    return fence.run
+
+
+def _fork_cli(url: str, tmp: Path, session: str, at: str, new: str) -> None:
+    cfg = tmp / "fork.toml"
+    cfg.write_text(f'[harness]\nruns_dir = "{tmp}/runs"\nworkspaces_dir = "{tmp}/workspaces"\n')
+    done = CliRunner().invoke(
+        app, ["fork", "-s", session, "--at", at, "-n", new, "--config", str(cfg), "--ledger", url]
+    )
+    assert done.exit_code == 0, done.output
+
+
+def grow(ledger: Ledger, tmp: Path) -> None:
+    """A ledger with forks: ``main``; ``a-fork`` of it (with ``tether fork``), which goes on
+    as ``main`` does; ``a-fork-of-fork`` of ``a-fork`` at a run of its own, with a queued run;
+    ``b-deep`` of ``a-fork`` at a run it inherits; a source erased from all of them (a gap
+    in each, and a receipt); notes everywhere."""
+    ledger.create_session("main", extra={"channel": "#ops"})
+    runs = [_turn(ledger, "main", i, sources=("repo:secret",) if i == 1 else ()) for i in range(4)]
+    _fork_cli(ledger.url, tmp, "main", runs[2], "a-fork")
+    for i in (4, 5):
+        _turn(ledger, "main", i)
+    own = [_turn(ledger, "a-fork", i) for i in (6, 7)]
+    # listed first (by their creation), before the sessions they were forked from
+    early = "2000-01-01T00:00:00Z"
+    ledger.fork_session("a-fork", own[1], "a-fork-of-fork", created=early)
+    ledger.fork_session("a-fork", runs[1], "b-deep", created=early)
+    _turn(ledger, "a-fork-of-fork", 8)
+    _turn(ledger, "b-deep", 9)
+    ledger.enqueue_run("a-fork-of-fork", "rev", actor="user:bob", text="later", request_id="req-1")
+    ledger.add_note("main", "ops", "a note after the forks", actor="user:ana")
+    ledger.erase(Selector(SelectorKind.SOURCE, "repo:secret"), actor="admin:ana")
+
+
+def seen(ledger: Ledger) -> dict[str, Any]:
+    """What readers get of each session: its dump, the next view of each agent, its fork link;
+    and the ledger's erasure receipts."""
+    out: dict[str, Any] = {
+        "erasures": [(e.at, e.actor, e.selector, e.counts) for e in ledger.erasures()]
+    }
+    for s in ledger.sessions():
+        views = []
+        for agent in ("rev", "ops"):
+            view = build_view(
+                ledger, session=s.id, agent=agent, actor="user:ana", request="next?", grants=GRANTS
+            )
+            views.append(view.to_json())
+        out[s.id] = (dump(ledger, s.id), views, ledger.fork_of(s.id))
+    return out
+
+
+@pytest.mark.parametrize("source_engine", ["sqlite", "postgres"])
+def test_a_ledger_with_forks_and_an_erasure_copies_whole(
+    source_engine: str, tmp_path: Path, pg_url: str
+) -> None:
+    """SQLite → PostgreSQL and PostgreSQL → SQLite: every session of a ledger with forks (in
+    any order), a fork of a fork, an erasure, notes, media, checkpoints and a queued run
+    arrives as it was: the same dumps, views and fork links, and the receipt."""
+    sqlite_url = f"sqlite://{tmp_path}/l.db"
+    src_url, dst_url = (sqlite_url, pg_url) if source_engine == "sqlite" else (pg_url, sqlite_url)
+    with open_ledger(src_url) as a, open_ledger(dst_url) as b:
+        grow(a, tmp_path)
+        assert [s.id for s in a.sessions()] == ["a-fork-of-fork", "b-deep", "main", "a-fork"]
+        assert a.fork_of("a-fork") is not None
+        assert a.fork_of("b-deep") is not None
+        report = copy_sessions(a, b)
+        assert (report.sessions, report.forks, report.erasures) == (4, 3, 1)
+        assert seen(b) == seen(a)
+        # the copy is a working ledger: the queued run is claimed by its actor's bound, the
+        # forks go on numbered after what they inherit
+        queued = b.queued_runs("a-fork-of-fork")
+        assert [q.extra["request"]["request_id"] for q in queued] == ["req-1"]
+        assert b.actor_load("user:bob").queued == 1
+        again, created = b.enqueue_run(
+            "a-fork-of-fork", "rev", actor="user:bob", text="later", request_id="req-1"
+        )
+        assert (again.id, created) == (queued[0].id, False)
+        for store in (a, b):
+            _turn(store, "b-deep", 10)
+        assert dump(b, "b-deep").count("\n") == dump(a, "b-deep").count("\n")
+        assert b.last_seq("b-deep") == a.last_seq("b-deep")
+
+
+def test_forks_copied_without_their_parents(tmp_path: Path, pg_url: str) -> None:
+    """A fork copied without the session it was forked from holds what its view holds (no
+    more); with a session further up its lineage it stays a fork of that one; two forks that
+    would both hold one session's runs are refused, nothing written."""
+    with open_ledger(pg_url) as a:
+        grow(a, tmp_path)
+        before = {s.id: dump(a, s.id) for s in a.sessions()}
+        with open_ledger(f"sqlite://{tmp_path}/one.db") as b:
+            copy_sessions(a, b, ["a-fork"])
+            assert dumps(b) == {"a-fork": before["a-fork"]}
+            assert b.fork_of("a-fork") is None
+            assert "answer 4" not in dump(b, "a-fork")  # main's turn after the fork
+            assert b.erasures() == []  # receipts travel with the whole ledger only
+        with open_ledger(f"sqlite://{tmp_path}/two.db") as c:
+            copy_sessions(a, c, ["a-fork-of-fork", "main"])
+            assert dumps(c) == {k: before[k] for k in ("a-fork-of-fork", "main")}
+            assert c.fork_of("a-fork-of-fork") == a.fork_of("a-fork")  # now main's fork
+            assert c.notes("a-fork-of-fork", "rev") == a.notes("a-fork-of-fork", "rev")
+        with open_ledger(f"sqlite://{tmp_path}/three.db") as d:
+            with pytest.raises(UsageError, match=r"both inherit run 'main-t0' of session 'main'"):
+                copy_sessions(a, d, ["a-fork-of-fork", "b-deep"])
+            assert d.sessions() == []
+            copy_sessions(a, d, ["a-fork-of-fork", "b-deep", "main"])
+            assert dumps(d) == {k: before[k] for k in ("a-fork-of-fork", "b-deep", "main")}
+
+
+def test_a_dump_after_an_erasure_holds_every_row(tmp_path: Path) -> None:
+    """Erased rows leave seqs unused: a dump (and a copy) reads past them, whatever their
+    place among its pages."""
+    with open_ledger(f"sqlite://{tmp_path}/a.db") as a, open_ledger("memory:") as b:
+        a.create_session("s")
+        fence = a.claim_run(a.create_run("s", "rev").id)
+        a.append(fence, [NewRow.message("user:ana", msg("user", "go"))], request=True)
+        a.append(
+            fence,
+            [
+                NewRow.message(
+                    "agent:rev",
+                    msg("assistant", f"line {i}"),
+                    sources=("repo:gone",) if i in (5, 2400) else (),
+                )
+                for i in range(2500)
+            ],
+        )
+        a.end_run(fence, RunStatus.FINISHED)
+        a.erase(Selector(SelectorKind.SOURCE, "repo:gone"), actor="admin:ana")
+        rows = dump(a, "s").count('"type":"row"')
+        assert rows == 2501 - 2
+        copy_sessions(a, b)
+        assert dump(b, "s") == dump(a, "s")
+        assert b.last_seq("s") == a.last_seq("s") == 2501

@@ -11,6 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tether.cli.counts import counted
 from tether.followup.view import FollowupView, GapWhy, Refusal, ViewMessage
 
 __all__ = ["render_refusal", "render_view"]
@@ -79,15 +80,15 @@ def render_view(view: FollowupView, console: Console) -> None:
             "checkpoint",
             Text(
                 f"{kind} at row {cp.seq} by run {cp.run}, covers rows ≤ {cp.covers_to} "
-                f"({cp.bytes:,} bytes quoted)"
+                f"({counted(cp.bytes, 'byte', thousands=True)} quoted)"
             ),
         )
         if cp.anchors:
             head.add_row(
                 "anchors",
                 Text(
-                    f"{len(cp.anchors)} identifiers from rows ≤ {cp.covers_to} "
-                    f"({cp.anchors_bytes:,} bytes quoted)"
+                    f"{counted(len(cp.anchors), 'identifier')} from rows ≤ {cp.covers_to} "
+                    f"({counted(cp.anchors_bytes, 'byte', thousands=True)} quoted)"
                 ),
             )
     else:

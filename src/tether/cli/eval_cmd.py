@@ -1,4 +1,4 @@
-"""``tether eval continuation``: what the next run knows after a checkpoint (DESIGN §3.13)."""
+"""``tether eval continuation``: what the next run knows after a checkpoint."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tether.cli.common import ConfigOpt
+from tether.cli.counts import counted
 from tether.cli.exits import command, err_console
 from tether.config import load_config
 from tether.ids import check_id
@@ -44,13 +45,17 @@ def _pct(value: float | None) -> str:
 
 def render(record: dict[str, Any], console: Console) -> None:
     """The record as tables for people (the columns are explained in docs/cli.md)."""
-    anchors = f"on, {record['anchors_max_bytes']:,} bytes" if record["anchors"] else "off"
+    anchors = (
+        f"on, {counted(record['anchors_max_bytes'], 'byte', thousands=True)}"
+        if record["anchors"]
+        else "off"
+    )
     console.print(
         f"tether eval continuation · {record['provider']} / {record['model']} · "
         f"pi {record['pi_version']} · {record['revision']} · {record['prompt_version']}\n"
-        f"budget {record['budget']:,} bytes · anchors "
+        f"budget {counted(record['budget'], 'byte', thousands=True)} · anchors "
         f"{anchors}"
-        f" · {record['seeds']} seeds × {record['runs']} runs",
+        f" · {counted(record['seeds'], 'seed')} × {counted(record['runs'], 'run')}",
         markup=False,
         highlight=False,
     )

@@ -1,4 +1,4 @@
-"""``tether import pi`` and ``tether export pi``: pi session files in and out (DESIGN §3.11)."""
+"""``tether import pi`` and ``tether export pi``: pi session files in and out."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import typer
 from rich.console import Console
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.counts import counted
 from tether.cli.exits import command
-from tether.interop import export_pi, import_pi
+from tether.interop import LeftOut, export_pi, import_pi
 
 __all__ = ["export_app", "import_app"]
 
@@ -24,6 +25,14 @@ export_app = typer.Typer(
     help="Write ledger sessions in other tools' formats.", no_args_is_help=True
 )
 console = Console(highlight=False, stderr=True)
+
+# What an import left out, as a count says it: (singular, plural).
+_LEFT_OUT = {
+    LeftOut.OFF_BRANCH: ("entry off the branch", "entries off the branch"),
+    LeftOut.CONTEXT_EDIT: ("context edit", "context edits"),
+    LeftOut.OMITTED_BY_EDIT: ("entry an edit omitted", "entries an edit omitted"),
+    LeftOut.MALFORMED: ("malformed line", "malformed lines"),
+}
 
 
 @import_app.command("pi")
@@ -52,13 +61,13 @@ def import_pi_cmd(
     if as_json:
         sys.stdout.write(json.dumps(report.to_json()) + "\n")
         return
-    left = ", ".join(f"{n} {k.value.replace('_', ' ')}" for k, n in report.left_out.items())
+    left = ", ".join(counted(n, *_LEFT_OUT[k]) for k, n in report.left_out.items())
     kept = sum(report.bookkeeping.values())
     console.print(
-        f"imported {report.rows} rows in {report.runs} runs into session {session} "
-        f"({report.compactions} compactions, {report.edited} edited, {kept} bookkeeping "
-        f"entries kept) from {report.entries} entries of {file} (format v{report.version}); "
-        f"left out: {left or 'nothing'}"
+        f"imported {counted(report.rows, 'row')} in {counted(report.runs, 'run')} into session "
+        f"{session} ({counted(report.compactions, 'compaction')}, {report.edited} edited, "
+        f"{counted(kept, 'bookkeeping entry')} kept) from {counted(report.entries, 'entry')} of "
+        f"{file} (format v{report.version}); left out: {left or 'nothing'}"
     )
 
 
@@ -90,7 +99,8 @@ def export_pi_cmd(
         console.print_json(json.dumps(report.to_json()))
         return
     console.print(
-        f"exported {report.rows} rows of session {session} as {report.entries} pi entries; "
-        f"not in the file: {report.runs} run records, sources of {report.rows_with_sources} "
-        f"rows, {report.notes} notes"
+        f"exported {counted(report.rows, 'row')} and {counted(report.runs, 'run')} of session "
+        f"{session} as {counted(report.entries, 'pi entry')}; not in the file: "
+        f"{counted(report.runs_left_out, 'run')} not ended, sources of "
+        f"{counted(report.rows_with_sources, 'row')}, {counted(report.notes, 'note')}"
     )

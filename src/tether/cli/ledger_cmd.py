@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,12 +14,13 @@ from rich.table import Table
 from rich.text import Text
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.counts import counted, counts
 from tether.cli.exits import command
 from tether.errors import UsageError
 from tether.ids import check_id
-from tether.ledger import Row, RowKind, open_ledger
+from tether.ledger import Row, RowKind, Run, open_ledger
 from tether.ledger.copy import copy_sessions
-from tether.ledger.jsonl import dump_session, load_file, row_record
+from tether.ledger.jsonl import dump_session, load_file, row_record, run_record
 
 ledger_app = typer.Typer(
     rich_markup_mode=None,  # help text is plain: "[followup]" is not markup
@@ -37,7 +38,7 @@ console = Console(highlight=False, soft_wrap=True)
 @ledger_app.command("load")
 @command
 def load(
-    file: Annotated[Path, typer.Argument(help="A ledger JSONL file (DESIGN §3.1).")],
+    file: Annotated[Path, typer.Argument(help="A ledger JSONL file (the interchange format).")],
     config: ConfigOpt = None,
     ledger: LedgerOpt = None,
 ) -> None:
@@ -49,8 +50,8 @@ def load(
     with store:
         report = load_file(store, file)
     console.print(
-        f"loaded {report.sessions} sessions, {report.runs} runs, {report.rows} rows, "
-        f"{report.notes} notes from {file}"
+        f"loaded {counts((report.sessions, 'session'), (report.runs, 'run'))}, "
+        f"{counts((report.rows, 'row'), (report.notes, 'note'))} from {file}"
     )
 
 
@@ -88,10 +89,13 @@ def copy_(
     """
     with open_ledger(src) as source, open_ledger(dst) as target:
         report = copy_sessions(source, target, session or None)
-    console.print(
-        f"copied {report.sessions} sessions, {report.runs} runs, {report.rows} rows, "
-        f"{report.notes} notes"
-    )
+    copied = [(report.sessions, "session"), (report.runs, "run"), (report.rows, "row")]
+    copied.append((report.notes, "note"))
+    if report.forks:
+        copied.append((report.forks, "fork kept as a fork"))
+    if report.erasures:
+        copied.append((report.erasures, "erasure receipt"))
+    console.print(f"copied {counts(*copied)}")
 
 
 def _summary(row: Row, width: int = 90) -> str:
@@ -123,6 +127,23 @@ def _summary(row: Row, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+_RUN_HEAD = ("type", "id", "session", "agent", "status", "request_seq", "started", "ended")
+# What the human form says of a run, in every line of --json (null when the run has none).
+_RUN_FACTS = ("stop_reason", "error", "checkpoint", "checkpoint_decision", "limits_hit")
+
+
+def _run_line(run: Run) -> dict[str, Any]:
+    """A run of ``tether log --json``: its interchange ``run`` record (the fields ``tether
+    ledger dump`` writes, the record's extras among them), led by what the human form says of
+    it, each null when the run has none: how it ended (``stop_reason``, ``error``), its
+    checkpoint and the decision taken on it (``checkpoint``, ``checkpoint_decision``), and the
+    sandbox limits its tools hit (``limits_hit``)."""
+    rec = run_record(run)
+    head = {k: rec.pop(k, None) for k in _RUN_HEAD}
+    facts = {k: rec.pop(k, None) for k in _RUN_FACTS}
+    return {**head, **facts, **rec}
+
+
 MAX_COUNT = 2**63 - 1
 """The largest seq or count a ledger stores (SQLite's and PostgreSQL's 64-bit integers)."""
 
@@ -150,10 +171,13 @@ def log(
         rows = store.rows_range(session, max(1, last - limit + 1), last, limit=limit)
         runs = {r.id: r for r in store.runs(session)}
     if as_json:
+        for run in runs.values():
+            sys.stdout.write(json.dumps(_run_line(run), ensure_ascii=False) + "\n")
         for row in rows:
             sys.stdout.write(json.dumps(row_record(row), ensure_ascii=False) + "\n")
         return
-    table = Table(title=f"session {session} ({last} rows, {len(runs)} runs)", expand=True)
+    shown = f"{counted(last, 'row')}, {counted(len(runs), 'run')}"
+    table = Table(title=f"session {session} ({shown})", expand=True)
     # Here, not at the top: the other ledger commands do not pay for loading the harness.
     from tether.harness.turn import decision_text
     from tether.sandbox.limits import limits_text
@@ -163,7 +187,9 @@ def log(
         limits = limits_text(run.extra)
         console.print(
             Text(
-                f"run {run.id}: {run.agent} {run.status.value}, request seq {run.request_seq}, "
+                f"run {run.id}: {run.agent} {run.status.value}"
+                + (f" ({stop})" if (stop := run.extra.get("stop_reason")) else "")
+                + f", request seq {run.request_seq}, "
                 f"{run.started or '?'} → {run.ended or '…'}"
                 + (f"; checkpoint {decided}" if decided else "")
                 + (f"; limits hit: {limits}" if limits else "")

@@ -1,4 +1,4 @@
-"""``tether fork``, ``tether erase`` and ``tether retention apply`` (DESIGN §3.15)."""
+"""``tether fork``, ``tether erase`` and ``tether retention apply``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import anyio
 import typer
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.counts import counted
 from tether.cli.exits import Exit, command, err_console, escape
 from tether.errors import SessionBusy, UsageError, WorkspaceError
 from tether.harness.custody.erasing import DEFAULT_STOP_GRACE_S, erase_stopping, retention_stopping
@@ -50,8 +51,25 @@ def _actor(given: str | None) -> str:
     return given or f"cli:{getpass.getuser()}"
 
 
+# An erasure's counts (its --json "counts" keys) as its line says them: (singular, plural).
+_COUNTED = {
+    "sessions": ("session", "sessions"),
+    "rows": ("row", "rows"),
+    "checkpoints": ("checkpoint", "checkpoints"),
+    "notes": ("note", "notes"),
+    "runs": ("run", "runs"),
+    "scrubbed_runs": ("run scrubbed", "runs scrubbed"),
+    "run_dirs": ("run directory", "run directories"),
+    "workspaces": ("workspace", "workspaces"),
+}
+
+
 def _say(done: Erased) -> None:
-    counts = ", ".join(f"{n} {what}" for what, n in done.to_json()["counts"].items() if n)
+    counts = ", ".join(
+        counted(n, *_COUNTED.get(what, (what, what))) if what != "queued" else f"{n} queued"
+        for what, n in done.to_json()["counts"].items()
+        if n
+    )
     verb = "would erase" if done.receipt is None else "erased"
     selector = " ".join(f"{k} {v}" for k, v in done.plan.selector.to_json().items())
     line = f"{verb} {selector}: {counts or 'nothing'}"
@@ -208,4 +226,4 @@ def apply(
     for d in done:
         _say(d)
     if not done:
-        err_console.print(f"no session idle for {days} days")
+        err_console.print(f"no session idle for {counted(days, 'day')}")

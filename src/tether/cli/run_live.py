@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
+from tether.cli.counts import counted
 from tether.cli.exits import Exit, err_console, translate_errors
 from tether.cli.exits import escape as esc
 from tether.errors import SessionBusy, SessionRefusing
@@ -84,7 +85,8 @@ class Progress:
 
         elapsed = time.monotonic() - self.started
         running = ", ".join(self.running.values())
-        line = f"⏳ {self.status} · turn {self.turn} · {self.tools} tool calls · {elapsed:.1f}s"
+        calls = counted(self.tools, "tool call")
+        line = f"⏳ {self.status} · turn {self.turn} · {calls} · {elapsed:.1f}s"
         if running:
             line += f" · running {running}"
         return Text(line, style="dim")
@@ -146,7 +148,7 @@ def _maybe_terminal() -> bool:
 
 
 def _say_waiting(event: RunEvent) -> None:
-    """Always say, on stderr, which run a waiting request waits for (DESIGN §3.7)."""
+    """Always say, on stderr, which run a waiting request waits for."""
     if isinstance(event, Waiting):
         behind = f"run {event.behind}" if event.behind else "the runs queued before it"
         err_console.print(f"run {event.run} waits for {behind} on session {event.session}")
@@ -282,7 +284,7 @@ def execute(
     launch: PiLaunch | None,
 ) -> None:
     """Run the admitted request, print its answer (or the outcome as JSON), exit with its
-    status (DESIGN §3.5). A refusal is printed here (``--json``: on stdout too); other errors
+    status. A refusal is printed here (``--json``: on stdout too); other errors
     (a ledger that fails before pi starts, pi that cannot be driven) leave for
     :func:`tether.cli.exits.translate_errors`, which gives them the status every command does."""
     req = RunRequest(

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.counts import counted
 from tether.cli.exits import command
 from tether.errors import ConfigError
 from tether.harness.rundir import prune_runs
@@ -48,6 +49,7 @@ def prune(
     cfg, store = open_configured_ledger(config, ledger)
     with store:
         pruned = prune_runs(cfg, store, older_than_s=seconds)
-    console.print(f"removed {len(pruned.removed)} run directories older than {older_than}")
+    removed = counted(len(pruned.removed), "run directory")
+    console.print(f"removed {removed} older than {older_than}")
     for path in pruned.kept_live:
         console.print(f"kept {path}: its run is still live")

@@ -1,4 +1,4 @@
-"""``tether serve`` and ``tether worker`` (DESIGN §3.8)."""
+"""``tether serve`` and ``tether worker``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import anyio
 import typer
 
 from tether.cli.common import ConfigOpt, LedgerOpt, open_configured_ledger
+from tether.cli.counts import counted
 from tether.cli.exits import command, err_console
 from tether.ledger import Fence
 
@@ -33,7 +34,8 @@ def _exit_handing_over(handed: list[Fence]) -> None:
     """Leave at once: the runs handed over stay live in the ledger (their leases expired) for
     the next worker's reconcile; ending them here would kill their pi."""
     err_console.print(
-        f"[yellow]handed over {len(handed)} live run(s):[/] " + ", ".join(f.run for f in handed)
+        f"[yellow]handed over {counted(len(handed), 'live run')}:[/] "
+        + ", ".join(f.run for f in handed)
     )
     os._exit(0)
 

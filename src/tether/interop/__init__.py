@@ -1,4 +1,4 @@
-"""pi interop (DESIGN §3.11): pi session files into the ledger and back.
+"""pi interop: pi session files into the ledger and back.
 
     report = import_pi(ledger, "session.jsonl", session="s1", agent="reviewer", actor="user:ana")
     export_pi(ledger, "s1", out)      # a v3 pi session file pi opens and continues

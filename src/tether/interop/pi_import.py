@@ -1,4 +1,4 @@
-"""A pi session file into the ledger (DESIGN §3.11), in bounded memory.
+"""A pi session file into the ledger, in bounded memory.
 
 pi's own rules (``dist/core/session-manager.js`` of the pinned package) are followed:
 
@@ -15,9 +15,13 @@ pi's own rules (``dist/core/session-manager.js`` of the pinned package) are foll
   …) is :mod:`tether.pi.sessionformat`, which the mirror reads a run's file with too: the same
   entry becomes the same row either way.
 
-Runs: one per user message that starts a turn; a user message right after a tool result is
-steering inside the running turn and belongs to it. System messages right before a turn's user
-message open that turn's run. Rows before the first turn belong to no run.
+Runs: the ``tether.run`` entries of a file tether exported (:mod:`tether.interop.pi_format`) are
+the runs it held, each with its status, times, rows (from its first row's entry to its last's)
+and request, whatever user messages those rows hold (a run's copy of its previous request,
+steering). The other rows (all of a file pi wrote) make one run per user message that starts a
+turn; a user message right after a tool result is steering inside the running turn and belongs
+to it. System messages right before a turn's user message open that turn's run. Rows before the
+first turn, or after a tether run's rows and before the next turn, belong to no run.
 
 A compaction covers the rows before its first kept entry (all rows before it when that entry is
 not on the branch before it: pi keeps none then).
@@ -41,8 +45,8 @@ from typing import IO, Any
 
 from tether.errors import AlreadyExists, InterchangeError
 from tether.ids import check_id, new_run_id
-from tether.interop.pi_format import AFTER_KEY, BEFORE_KEY, HEADER_KEY, PI_KEY
-from tether.ledger import Ledger, Row, RowKind, Run, RunStatus, Session
+from tether.interop.pi_format import AFTER_KEY, BEFORE_KEY, HEADER_KEY, PI_KEY, RUN_TYPE
+from tether.ledger import ENDED_STATUSES, Ledger, Row, RowKind, Run, RunStatus, Session
 from tether.ledger.models import now_iso
 from tether.mirror.entries import ROW_KINDS, Actors, entry_row
 from tether.pi.sessionformat import BODY_FIELDS, EntryKind, entry_kind
@@ -89,6 +93,11 @@ class _PlannedRun:
     """Index into the plan's rows."""
     first_row: int
     last_row: int
+    """Inclusive; ``first_row - 1`` for a run without rows."""
+    record: dict[str, Any] | None = None
+    """The ``data`` of the run's ``tether.run`` entry (None: a run made from a user turn)."""
+    marker: int | None = None
+    """That entry's index in the file's entry list."""
 
 
 @dataclass
@@ -174,6 +183,8 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
     kinds: list[EntryKind] = []
     roles: list[str | None] = []
     info: dict[int, Any] = {}
+    runs_of: dict[int, dict[str, Any]] = {}
+    """Entry index → the data of a ``tether.run`` entry."""
     header: dict[str, Any] | None = None
     malformed = 0
     try:
@@ -219,6 +230,12 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
             roles.append(sys.intern(role) if isinstance(role, str) else None)
             if kind == "context_edit":
                 info[pos] = (entry.get("targetId"), entry.get("replacement") is None)
+            elif (
+                kind == "custom"
+                and entry.get("customType") == RUN_TYPE
+                and isinstance(entry.get("data"), dict)
+            ):
+                runs_of[pos] = entry["data"]
             elif kind == "compaction":
                 info[pos] = entry.get("firstKeptEntryId", entry.get("firstKeptEntryIndex"))
     if header is None:
@@ -279,11 +296,16 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
     """Entry id → how many rows precede that entry on the branch (for covers_to)."""
     before: list[int] = []
     bookkeeping: Counter[str] = Counter()
+    markers: list[tuple[int, int]] = []
+    """The ``tether.run`` entries on the branch: (rows before it, its entry index)."""
     for pos in branch:
         rows_before.setdefault(ids[pos], len(rows))
         kind = kinds[pos]
         if kind is EntryKind.EDIT:
             left_out[LeftOut.CONTEXT_EDIT] += 1
+            continue
+        if pos in runs_of:
+            markers.append((len(rows), pos))
             continue
         row_kind = ROW_KINDS.get(kind)
         if row_kind is None:
@@ -311,29 +333,13 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
         before = []
     after = tuple(before)
 
-    # runs: one per user message that starts a turn
-    starts: list[int] = []
-    last_turn_role: str | None = None
-    for i, role in enumerate(row_roles):
-        if role == "user" and last_turn_role != "toolResult":
-            starts.append(i)
-        if role in _TURN_ROLES:
-            last_turn_role = role
-    runs: list[_PlannedRun] = []
-    firsts: list[int] = []
-    for k, s in enumerate(starts):
-        first, floor = s, starts[k - 1] if k else -1
-        while first - 1 > floor and row_roles[first - 1] == "system":
-            first -= 1
-        firsts.append(first)
-    for k, (s, first) in enumerate(zip(starts, firsts, strict=True)):
-        last = firsts[k + 1] - 1 if k + 1 < len(firsts) else len(rows) - 1
-        runs.append(_PlannedRun(request_row=s, first_row=first, last_row=last))
+    runs = _plan_runs(rows, row_roles, ids, rows_before, markers, runs_of)
     planned: list[_PlannedRow] = []
     run_of: list[int | None] = [None] * len(rows)
     for k, r in enumerate(runs):
         for i in range(r.first_row, r.last_row + 1):
             run_of[i] = k
+    del runs_of, rows_before
     for i, row in enumerate(rows):
         planned.append(
             _PlannedRow(row.pos, row.kind, run_of[i], row.before, row.covers_to, row.edit)
@@ -357,6 +363,78 @@ def plan_import(path: str | Path, *, session: str = "") -> ImportPlan:
         report=report,
         first_kept=first_kept,
     )
+
+
+def _plan_runs(
+    rows: list[_PlannedRow],
+    roles: list[str | None],
+    ids: list[str],
+    rows_before: dict[str, int],
+    markers: list[tuple[int, int]],
+    runs_of: dict[int, dict[str, Any]],
+) -> list[_PlannedRun]:
+    """The runs of the branch's rows, in the file's order: the ``tether.run`` entries' first,
+    then one per user turn among the rows none of them holds."""
+    n = len(rows)
+
+    def row_at(eid: Any) -> int | None:
+        """The index of the row the entry became, None when it became none."""
+        at = rows_before.get(eid) if isinstance(eid, str) else None
+        return at if at is not None and at < n and ids[rows[at].pos] == eid else None
+
+    held: list[int | None] = [None] * n
+    found: list[tuple[int, int, _PlannedRun]] = []
+    """(where it sorts, 0 for a run without rows or 1, the run)."""
+    end = 0
+    for place, pos in markers:
+        data = runs_of[pos]
+        first = rows_before.get(data["first"]) if isinstance(data.get("first"), str) else None
+        last = row_at(data.get("last"))
+        lo, hi = (
+            (max(first, end), min(last + 1, place))
+            if first is not None and last is not None
+            else (place, place)
+        )
+        if lo >= hi:
+            lo = hi = place
+        request = row_at(data.get("request"))
+        run = _PlannedRun(
+            request if request is not None and lo <= request < hi else None,
+            lo,
+            hi - 1,
+            record=data,
+            marker=pos,
+        )
+        found.append((lo, 0 if lo == hi else 1, run))
+        for i in range(lo, hi):
+            held[i] = len(found) - 1
+        end = max(end, hi)
+
+    # one per user message that starts a turn, among the rows no tether run holds
+    starts: list[int] = []
+    last_turn_role: str | None = None
+    for i, role in enumerate(roles):
+        if held[i] is not None:
+            last_turn_role = None
+            continue
+        if role == "user" and last_turn_role != "toolResult":
+            starts.append(i)
+        if role in _TURN_ROLES:
+            last_turn_role = role
+    firsts: list[int] = []
+    for k, s in enumerate(starts):
+        first, floor = s, starts[k - 1] if k else -1
+        while first - 1 > floor and held[first - 1] is None and roles[first - 1] == "system":
+            first -= 1
+        firsts.append(first)
+    for k, (s, first) in enumerate(zip(starts, firsts, strict=True)):
+        last = firsts[k + 1] - 1 if k + 1 < len(firsts) else n - 1
+        stop = next((i for i in range(s, last + 1) if held[i] is not None), None)
+        if stop is not None:
+            last = stop - 1
+        found.append((first, 1, _PlannedRun(request_row=s, first_row=first, last_row=last)))
+    found.sort(key=lambda f: (f[0], f[1]))
+    return [run for *_, run in found]
 
 
 def _rest(entry: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -422,6 +500,24 @@ def iter_rows(plan: ImportPlan, session: str, run_ids: list[str], actors: Actors
             )
 
 
+def _span(plan: ImportPlan, f: IO[bytes], run: _PlannedRun) -> tuple[RunStatus, Any, Any]:
+    """A run's status, start and end: its ``tether.run`` entry's (the end, when it has none,
+    the entry's time), else finished with the timestamps of its first and last entries."""
+    if run.record is not None and run.marker is not None:
+        status = run.record.get("status")
+        started, ended = run.record.get("started"), run.record.get("ended")
+        if not isinstance(ended, str):
+            ended = plan.read_entry(f, run.marker).get("timestamp")
+        known = {s.value: s for s in ENDED_STATUSES}
+        found = known.get(status) if isinstance(status, str) else None
+        return found or RunStatus.FINISHED, started, ended
+    return (
+        RunStatus.FINISHED,
+        plan.read_entry(f, plan.rows[run.first_row].pos).get("timestamp"),
+        plan.read_entry(f, plan.rows[run.last_row].pos).get("timestamp"),
+    )
+
+
 def import_pi(
     ledger: Ledger,
     path: str | Path,
@@ -454,21 +550,14 @@ def import_pi(
     run_ids = [new_run_id() for _ in plan.runs]
     runs = []
     with plan.path.open("rb") as f:
-        # a run's start and end: the timestamps of its first and last entries
-        spans = [
-            (
-                plan.read_entry(f, plan.rows[r.first_row].pos).get("timestamp"),
-                plan.read_entry(f, plan.rows[r.last_row].pos).get("timestamp"),
-            )
-            for r in plan.runs
-        ]
-    for rid, planned, (started, ended) in zip(run_ids, plan.runs, spans, strict=True):
+        spans = [_span(plan, f, r) for r in plan.runs]
+    for rid, planned, (status, started, ended) in zip(run_ids, plan.runs, spans, strict=True):
         runs.append(
             Run(
                 id=rid,
                 session=session,
                 agent=agent,
-                status=RunStatus.FINISHED,
+                status=status,
                 request_seq=planned.request_row + 1 if planned.request_row is not None else None,
                 started=started if isinstance(started, str) else None,
                 ended=ended if isinstance(ended, str) else None,

@@ -33,7 +33,7 @@ from tether.ledger.models import (
 from tether.ledger.outbox import Outbox
 
 if TYPE_CHECKING:
-    from tether.ledger.imports import Importer
+    from tether.ledger.imports import CopiedSession, ForkLink, Importer, StoredNote, StoredRun
     from tether.ledger.sql import SqlLedger
 
 __all__ = [
@@ -80,7 +80,7 @@ class Sessions(SessionReads, Protocol):
 
 
 class Custody(Protocol):
-    """Runs, the queue of requests and custody (DESIGN §3.7): claims, leases, placements,
+    """Runs, the queue of requests and custody: claims, leases, placements,
     take-overs and fenced ends."""
 
     def create_run(
@@ -157,7 +157,7 @@ class Custody(Protocol):
 
 
 class RowReads(Protocol):
-    """Bounded reads of rows (DESIGN invariant 9), and every row of a session for a dump."""
+    """Bounded reads of rows, and every row of a session for a dump."""
 
     def row(self, session_id: str, seq: int) -> Row | None: ...
     def latest_compaction(self, session_id: str) -> Row | None: ...
@@ -228,7 +228,9 @@ class Search(Protocol):
 
 
 class Interchange(Protocol):
-    """Records written as they are, in one transaction (``ledger load`` and ``ledger copy``)."""
+    """Records written as they are, in one transaction (``ledger load`` and ``ledger copy``),
+    and the stored records ``ledger copy`` reads (a fork's link, runs and notes in their global
+    orders)."""
 
     def importer(self) -> contextlib.AbstractContextManager[Importer]: ...
     def import_records(
@@ -238,19 +240,23 @@ class Interchange(Protocol):
         rows: Iterable[Row],
         notes: Sequence[Note],
     ) -> None: ...
+    def fork_link(self, session_id: str) -> ForkLink | None: ...
+    def stored_runs(self, session_id: str, *, max_ord: int | None = ...) -> list[StoredRun]: ...
+    def stored_notes(self, session_id: str, *, max_note: int | None = ...) -> list[StoredNote]: ...
     def copy_in(
         self,
-        sessions: Sequence[Session],
-        runs: Sequence[Run],
+        sessions: Sequence[CopiedSession],
+        runs: Sequence[StoredRun],
         rows: Iterable[Row],
-        notes: Sequence[Note],
+        notes: Sequence[StoredNote],
         *,
+        erasures: Sequence[Erasure] = ...,
         adopt: Sequence[str] = ...,
     ) -> None: ...
 
 
 class Lifecycle(Protocol):
-    """Forks, erasure and its receipts, and the sessions retention erases (DESIGN §3.15)."""
+    """Forks, erasure and its receipts, and the sessions retention erases."""
 
     def fork_session(
         self, session_id: str, at_run: str, new_id: str, *, created: str | None = ...
@@ -273,7 +279,7 @@ class Lifecycle(Protocol):
 
 
 class ViewReads(Protocol):
-    """The bounded reads the follow-up view is built from (DESIGN invariant 9): one session
+    """The bounded reads the follow-up view is built from (each read is bounded): one session
     record, one latest compaction (by index), one or a few run records, one exact row, a byte-
     and row-capped tail, a row-capped range and count- and byte-capped notes."""
 

@@ -1,5 +1,5 @@
 """Rows: fenced appends (dense seqs, idempotent by pi entry id, a checkpoint's covered sources
-stamped at write time) and the bounded reads of rows (DESIGN invariant 9): one row, the newest
+stamped at write time) and the bounded reads of rows: one row, the newest
 compaction, a capped range or its sizes, a byte-capped tail."""
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ class RowsSql(SqlBase):
     def _with_covered_sources(
         self, c: Cursor, session_id: str, first: int, fresh: Sequence[NewRow]
     ) -> list[NewRow]:
-        """Give each compaction row the union of the sources of the rows it covers (DESIGN
-        invariant 18), at write time, so a follow-up that reads the checkpoint by index never
+        """Give each compaction row the union of the sources of the rows it covers, at write
+        time, so a follow-up that reads the checkpoint by index never
         has to read what it covers. The newest earlier compaction already holds the union below
         its own coverage, so only the rows after that coverage are read."""
         if not any(new.kind is RowKind.COMPACTION for new in fresh):
@@ -272,14 +272,18 @@ class RowsSql(SqlBase):
         return TailRead(rows=taken, bytes=total, stop_seq=None, last_seq=newest)
 
     def iter_rows(self, session_id: str, *, page: int = 1000) -> Iterator[Row]:
-        """Every row of a session, in seq order (for dumps and copies, not for follow-ups)."""
+        """Every row of a session up to its last seq when the read begins, in seq order (for
+        dumps and exports, not for follow-ups). Read a window of ``page`` seqs at a time: a
+        window holds fewer rows where some were erased, and the rows after it are read all the
+        same."""
+        with self._read() as c:
+            c.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,))
+            found = c.fetchone()
+        last = int(found[0]) if found else 0
         after = 0
-        while True:
-            batch = self.rows_range(session_id, after + 1, 2**62, limit=page)
-            yield from batch
-            if len(batch) < page:
-                return
-            after = batch[-1].seq
+        while after < last:
+            yield from self.rows_range(session_id, after + 1, last, limit=page)
+            after += page
 
 
 def _as(session_id: str, row: Row) -> Row:
