@@ -332,6 +332,8 @@ def test_concurrent_first_opens_migrate_once() -> None:
             "runs",
             "sessions",
             "tether_schema",
+            "webhook_deliveries",
+            "webhook_events",
         ]
 
 

@@ -208,18 +208,19 @@ def test_runs_and_a_follow_up_on_the_local_model(server: ModelServer, tmp_path: 
 
 
 def _run_files(runs: Path, deadline: float) -> tuple[Path, str, dict[str, Any]]:
-    """While the run is live: its directory, the first line of its log and its ``models.json``
-    (a run that ends well takes its directory with it)."""
+    """While the run is live: its directory, its log's line naming the sandbox and its
+    ``models.json`` (a run that ends well takes its directory with it)."""
     while time.monotonic() < deadline:
         for run_dir in runs.glob("r-*"):
             log, models = run_dir / "pi.log", run_dir / "agent" / "models.json"
             try:
-                first = log.read_text(encoding="utf-8").split("\n", 1)[0]
+                lines = log.read_text(encoding="utf-8").splitlines()
                 declared = json.loads(models.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            if first:
-                return run_dir, first, declared
+            sandbox = [line for line in lines if line.startswith("tether: sandbox ")]
+            if sandbox:
+                return run_dir, sandbox[0], declared
         time.sleep(0.05)
     raise AssertionError(f"no run directory with a log and models.json appeared in {runs}")
 

@@ -225,8 +225,15 @@ def _unkey_rows(conn: sqlite3.Connection) -> None:
 
 
 def _drop_session_keys(conn: sqlite3.Connection) -> None:
-    """Undo schema 11's keyed rows, schema 9's forks and erasure receipts, schema 8's index of
-    row heads and schema 7's session numbers and row keys."""
+    """Undo schema 13's webhook outbox, schema 12's run actors, schema 11's keyed rows, schema
+    9's forks and erasure receipts, schema 8's index of row heads and schema 7's session
+    numbers and row keys."""
+    conn.execute("DROP TABLE webhook_deliveries")
+    conn.execute("DROP TABLE webhook_events")
+    conn.execute("DROP INDEX runs_open_by_actor")
+    conn.execute("DROP INDEX runs_by_actor")
+    for col in ("actor", "created_epoch"):
+        conn.execute(f"ALTER TABLE runs DROP COLUMN {col}")
     _unkey_rows(conn)
     conn.execute("DROP TABLE erasures")
     conn.execute("DROP INDEX sessions_by_parent")

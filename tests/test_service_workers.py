@@ -55,7 +55,9 @@ def test_two_workers_race_for_50_runs_over_10_sessions(
     p = scripted_provider(answer)
     sessions = [f"s{i}" for i in range(10)]
     with fresh_schema_url() as url:
-        config = write_config(tmp_path, p.url, ledger_url=url)
+        # One actor queues all 50: its [service.limits] raised past that.
+        limits = "[service.limits]\nqueued = 100\nlive = 10\nper_minute = 200"
+        config = write_config(tmp_path, p.url, ledger_url=url, extra=limits)
         with serve(tmp_path, config, workers=0) as s:
             for n in range(5):
                 for session in sessions:

@@ -325,15 +325,16 @@ def execute(
         raise SystemExit(Exit.RUN_FAILED)
     # The answer was authored: exit 0 whatever became of the checkpoint (a script that
     # retried would ask again what was answered); its fate is a line on stderr, and --json's.
-    err_console.print(_checkpoint_line(outcome.checkpoint))
+    # (plain: a run whose stderr is a pipe, as a bot's is, never loads rich)
+    print(_checkpoint_line(outcome.checkpoint), file=sys.stderr)
 
 
 def _checkpoint_line(checkpoint: CheckpointResult) -> str:
     if checkpoint.status is CheckpointStatus.REFUSED:
         reason = (checkpoint.reason or ReceiptReason.CANCELLED).value
         return (
-            f"[yellow]checkpoint: refused ({reason})[/]: the answer is kept; the next run "
-            "reads this one's rows without a summary of them"
+            f"checkpoint: refused ({reason}): the answer is kept; the next run reads this "
+            "one's rows without a summary of them"
         )
     if checkpoint.status is CheckpointStatus.WRITTEN:
         return "checkpoint: written"
