@@ -945,8 +945,8 @@ def quote_anchors(
     at = next(
         (
             i
-            for i, m in enumerate(messages)
-            if m.synthetic and m.message.get("customType") == msgs.ANCHORS_TYPE
+            for i, m in enumerate(messages[: len(f.top)])  # the protected context leads
+            if m.message.get("customType") == msgs.ANCHORS_TYPE
         ),
         None,
     )
@@ -1017,7 +1017,7 @@ def finish(
     checkpoint = None
     if comp is not None:
         anchored = [
-            m for m in messages if m.synthetic and m.message.get("customType") == msgs.ANCHORS_TYPE
+            m for m in messages[: len(f.top)] if m.message.get("customType") == msgs.ANCHORS_TYPE
         ]
         checkpoint = Checkpoint(
             seq=comp.seq,
