@@ -64,11 +64,14 @@ def serve(
         int | None, typer.Option("--port", help="Port (default: [service] port, 8080).")
     ] = None,
     workers: Annotated[
-        int,
+        int | None,
         typer.Option(
-            "--workers", min=0, help="Runs executed at once inside this process (0: none)."
+            "--workers",
+            min=0,
+            help="Runs executed at once inside this process (0: none; default 1 on a SQLite "
+            "ledger, 0 on PostgreSQL, whose workers may run on other hosts).",
         ),
-    ] = 0,
+    ] = None,
     config: ConfigOpt = None,
     ledger: LedgerOpt = None,
 ) -> None:
@@ -92,6 +95,9 @@ def serve(
 
         _logging()
         cfg, store = open_configured_ledger(config, ledger)
+        url = ledger or cfg.ledger.url
+        if workers is None:
+            workers = 0 if url.startswith(("postgres://", "postgresql://")) else 1
         app = create_app(cfg, store, workers=workers, on_handover=_exit_handing_over)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -106,8 +112,59 @@ def serve(
         )
     )
     _second_signal_exits(server)
+    bound = (server.config.host, server.config.port)
+    _say_when_started(server, bound, url, workers, len(cfg.service.tokens))
     with store:
         server.run()
+
+
+def _say_when_started(
+    server: uvicorn.Server, bound: tuple[str, int], ledger_url: str, workers: int, tokens: int
+) -> None:
+    """Once the server listens: where, on which ledger, with how many workers and tokens, and a
+    warning for each thing that would leave it useless (as uvicorn and Datasette print their
+    URL). On stderr: stdout stays for data."""
+    import threading
+    import time
+
+    host, port = bound
+    shown = f"[{host}]" if ":" in host else host
+    lines = [
+        f"  ledger {_without_password(ledger_url)}; {counted(workers, 'worker')} in this "
+        f"process; {counted(tokens, 'token')}",
+    ]
+    if tokens == 0:
+        lines.append(
+            "  warning: no [service.tokens]: every API request is refused (401) until one is "
+            "added (the README's service section; docs/cli.md, tether serve)"
+        )
+    if workers == 0:
+        lines.append(
+            "  warning: no workers in this process: queued runs wait for `tether worker` (or "
+            "`tether serve --workers N`) on this ledger"
+        )
+
+    def watch() -> None:
+        while not server.started:
+            if server.should_exit:
+                return
+            time.sleep(0.02)
+        listening = [sock.getsockname() for s in server.servers for sock in s.sockets]
+        at = listening[0][1] if listening else port  # (the port the system chose for 0)
+        head = f"tether serve: http://{shown}:{at}/ (API /v1, pages /, OpenAPI /openapi.json)"
+        err_console.print("\n".join([head, *lines]), markup=False, highlight=False)
+
+    threading.Thread(target=watch, name="tether-serve-started", daemon=True).start()
+
+
+def _without_password(url: str) -> str:
+    """A ledger URL fit to print: a PostgreSQL password replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    auth, at, host = rest.partition("@")
+    user, colon, _ = auth.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}{at}{host}"
 
 
 @command
