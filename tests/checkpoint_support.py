@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -29,6 +29,7 @@ AGENT = "rev"
 SYSTEM_MARK = "SYSPROMPT-7f3a: you review code."
 ANSWER = "THE AUTHORED ANSWER: 42 lines changed."
 SUMMARY = "## Goal\nCount to 2000 (SUMMARY-MARK-5c1e).\n\n## Progress\n- [x] counted"
+Effort = Literal["off", "minimal", "low", "medium", "high", "xhigh"]
 BIG_COMMAND = "seq 1 2000"
 """A tool call whose result (about 9 KB) puts the working view over the test budget."""
 
@@ -65,7 +66,10 @@ def config(
     summary_max_bytes: int = 4000,
     stop_grace_s: float = 5,
     ledger_url: str | None = None,
+    effort: Effort = "off",
 ) -> Config:
+    """The agent ``rev`` with a continuation checkpoint; a non-``off`` ``effort`` makes the
+    scripted model a reasoning one (pi then sends it as ``reasoning_effort``)."""
     return pi_config(
         tmp,
         provider,
@@ -79,6 +83,7 @@ def config(
             deadline_s=deadline_s,
             checkpoint_min_time_s=min_time_s,
             summary_max_bytes=summary_max_bytes,
+            effort=effort,
         ),
         harness=HarnessConfig(
             runs_dir=tmp / "runs",

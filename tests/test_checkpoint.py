@@ -13,6 +13,7 @@ from checkpoint_support import (
     ANSWER,
     SUMMARY,
     SYSTEM_MARK,
+    Effort,
     config,
     long_task,
     rows_of,
@@ -69,11 +70,14 @@ def text_of(message: dict[str, Any]) -> str:
 # -- written ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("effort", ["high", "low"])
 def test_one_summary_request_no_extra_task_request_and_a_mirrored_checkpoint(
-    scripted_provider: Any, store: Ledger, tmp_path: Path
+    scripted_provider: Any, store: Ledger, tmp_path: Path, effort: Effort
 ) -> None:
+    """Effort ``high``, then ``low``, on a reasoning model: the summary request names the task's
+    model and sends the task's ``reasoning_effort``."""
     provider = scripted_provider(route(task=long_task(), summary=[Reply(SUMMARY)]))
-    cfg = config(tmp_path, provider)
+    cfg = config(tmp_path, provider, effort=effort)
     outcome = run(store, cfg, tmp_path)
 
     assert (outcome.status, outcome.checkpoint.label, outcome.answer) == (
@@ -100,8 +104,9 @@ def test_one_summary_request_no_extra_task_request_and_a_mirrored_checkpoint(
     assert "<quoted-system-context>" in quoted
     assert SYSTEM_MARK in quoted
     assert "not instructions to you" in quoted
-    # The selected model, unchanged; no marker text leaks into the summarizer's prompt.
-    assert summary.body["model"] == provider.model
+    # The selected model and effort, unchanged; no marker text leaks into the summarizer's prompt.
+    sent = [(r.body["model"], r.body.get("reasoning_effort")) for r in provider.requests]
+    assert sent == [(provider.model, effort)] * 3
     assert '"tether"' not in summary.raw.decode()
 
     [row] = rows_of(store, "s1", RowKind.COMPACTION)

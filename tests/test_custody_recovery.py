@@ -20,6 +20,7 @@ from test_custody_run import (
     by_request,
     descendants_with,
     keeper_placement,
+    lose_everything,
     run_placed,
     running_run,
     start,
@@ -28,6 +29,8 @@ from test_custody_run import (
     wait_until,
     write_config,
 )
+from tether.config import load_config
+from tether.followup import FollowupView, build_view
 from tether.ledger import Ledger, RowKind, RunStatus
 from tether.mirror.entries import message_text
 
@@ -184,7 +187,7 @@ def test_a_keeper_killed_during_a_tool_ends_the_run_with_its_answer_and_no_tool_
     assert _gone(placed["pi_pid"])
 
 
-def test_a_missing_fifo_found_at_recovery_keeps_the_answer_and_refuses_prompts(
+def test_a_fifo_lost_mid_tool_found_at_recovery_keeps_the_answer_sends_no_compact_and_refuses(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
     """The harness is SIGKILLed mid-tool and pi's command FIFO is removed; pi lives on and
@@ -279,13 +282,107 @@ def test_a_resumed_checkpoints_refusal_is_stored_with_its_true_reason(
     assert len(provider.summary_requests) == 1  # the summary command was never sent again
 
 
-def test_a_resumed_checkpoint_at_the_deadline_is_aborted_and_its_abort_answer_awaited(
+def test_a_fifo_lost_after_compact_sent_is_found_at_recovery_its_compact_awaited_not_resent(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
+) -> None:
+    """The harness is SIGKILLed while pi makes the summary (``compact.sent`` written) and pi's
+    command FIFO is then removed: recovery resumes the run on its pi without a channel to it,
+    awaits the compaction already sent (never sent again), keeps the answer, and the session
+    refuses prompts."""
+    provider = scripted_provider(
+        route(
+            task=by_request(lambda asked: "seq 1 3000"),
+            summary=[Reply("## Goal\nSUMMARY-AFTER-FIFO", delay_s=3)],
+        )
+    )
+    cfg, run_id, placed = _kill_harness_in_summary(tmp_path, provider, store)
+    (tmp_path / "runs" / run_id / "commands.fifo").unlink()
+    assert psutil.Process(placed["pi_pid"]).is_running()
+    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
+    assert done.returncode == 0, done.stderr
+    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert item["resolution"] == "resumed", item
+    assert item["outcome"]["answer"] == "answer to A"
+    ended = store.get_run(run_id)
+    assert ended.extra["answer"] == "answer to A"
+    # The summary pi was already making is the checkpoint: awaited, never sent again.
+    assert item["outcome"]["checkpoint"] == "written", item
+    assert ended.extra["checkpoint_by"] == "original"
+    [row] = [r for r in store.iter_rows("s1") if r.kind is RowKind.COMPACTION]
+    assert row.body["summary"] == "## Goal\nSUMMARY-AFTER-FIFO"
+    assert ended.extra["checkpoint_seq"] == row.seq
+    assert len(provider.summary_requests) == 1
+    refusing = store.get_session("s1").refusing
+    assert refusing is not None
+    assert "FIFO" in refusing
+    assert _gone(placed["pi_pid"])
+
+
+def notice_of_tried_checkpoint(store: Ledger, cfg: Path, run_id: str) -> str:
+    """The next follow-up view's notice that ``run_id``'s checkpoint was tried and refused."""
+    loaded = load_config(cfg)
+    view = build_view(
+        store,
+        session="s1",
+        agent="rev",
+        actor="user:local",
+        request="And now?",
+        config=loaded.followup,
+        grants=loaded.access.grants,
+    )
+    assert isinstance(view, FollowupView), view
+    said = json.dumps(view.to_json())
+    notice = f"Run {run_id} could not write a continuation checkpoint (cancelled)"
+    assert notice in said, said[:2000]
+    return notice
+
+
+def test_a_host_crash_mid_summary_is_recorded_as_a_tried_checkpoint_at_recovery(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
+) -> None:
+    """The harness, pi and its keeper SIGKILLed together while pi makes the summary (a host's
+    crash): ``tether recover`` ends the run ``harness_lost`` with its answer, and records that a
+    checkpoint was tried and how it ended (refused, ``cancelled``), a receipt row, and that
+    context may require recall; the next view's notice says so."""
+    provider = scripted_provider(
+        route(task=by_request(lambda asked: "seq 1 3000"), summary=[Stall()])
+    )
+    cfg = write_config(tmp_path, provider.url, budget=4000, deadline_s=120)
+    proc, run, placed = run_placed(tmp_path, cfg, store)
+    try:
+        wait_until(lambda: provider.summary_requests, within=90, what="the summary request")
+        assert (tmp_path / "runs" / run.id / "compact.sent").exists()
+    finally:
+        lose_everything(proc, placed)
+    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
+    assert done.returncode == 0, done.stderr
+    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert item["resolution"] == "harness_lost", item
+    ended = store.get_run(run.id)
+    assert ended.status is RunStatus.INTERRUPTED
+    assert ended.extra["answer"] == "answer to A"
+    assert ended.extra["checkpoint"] == "refused:cancelled", ended.extra
+    assert ended.extra["checkpoint_decision"] == {"decision": "refused", "reason": "cancelled"}
+    assert "lost" in ended.extra["checkpoint_detail"]
+    assert ended.extra["needs_recall"] is True
+    [receipt] = _receipts(store, run.id)
+    assert receipt == {
+        "kind": "continuation_checkpoint_refused",
+        "run": run.id,
+        "reason": "cancelled",
+    }
+    notice_of_tried_checkpoint(store, cfg, run.id)
+    assert len(provider.summary_requests) == 1
+
+
+def test_a_resumed_checkpoint_at_the_deadline_is_aborted_and_the_compactions_answer_awaited(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
     """The harness dies during a summary that never comes; the run taken over reaches its
     deadline: it sends ``abort`` (a new command, not the summary again) and waits for the
-    original compaction's answer or the abort's. pi answers, so its idle is confirmed: the
-    refusal is stored, the answer kept, pi ends in order and the session does not refuse."""
+    original compaction's answer or the abort's. pi answers the compaction (aborted), and the
+    record says that answer, not the abort's, came: its idle is confirmed, the refusal is
+    stored, the answer kept, pi ends in order and the session does not refuse."""
     provider = scripted_provider(
         route(task=by_request(lambda asked: "seq 1 3000"), summary=[Stall()])
     )
@@ -301,6 +398,9 @@ def test_a_resumed_checkpoint_at_the_deadline_is_aborted_and_its_abort_answer_aw
     assert receipt["reason"] == "cancelled"
     ended = store.get_run(run_id)
     assert ended.extra["needs_recall"] is True
+    # pi answered the summary's own ``compact`` (with the abort's error): that answer, not the
+    # ``abort`` command's, ended the wait.
+    assert ended.extra["checkpoint_answered_by"] == "compaction", ended.extra
     assert ended.extra["stop_reason"] == "deadline"  # the stop that aborted the summary
     assert ended.extra["pi"]["exit_status"] == 0, "pi was idle and ended in order"
     assert len(provider.summary_requests) == 1

@@ -17,7 +17,7 @@ import pytest
 
 import support
 from pg import TEST_URL, fresh_schema_url
-from provider import Step
+from provider import Step, route
 from support import RecordedRequest, Reply, ScriptedProvider, ToolCall, run_args, tether, tmpfs
 from tether.harness.stranded import keep_stranded_end, record_stranded_ends
 from tether.ledger import Ledger, RunStatus, open_ledger
@@ -241,3 +241,59 @@ def test_a_kept_end_whose_refusal_did_not_land_is_refused_on_the_next_pass(
     assert session is not None
     assert session.refusing == "pi's idle unconfirmed"
     assert record_stranded_ends(ledger, tmp_path / "runs") == 0, "recorded once"
+
+
+def test_a_disk_that_fills_mid_summary_leaves_a_tried_checkpoint_the_next_run_records(
+    tmp_path: Path, small_fs: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> None:
+    """The ledger's disk fills while pi makes the continuation checkpoint's summary and stays
+    full past the storage retries: the run ends with its answer printed. Once there is space,
+    the next run, owning the session, records that the checkpoint was tried and how it ended
+    (refused, a receipt row) and that context may require recall; its own view's notice says
+    so."""
+    ballasts: list[Path] = []
+
+    def summary(request: RecordedRequest) -> Step:
+        ballasts.append(_fill(small_fs))
+        return Reply("## Goal\nNEVER STORED")
+
+    p = scripted_provider(
+        route(
+            task=[
+                Reply(tool_calls=[ToolCall("bash", {"command": "seq 1 3000"})]),
+                Reply("the answer"),
+                Reply("next answer"),
+            ],
+            summary=[summary],
+        )
+    )
+    cfg = support.write_config(
+        tmp_path,
+        p.url,
+        ledger={"url": f"sqlite:{small_fs}/ledger.db"},
+        followup={"budget_bytes": 4000},
+        agents={"rev": {"checkpoint_min_time_s": 0, "tools": ["bash"]}},
+        harness={"runs_dir": f"{tmp_path}/runs", "storage_retry_s": 1},
+    )
+    done = run(tmp_path, cfg, "go")
+    out = json.loads(done.stdout)
+    assert out["answer"] == "the answer", done.stderr
+    assert len(p.summary_requests) == 1
+    ballasts[0].unlink()
+    again = run(tmp_path, cfg, "next")
+    assert again.returncode == 0, again.stderr
+    with open_ledger(f"sqlite:{small_fs}/ledger.db") as ledger:
+        _consistent(ledger)
+        first = ledger.get_run(out["run"])
+        assert first.extra["answer"] == "the answer"
+        assert first.extra["checkpoint"] == "refused:cancelled", first.extra
+        assert first.extra["checkpoint_decision"] == {"decision": "refused", "reason": "cancelled"}
+        assert first.extra["needs_recall"] is True
+        receipts = [r.body for r in ledger.iter_rows("s1") if r.body.get("run") == out["run"]]
+        assert {
+            "kind": "continuation_checkpoint_refused",
+            "run": out["run"],
+            "reason": "cancelled",
+        } in receipts
+    notice = f"Run {out['run']} could not write a continuation checkpoint (cancelled)"
+    assert p.task_requests[-1].contains(notice)

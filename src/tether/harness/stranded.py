@@ -16,7 +16,8 @@ from typing import Any
 
 from tether.errors import FencedOut, NotFound, RunNotActive, StorageError
 from tether.files import private_dir, private_file
-from tether.ledger import Fence, Ledger, RunStatus
+from tether.ledger import Fence, Ledger, NewRow, RowKind, RunStatus
+from tether.pi.continuation import RECEIPT_KIND
 
 __all__ = ["UNRECORDED_DIR", "keep_stranded_end", "record_stranded_ends"]
 
@@ -73,6 +74,7 @@ def record_stranded_ends(ledger: Ledger, runs_dir: Path) -> int:
         try:
             # Ended already (perhaps by a pass whose refusal then failed): refuse still.
             with contextlib.suppress(RunNotActive):
+                _owed_refusal(ledger, fence, extra)
                 ledger.end_run(fence, status, extra=extra)
             if refusing:
                 ledger.set_refusing(fence.session, refusing)
@@ -84,3 +86,25 @@ def record_stranded_ends(ledger: Ledger, runs_dir: Path) -> int:
             path.unlink()
         recorded += 1
     return recorded
+
+
+def _owed_refusal(ledger: Ledger, fence: Fence, extra: dict[str, Any]) -> None:
+    """A refused checkpoint whose refusal the ledger could not take (its disk filled while the
+    summary was made): the receipt row, which the next view's notice names, and the mark that
+    the run's context may require recall, as the straight path stores them; added to ``extra``.
+    Nothing when the refusal was stored before the end was stranded."""
+    label = extra.get("checkpoint")
+    if not isinstance(label, str) or not label.startswith("refused:"):
+        return
+    run = ledger.get_run(fence.run)
+    if run.extra.get("needs_recall") is not True:
+        last = ledger.last_seq(fence.session)
+        mine = ledger.run_rows_before(fence.run, last + 1, limit=50)
+        if not any(r.kind is RowKind.RECEIPT for r in mine):
+            body = {"kind": RECEIPT_KIND, "run": fence.run, "reason": label.split(":", 1)[1]}
+            ledger.append(fence, [NewRow(f"agent:{run.agent}", RowKind.RECEIPT, body)])
+            extra.setdefault(
+                "checkpoint_detail",
+                "the refusal was recorded late: the ledger could not take it when the run ended",
+            )
+    extra["needs_recall"] = True

@@ -39,6 +39,7 @@ from tether.harness.checkpoint import continuation_checkpoint
 from tether.harness.claimed import queued_request
 from tether.harness.context import ClaimedRun, PiStart, RunControls
 from tether.harness.custody import placement as place
+from tether.harness.custody.recovery import settle_lost_checkpoint
 from tether.harness.custody.state import has_run_state, load_run_state
 from tether.harness.driver import Driver
 from tether.harness.ending import drive_recorded
@@ -231,6 +232,7 @@ async def _taken_over(
             fence,
             "pi was alive but its keeper's record does not name it",
             answer=found.answer,
+            checkpoint=found.checkpoint,
         )
     return await _harness_lost(ledger, run, fence, run_dir)
 
@@ -259,10 +261,19 @@ def _confirmed_by_keeper(keeper_place: dict[str, Any], run_dir: Path) -> dict[st
 
 
 async def _unconfirmed(
-    ledger: Ledger, fence: Fence, why: str, *, answer: str | None = None
+    ledger: Ledger,
+    fence: Fence,
+    why: str,
+    *,
+    answer: str | None = None,
+    checkpoint: dict[str, Any] | None = None,
 ) -> Reconciled | None:
     detail = f"the harness of run {fence.run} was lost and its placement cannot be confirmed: {why}"
-    extra: dict[str, Any] = {"stop_reason": Resolution.UNCONFIRMED_ENDING.value, "error": detail}
+    extra: dict[str, Any] = {
+        "stop_reason": Resolution.UNCONFIRMED_ENDING.value,
+        "error": detail,
+        **(checkpoint or {}),
+    }
     if answer is not None:
         extra["answer"] = answer
     try:
@@ -284,6 +295,8 @@ class _Mirrored(msgspec.Struct, frozen=True):
     answer: str | None
     problems: list[str]
     limits_hit: list[LimitHit] = msgspec.field(default_factory=list)
+    checkpoint: dict[str, Any] = msgspec.field(default_factory=dict)
+    """What the run's record says of a checkpoint it had sent (``settle_lost_checkpoint``)."""
 
 
 async def _mirror_what_pi_wrote(
@@ -320,9 +333,10 @@ async def _mirror_what_pi_wrote(
         mirror.problems.append(unheard)
     try:
         await mirror.sync(final=True)
+        checkpoint = await settle_lost_checkpoint(ledger, fence, mirror, run_dir)
     except (FencedOut, RunNotActive):
         return None
-    return _Mirrored(mirror.last_answer, mirror.problems[:10], mirror.limits_hit)
+    return _Mirrored(mirror.last_answer, mirror.problems[:10], mirror.limits_hit, checkpoint)
 
 
 def _announcements(run_dir: Path) -> tuple[Announced, str | None]:
@@ -355,6 +369,7 @@ async def _harness_lost(ledger: Ledger, run: Run, fence: Fence, run_dir: Path) -
         "stop_reason": Resolution.HARNESS_LOST.value,
         "answer": found.answer,
         "error": detail,
+        **found.checkpoint,
     }
     if found.problems:
         extra["mirror_problems"] = found.problems

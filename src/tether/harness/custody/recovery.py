@@ -111,23 +111,27 @@ async def await_lost_checkpoint(
     await mirror.sync()
     row = await in_thread(ledger.latest_compaction, fence.session)
     cont = row.body.get("continuation") if row is not None else None
-    if row is not None and row.run == fence.run and isinstance(cont, dict):
-        await in_thread(
-            ledger.update_run_extra,
-            fence,
-            {"checkpoint_seq": row.seq, "needs_recall": False, "checkpoint_by": "original"},
-        )
-        return CheckpointResult(CheckpointStatus.WRITTEN)
-    receipt = _receipt(run_dir, fence.run)
-    reason = receipt or ReceiptReason.CANCELLED
     no_fifo = (
         None
         if channel_ok
         else f"pi's command FIFO of run {fence.run} is missing: no further prompts until it is "
         "checked"
     )
+    if row is not None and row.run == fence.run and isinstance(cont, dict):
+        await in_thread(
+            ledger.update_run_extra,
+            fence,
+            {"checkpoint_seq": row.seq, "needs_recall": False, "checkpoint_by": "original"},
+        )
+        # Written, but pi cannot be ended in order without its FIFO: the session still refuses.
+        return CheckpointResult(CheckpointStatus.WRITTEN, refuse_session=no_fifo)
+    receipt = _receipt(run_dir, fence.run)
+    reason = receipt or ReceiptReason.CANCELLED
     if response is not None or abort_answered.is_set():
-        # pi answered: it is idle, and the refusal is what it reported.
+        # pi answered: it is idle, and the refusal is what it reported. Which answer came is
+        # kept: the compaction's own (an error) or, with none, the abort's.
+        answered_by = "compaction" if response is not None else "abort"
+        await in_thread(ledger.update_run_extra, fence, {"checkpoint_answered_by": answered_by})
         detail = None
         if receipt is None:
             detail = (
@@ -145,3 +149,44 @@ async def await_lost_checkpoint(
         f"run {fence.run}'s continuation checkpoint was sent by a lost harness and its "
         "outcome is unknown",
     )
+
+
+async def settle_lost_checkpoint(
+    ledger: Ledger, fence: Fence, mirror: Mirror, run_dir: Path
+) -> dict[str, Any]:
+    """What became of a checkpoint sent by a run whose harness and pi were both lost (a host
+    crash, a ledger whose disk filled while the summary was made), recorded by whoever next
+    owns the session, after ``mirror`` stored what pi wrote: ``written`` when pi's compaction
+    is among it; otherwise refused, with pi's own reason if its extension reported one
+    (``cancelled`` if not), as the straight path stores it: a receipt row, which the next
+    view's notice names, and the run's context marked as needing recall. The run record's
+    additions (none when no ``compact`` was sent, or its outcome is already recorded)."""
+    if not Markers(run_dir).sent(Marked.COMPACT):
+        return {}
+    row = await in_thread(ledger.latest_compaction, fence.session)
+    cont = row.body.get("continuation") if row is not None else None
+    if row is not None and row.run == fence.run and isinstance(cont, dict):
+        written = CheckpointResult(CheckpointStatus.WRITTEN)
+        return {
+            "checkpoint": written.label,
+            "checkpoint_decision": written.record(),
+            "checkpoint_seq": row.seq,
+            "checkpoint_by": "original",
+            "needs_recall": False,
+        }
+    recorded = await in_thread(ledger.get_run, fence.run)
+    refused = CheckpointResult.refused(_receipt(run_dir, fence.run) or ReceiptReason.CANCELLED)
+    extra: dict[str, Any] = {
+        "checkpoint": refused.label,
+        "checkpoint_decision": refused.record(),
+        "needs_recall": True,
+    }
+    if recorded.extra.get("needs_recall") is not True:
+        # Not stored before the harness was lost: the receipt and the detail now.
+        extra["checkpoint_detail"] = (
+            "the checkpoint was being made when the harness and pi were lost"
+        )
+        body = {"kind": RECEIPT_KIND, "run": fence.run, "reason": refused.why}
+        with anyio.CancelScope(shield=True):
+            await mirror.append_receipt(body)
+    return extra
