@@ -126,6 +126,13 @@ def continuation(
         Path | None,
         typer.Option("--dir", help="Workspaces, ledger and runs (default: .tether/eval)."),
     ] = None,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(
+            "--corpus",
+            help="Score real pi sessions (NAME.jsonl + NAME.facts.jsonl in DIR) with no model.",
+        ),
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Measure what the next run knows after a continuation checkpoint.
@@ -141,6 +148,18 @@ def continuation(
 
     check_id("agent", agent)
     cfg = load_config(config)
+    if corpus is not None:
+        from tether.eval.corpus import evaluate_corpus
+
+        scored = evaluate_corpus(
+            corpus,
+            (directory or Path(".tether") / "eval-corpus").resolve(),
+            agent=agent,
+            budget=budget or cfg.followup.budget_bytes,
+            anchors_max_bytes=0 if no_anchors else cfg.agent(agent).anchors_max_bytes,
+        )
+        sys.stdout.write(json.dumps(scored, ensure_ascii=False) + "\n")
+        return
     options = EvalOptions(
         agent=agent,
         seeds=seeds,

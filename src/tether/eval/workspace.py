@@ -49,6 +49,8 @@ class FactKind(enum.StrEnum):
     ERROR = "error"
     NUMBER = "number"
     DECISION = "decision"
+    QUOTE = "quote"
+    """A corpus fact (:mod:`tether.eval.corpus`): an exact quote from a real session."""
 
 
 IDENTIFIER_KINDS = frozenset({FactKind.PATH, FactKind.SHA, FactKind.COMMAND, FactKind.ERROR})
