@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request, Response
 from tether.config import Config
 from tether.ledger import Fence, Ledger
 from tether.pi.install import PiInstall
-from tether.service import api, control, errors, limits, ops, pages, stream
+from tether.service import api, control, docs, errors, limits, ops, pages, stream
 from tether.service.guard import BodyGuard
 from tether.service.state import ServiceState, service_of
 from tether.service.tracing import ServerSpans
@@ -79,6 +79,9 @@ def create_app(
         summary="Run pi coding agents on long-lived sessions (DESIGN §3.8).",
         version="1",
         lifespan=lifespan,
+        # /docs is the service's own (tether.service.docs): FastAPI's loads Swagger UI from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = st
     app.include_router(api.router)
@@ -86,6 +89,7 @@ def create_app(
     app.include_router(stream.router)
     app.include_router(ops.router)
     app.include_router(pages.router)
+    docs.install(app)
     errors.install(app)
     limits.install(app)  # after: a request over a limit is a 429, not the ledger's 503
     # Before the timing middleware below: that one wraps this, so refusals are counted too.
