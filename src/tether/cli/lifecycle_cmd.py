@@ -64,6 +64,14 @@ _COUNTED = {
 }
 
 
+def _asking() -> bool:
+    """Whether a person is at the terminal to confirm (a script's erase, without a terminal
+    on stdin, goes ahead as it always has)."""
+    import sys
+
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
 def _say(done: Erased) -> None:
     counts = ", ".join(
         counted(n, *_COUNTED.get(what, (what, what))) if what != "queued" else f"{n} queued"
@@ -147,6 +155,12 @@ def erase(
         typer.Option("--source", help="Erase every row carrying this source, and what derives."),
     ] = None,
     dry_run: DryRunOpt = False,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", "-y", help="Erase without asking (on a terminal it shows the plan and asks)."
+        ),
+    ] = False,
     stop_grace: StopGraceOpt = DEFAULT_STOP_GRACE_S,
     as_json: JsonOpt = False,
     actor: ActorOpt = None,
@@ -173,6 +187,18 @@ def erase(
     cfg, store = open_configured_ledger(config, ledger)
     with store:
         try:
+            if not (dry_run or yes) and _asking():
+                # On a terminal: the plan first, then nothing happens without a yes.
+                plan = anyio.run(
+                    lambda: erase_stopping(
+                        store, cfg, selector, actor=_actor(actor), dry_run=True, say=_progress
+                    )
+                )
+                if plan is not None:
+                    _say(plan)
+                if not typer.confirm("Erase this? It cannot be undone", default=False):
+                    err_console.print("nothing erased")
+                    raise SystemExit(Exit.OK)
             done = anyio.run(
                 lambda: erase_stopping(
                     store,
