@@ -201,3 +201,46 @@ def test_probes_write_no_checkpoint_of_their_own(tmp_path: Path) -> None:
             rows = list(ledger.iter_rows(session))
             assert [r.kind for r in rows].count(RowKind.COMPACTION) == 1, session
             assert not [r for r in rows if r.kind is RowKind.RECEIPT], session
+
+
+def _echoes(tmp_path: Path, name: str, keep: int | None) -> tuple[str, str, Any]:
+    """A run of 25 tiny tool calls at an 8,000-byte budget: its working view is far over the
+    budget in bytes of JSON, while pi's estimate of its content is a few hundred tokens."""
+    import anyio
+
+    from tether.config import load_config
+    from tether.eval.continuation import EvalOptions, _run, eval_config, nothing_to_compact
+    from tether.eval.scripted import ScriptedModel
+    from tether.eval.workspace import Step
+
+    root = tmp_path / name
+    (root / "ws").mkdir(parents=True)
+    harness = "" if keep is None else f"[harness]\nkeep_recent_tokens = {keep}\n"
+    toml = tmp_path / f"{name}.toml"
+    toml.write_text(
+        '[providers.hosted]\nbase_url = "http://127.0.0.1:9/v1"\n'
+        '[agents.auditor]\nprovider = "hosted"\nmodel = "m"\ndeadline_s = 600\n' + harness
+    )
+    plan = [Step("bash", {"command": f"echo {i}"}) for i in range(25)]
+    with ScriptedModel([plan]) as model:
+        options = EvalOptions(agent="auditor", scripted=True, budget=8000, directory=root)
+        cfg = eval_config(load_config(toml), options, root, model.url)
+        ledger = open_ledger(cfg.ledger.url)
+        with ledger:
+            out = anyio.run(_run, ledger, cfg, "auditor", "s1", "[eval run 1] echo", root / "ws")
+            run = ledger.run(out.run)
+            assert run is not None
+            detail = str(run.extra.get("checkpoint_detail"))
+            why = nothing_to_compact(ledger, cfg, "auditor", "s1", out.run)
+    return out.checkpoint.label, detail, why
+
+
+def test_pis_nothing_to_compact_is_named_precisely(tmp_path: Path) -> None:
+    label, detail, why = _echoes(tmp_path, "default", None)
+    assert label == "refused:cancelled"
+    assert detail == "pi refused the compaction: Nothing to compact (session too small)"
+    assert "under compaction.keepRecentTokens = 500" in why, why
+    # The per-run setting is what decides it: with keepRecentTokens 1 the same run's due
+    # checkpoint is written.
+    label, _, _ = _echoes(tmp_path, "keep1", 1)
+    assert label == "written"

@@ -268,6 +268,53 @@ def answered(answer: str | None, facts: list[Fact]) -> list[bool]:
     return [f.answered_by(lines.get(i, "")) for i, f in enumerate(facts, start=1)]
 
 
+NOTHING_TO_COMPACT = "Nothing to compact"
+
+
+def pi_estimate(body: dict[str, Any]) -> int:
+    """pi's token estimate of one message (``estimateTokens`` in its compaction module):
+    characters of text, thinking and tool calls (name and JSON arguments) over 4, rounded up.
+    The JSON around them (usage, model, timestamps) counts for nothing."""
+    chars = 0
+    content = body.get("content")
+    if isinstance(content, str):
+        chars += len(content)
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            chars += len(str(block.get("text", "")))
+        elif block.get("type") == "thinking":
+            chars += len(str(block.get("thinking", "")))
+        elif block.get("type") == "toolCall":
+            args = json.dumps(block.get("arguments"), separators=(",", ":"))
+            chars += len(str(block.get("name", ""))) + len(args)
+    for key in ("command", "output"):
+        if isinstance(body.get(key), str):
+            chars += len(body[key])
+    return -(-chars // 4)
+
+
+def nothing_to_compact(ledger: Any, config: Config, agent: str, session: str, run: str) -> str:
+    """Why pi answered the compact command "Nothing to compact": the content of the run's
+    working view after its first message, as pi estimates it, is under the per-run
+    ``compaction.keepRecentTokens``, whatever its bytes (tether's trigger counts the messages'
+    whole JSON, pi only their content)."""
+    from tether.pi.agentdir import pi_settings
+
+    spec = config.agent(agent)
+    keep = pi_settings(config, config.provider(spec.provider), spec)["compaction"]
+    rows = [r for r in ledger.iter_rows(session) if r.run == run and "role" in r.body]
+    tokens = sum(pi_estimate(r.body) for r in rows[1:])
+    return (
+        f"pi estimates the run's messages after its request at {tokens} tokens (content "
+        f"characters / 4), under compaction.keepRecentTokens = {keep['keepRecentTokens']}, "
+        f"so it finds nothing before the newest {keep['keepRecentTokens']} tokens to summarize "
+        f"while the working view ({sum(r.bytes for r in rows)} bytes of JSON) is over the "
+        f"budget of {config.followup.budget_bytes}"
+    )
+
+
 def _recall_calls(ledger: Any, session: str, run: str) -> int:
     count = 0
     for row in ledger.iter_rows(session):
@@ -310,6 +357,9 @@ async def evaluate_seed(
             detail = record.extra.get("checkpoint_detail") if record is not None else None
             if isinstance(detail, str):  # e.g. pi's own answer to compact
                 reason = f"{reason}; {detail}" if reason else detail
+                if NOTHING_TO_COMPACT in detail:
+                    why = nothing_to_compact(ledger, config, options.agent, session, outcome.run)
+                    reason = f"{reason}: {why}"
             result.problems.append(
                 f"run {k} wrote no checkpoint ({outcome.checkpoint.label}"
                 + (f": {reason}" if reason else "")
