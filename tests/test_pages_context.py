@@ -228,3 +228,27 @@ def test_row_content_is_escaped_and_only_images_become_data_urls(client: Any) ->
     assert "data:text/html" not in page.text
     assert "data:image/png;base64,iVBORw0KGgo=" in page.text
     assert "script-src 'self'" in page.headers["content-security-policy"]
+
+
+def test_next_without_an_agent_goes_to_the_only_one_or_offers_a_choice(
+    client: Any, tmp_path: Path
+) -> None:
+    """`/sessions/S/next` with no `?agent=`: one agent configured, its view; several, a page
+    linking each (not a framework error)."""
+    c, ledger = client
+    ana = {"Authorization": "Bearer ana-token"}
+    one = c.get("/sessions/s1/next", headers=ana, follow_redirects=False)
+    assert one.status_code == 303, one.text
+    assert one.headers["location"] == "/sessions/s1/next?agent=rev"
+    assert c.get("/sessions/nope/next", headers=ana).status_code == 404
+    config = tmp_path / "tether.toml"
+    config.write_text(
+        config.read_text().replace(
+            "[access.grants]", '[agents.writer]\nprovider = "local"\nmodel = "m"\n[access.grants]'
+        )
+    )
+    with TestClient(create_app(load_config(config), ledger)) as two:
+        page = two.get("/sessions/s1/next", headers=ana)
+    assert page.status_code == 200, page.text
+    assert 'href="/sessions/s1/next?agent=rev"' in page.text
+    assert 'href="/sessions/s1/next?agent=writer"' in page.text

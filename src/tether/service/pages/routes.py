@@ -3,12 +3,12 @@ fragments the live script fetches (rows after a seq, one run's header)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from tether.service.api import AgentName, RunId, SessionId, blocking, session_or_404
 from tether.service.page_context import RunHeader
@@ -90,10 +90,30 @@ async def next_json(
     return json_page(await blocking(next_context, st, session, agent, who))
 
 
-@router.get("/sessions/{session}/next", response_class=HTMLResponse)
+@dataclass(frozen=True)
+class AgentPick:
+    """``/next`` asked without ``?agent=``: the agents to choose from."""
+
+    session: str
+    agents: list[str]
+
+
+@router.get("/sessions/{session}/next", response_class=HTMLResponse, response_model=None)
 async def next_page(
-    session: SessionId, agent: AgentName, who: PageCaller, st: StateDep, request: Request
-) -> HTMLResponse:
+    session: SessionId,
+    who: PageCaller,
+    st: StateDep,
+    request: Request,
+    agent: AgentName | None = None,
+) -> HTMLResponse | RedirectResponse:
+    if agent is None:  # which agent's next view: one configured is the answer, else a choice
+        await blocking(session_or_404, st.ledger, session, who)
+        agents = sorted(st.config.agents)
+        here = f"/sessions/{quote(session, safe='')}/next"
+        if len(agents) == 1:
+            return RedirectResponse(f"{here}?agent={quote(agents[0], safe='')}", status_code=303)
+        pick = AgentPick(session=session, agents=agents)
+        return render("pick.html", pick, form_token=logout_token(request))
     ctx = await blocking(next_context, st, session, agent, who)
     json_url = f"/sessions/{quote(session, safe='')}/next.json?agent={quote(agent, safe='')}"
     return render("next.html", ctx, json_url=json_url, form_token=logout_token(request))
