@@ -7,6 +7,7 @@ import inspect
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import typer
 
@@ -71,3 +72,16 @@ def test_version_names_tether_and_the_pinned_pi_and_exits_0() -> None:
     manifest = Path(__file__).resolve().parent.parent / "src/tether/runtime/package.json"
     pinned = json.loads(manifest.read_text())["dependencies"]["@earendil-works/pi-coding-agent"]
     assert done.stdout == f"tether {version('tether')}, pi {pinned} (pinned)\n"
+
+
+def test_tether_demo_shows_the_example_session_in_the_current_directory(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tether", "demo", "--example"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "$ tether" in done.stdout, done.stdout
+    assert (tmp_path / ".tether" / "demo" / "example.db").exists()

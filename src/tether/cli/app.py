@@ -80,6 +80,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Install the pinned pi and its Node 22 with `npm ci` (needs npm on PATH); idempotent.",
     ),
     "eval": ("eval_cmd", "eval_app", "Measure what the next run knows."),
+    "demo": (
+        "demo_cmd",
+        "demo",
+        "Show tether's main job on the embedded local model, step by step (the local extra).",
+    ),
     "doctor": (
         "doctor_cmd",
         "doctor",
