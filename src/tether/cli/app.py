@@ -74,6 +74,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "retention_app",
         "Erase sessions idle longer than [retention] idle_days.",
     ),
+    "token": (
+        "token_cmd",
+        "token_app",
+        "The service's bearer tokens ([service.tokens]): add, list, revoke.",
+    ),
     "setup": (
         "setup_cmd",
         "setup",
