@@ -160,3 +160,25 @@ def test_config_or_ledger_before_a_command_that_takes_none_is_a_usage_error(
         assert "does not use" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_log_marks_a_copied_request_as_a_copy(tmp_path: Path) -> None:
+    """A follow-up view's copy of the previous request is a new row with ``extra.origin``:
+    `tether log` says whose copy it is, so it does not read as the user asking again."""
+    from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
+
+    url = f"sqlite://{tmp_path}/ledger.db"
+    body = {"role": "user", "content": [{"type": "text", "text": "review it"}]}
+    with open_ledger(url) as store:
+        store.ensure_session("s1")
+        for extra in ({}, {"origin": 1}):
+            fence = store.claim_run(store.create_run("s1", "rev").id)
+            row = NewRow(actor="user:ana", kind=RowKind.MESSAGE, body=body, extra=extra)
+            store.append(fence, [row], request=True)
+            store.end_run(fence, RunStatus.FINISHED)
+    shown = tether("log", "-s", "s1", "--ledger", url, env={"COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stdout.splitlines() if "review it" in line]
+    assert len(lines) == 2, shown.stdout
+    assert "copy of #1" not in lines[0]
+    assert "user (copy of #1)" in lines[1], shown.stdout

@@ -203,6 +203,9 @@ def log(
     table.add_column("content", ratio=1, overflow="ellipsis", no_wrap=True)
     for row in rows:
         kind = row.role or row.kind.value
+        if isinstance(origin := row.extra.get("origin"), int):
+            # A follow-up view's copy (of the previous request, say), not someone asking again.
+            kind += f" (copy of #{origin})"
         style = {"compaction": "bold green", "receipt": "bold yellow"}.get(row.kind.value, "")
         table.add_row(
             str(row.seq),
