@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall
+from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall, route
 from service_support import (
     auth,
     serve,
@@ -477,3 +477,48 @@ def test_a_serve_log_carries_no_deprecation_warning(tmp_path: Path) -> None:
         assert s.client.get("/healthz").status_code == 200
     log = s.output()
     assert "Warning" not in log, log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deliver", ["steer", "follow_up"])
+def test_a_follow_up_during_the_summary_is_queued_out_of_it_and_runs_next_with_the_checkpoint(
+    tmp_path: Path, scripted_provider: Provider, deliver: str
+) -> None:
+    """Once the task settled and the checkpoint's ``compact`` is on its way, the run no longer
+    takes relayed messages: one posted while pi makes the summary waits the relay's 5 s, is
+    answered ``queued`` as the next run, never reaches the summary request (nothing is drained
+    into the compaction), and runs after the checkpoint, with it in its view."""
+    mark = "SUMMARY-MARK-relay"
+    p = scripted_provider(
+        route(
+            task=[
+                Reply(tool_calls=[ToolCall("bash", {"command": "seq 1 3000"})]),
+                Reply("first answer"),
+                Reply("answer to the follow-up"),
+            ],
+            summary=[Reply(f"## Goal\n{mark}", delay_s=8), Reply("## Goal\nthe next run's")],
+        )
+    )
+    cfg = write_config(tmp_path, p.url, extra="[followup]\nbudget_bytes = 4000\n")
+    with serve(tmp_path, cfg) as s:
+        run = s.post("s1", "start the long job").json()["run"]
+        wait_until(lambda: p.summary_requests, what="the summary request", within=60)
+        posted = time.monotonic()
+        late = s.post("s1", "also check the tests", token="carl-token", deliver=deliver)
+        waited = time.monotonic() - posted
+        assert late.status_code == 202, late.text
+        assert late.json()["status"] == "queued", late.json()
+        assert late.json()["run"] != run
+        assert waited >= 4, f"answered after {waited:.1f} s: the relay was not waited for"
+        done = s.wait_run(run, timeout=60)
+        assert (done["answer"], done["checkpoint"]) == ("first answer", "written"), done
+        after = s.wait_run(late.json()["run"], timeout=60)
+        assert after["answer"] == "answer to the follow-up", after
+    # The next run makes its own checkpoint, after it answered: the first summary is the one.
+    summary, _ = p.summary_requests
+    assert not summary.contains("also check the tests")
+    first, _, nxt = p.task_requests
+    assert not first.contains("also check the tests")
+    assert summary.index < nxt.index
+    assert nxt.contains(mark)  # the checkpoint, in the next run's view
+    assert "also check the tests" in nxt.user_texts[-1]
