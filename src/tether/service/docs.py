@@ -6,6 +6,7 @@ package, which ships a current Swagger UI (5.x, for FastAPI's OpenAPI 3.1)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from importlib import resources
 
 from fastapi import FastAPI
@@ -37,7 +38,7 @@ def install(app: FastAPI) -> None:
             swagger_favicon_url=f"{root}{_PREFIX}none",
         )
 
-    def asset(name: str, media_type: str) -> object:
+    def asset(name: str, media_type: str) -> Callable[[], Awaitable[Response]]:
         async def serve() -> Response:
             headers = {"Cache-Control": "public, max-age=86400"}
             return Response((files / name).read_bytes(), media_type=media_type, headers=headers)
