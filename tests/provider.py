@@ -80,8 +80,10 @@ class Reply:
     reasoning: str = ""
     finish: str | None = None
     """Default: ``tool_calls`` when there are tool calls, else ``stop``."""
-    usage: tuple[int, int] | None = None
-    """(prompt_tokens, completion_tokens); default: estimated as bytes / 4."""
+    usage: tuple[int, int] | tuple[int, int, int, int] | None = None
+    """(prompt_tokens, completion_tokens), or with (…, cached_tokens, cache_write_tokens) of the
+    prompt (``prompt_tokens_details``: pi counts them as cache read and write, the rest of the
+    prompt as input); default: estimated as bytes / 4."""
     chunk_chars: int = 24
     delay_s: float = 0.0
     """Wait this long before sending the response headers."""
@@ -425,9 +427,20 @@ def _handler_for(provider: ScriptedProvider) -> type[BaseHTTPRequestHandler]:
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
             }
 
-        def _usage(self, req: RecordedRequest, step: Reply) -> dict[str, int]:
+        def _usage(self, req: RecordedRequest, step: Reply) -> dict[str, Any]:
             if step.usage is not None:
-                prompt, completion = step.usage
+                prompt, completion = step.usage[:2]
+                if len(step.usage) == 4:
+                    cached, written = step.usage[2:]
+                    return {
+                        "prompt_tokens": prompt,
+                        "completion_tokens": completion,
+                        "total_tokens": prompt + completion,
+                        "prompt_tokens_details": {
+                            "cached_tokens": cached,
+                            "cache_write_tokens": written,
+                        },
+                    }
             else:
                 prompt = max(1, len(req.raw) // 4)
                 out = len(step.text) + len(step.reasoning)

@@ -26,6 +26,7 @@ FLOORS: dict[str, int] = {
     "processes": 1,
     "threads": 1,
     "telemetry": 1,
+    "usage": 1,
     # 2: storage and admission
     "ledger": 2,
     "access": 2,

@@ -39,6 +39,7 @@ def test_load_dump_log_sessions_through_the_entry_point(tmp_path: Path) -> None:
     records = [json.loads(x) for x in log.stdout.split("\n") if x]
     runs = [r for r in records if r["type"] == "run"]
     assert [r["status"] for r in runs] == ["finished", "finished"]
+    assert all(r["usage"] is None for r in runs)  # loaded runs carry none
     rows = [r for r in records if r["type"] == "row"]
     assert [r["seq"] for r in rows] == list(range(1, 12))
     assert "compaction" in rows[6]

@@ -25,6 +25,7 @@ from tether.errors import BadLedgerUrl, ConfigError
 __all__ = [
     "DEFAULT_BUDGET",
     "AccessConfig",
+    "ActorBudget",
     "ActorLimits",
     "AgentConfig",
     "Config",
@@ -33,10 +34,12 @@ __all__ = [
     "HarnessConfig",
     "LedgerConfig",
     "LimitsConfig",
+    "ModelCost",
     "NetworkKind",
     "ProviderConfig",
     "RetentionConfig",
     "SandboxKind",
+    "ServiceBudgets",
     "ServiceConfig",
     "ServiceLimits",
     "TelemetryConfig",
@@ -56,6 +59,7 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
 NonNegativeSeconds = Annotated[float, msgspec.Meta(ge=0)]
 OtelName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 
 
 def _decode_extra(kind: type, value: Any) -> Any:
@@ -103,6 +107,26 @@ class FollowupConfig(_Section, frozen=True):
         return self.request_max_bytes or max(1, self.budget_bytes // 4)
 
 
+class ModelCost(_Section, frozen=True):
+    """``[providers.X.cost]``: the model's price in USD per million tokens, which pi's
+    ``models.json`` declares so that pi reports each call's cost (all 0: pi reports none)."""
+
+    input: NonNegativeFloat = 0.0
+    output: NonNegativeFloat = 0.0
+    cache_read: NonNegativeFloat = 0.0
+    cache_write: NonNegativeFloat = 0.0
+
+    def to_pi(self) -> dict[str, float] | None:
+        """pi's ``cost`` of a model (None when every price is 0: pi's own default)."""
+        prices = {
+            "input": self.input,
+            "output": self.output,
+            "cacheRead": self.cache_read,
+            "cacheWrite": self.cache_write,
+        }
+        return prices if any(prices.values()) else None
+
+
 class ProviderConfig(_Section, frozen=True):
     base_url: str
     api: str = "openai-completions"
@@ -111,6 +135,8 @@ class ProviderConfig(_Section, frozen=True):
     max_tokens: Positive = 4096
     compat: dict[str, Any] = {}
     """Passed through to pi's models.json ``compat`` for this provider's models."""
+    cost: ModelCost = ModelCost()
+    """The price pi computes each call's cost with (USD per million tokens; none by default)."""
     otel_provider_name: OtelName | None = None
     """Its ``gen_ai.provider.name`` on spans (default: the conventions' name of ``api``)."""
 
@@ -194,6 +220,15 @@ class AgentConfig(_Section, frozen=True):
     images: bool = False
     """The agent's model takes images: pi's ``models.json`` declares ``input: ["text",
     "image"]`` and ``POST …/requests`` accepts ``images`` for the agent (else 422)."""
+    max_turns: NonNegative = 200
+    """The most turns (provider calls) one run's task turn may take; the next one stops the
+    run softly (``turn_limit``). 0: no bound (tether.harness.bounds)."""
+    max_tool_calls: NonNegative = 500
+    """The most tool calls one run may make; the next one stops it softly
+    (``tool_call_limit``). 0: no bound."""
+    max_repeated_tool_calls: NonNegative = 8
+    """The most times in a row one run may call the same tool with the same arguments; the
+    next such call stops it softly (``repeated_tool_call``). 0: no bound."""
 
 
 class HarnessConfig(_Section, frozen=True):
@@ -275,6 +310,35 @@ class ServiceLimits(_Section, frozen=True):
         )
 
 
+class ActorBudget(_Section, frozen=True):
+    """``[service.budgets.actors."user:ana"]``: one actor's own budget; a key left out is the
+    default's (``[service.budgets]``)."""
+
+    tokens_per_day: NonNegative | None = None
+    cost_per_day: NonNegativeFloat | None = None
+
+
+class ServiceBudgets(_Section, frozen=True):
+    """What one actor's runs may use in a UTC day, summed in the ledger from every run's usage
+    (tether.usage): over it a request is refused (429) and a live run that crosses it is
+    stopped softly. None: no bound (the default)."""
+
+    tokens_per_day: NonNegative | None = None
+    """Tokens (pi's ``totalTokens``: input, output, cache read and write) a day."""
+    cost_per_day: NonNegativeFloat | None = None
+    """USD a day, as pi prices the calls (``[providers.X.cost]``)."""
+    actors: dict[str, ActorBudget] = {}
+    """Actor -> its own budget (``[service.budgets.actors."user:ana"] tokens_per_day = …``)."""
+
+    def of(self, actor: str) -> tuple[int | None, float | None]:
+        """The actor's (tokens_per_day, cost_per_day); None where it has no bound."""
+        own = self.actors.get(actor, ActorBudget())
+        return (
+            self.tokens_per_day if own.tokens_per_day is None else own.tokens_per_day,
+            self.cost_per_day if own.cost_per_day is None else own.cost_per_day,
+        )
+
+
 class WebhookEndpoint(_Section, frozen=True):
     """``[[service.webhooks.endpoints]]``: where run ends are POSTed (tether.service.webhooks)."""
 
@@ -339,6 +403,8 @@ class ServiceConfig(_Section, frozen=True):
     """Actors that may stop or withdraw anyone's run and clear a refusing session over the API."""
     limits: ServiceLimits = ServiceLimits()
     """What one actor may queue, run at once and ask a minute (``[service.limits]``)."""
+    budgets: ServiceBudgets = ServiceBudgets()
+    """What one actor's runs may use in a day, in tokens and cost (``[service.budgets]``)."""
     head_timeout_s: PositiveSeconds = 10.0
     """A request's head must arrive within this many seconds of its connection opening (or of
     the answer before it on the connection); a connection that has not sent one is closed."""

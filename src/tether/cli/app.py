@@ -28,6 +28,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "log": ("ledger_cmd", "log", "Show a session's timeline: runs and their rows."),
     "sessions": ("ledger_cmd", "sessions", "List the sessions in the ledger."),
+    "usage": (
+        "usage_cmd",
+        "usage",
+        "Show what the runs' provider calls used, by actor, agent and model, as pi reported it.",
+    ),
     "session": ("ledger_cmd", "session_app", "Operate on one session."),
     "ledger": ("ledger_cmd", "ledger_app", "Move sessions in and out of the ledger as JSON Lines."),
     "runs": ("runs_cmd", "runs_app", "Run directories: pi's files of each run."),

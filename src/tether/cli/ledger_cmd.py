@@ -21,6 +21,7 @@ from tether.ids import check_id
 from tether.ledger import Row, RowKind, Run, open_ledger
 from tether.ledger.copy import copy_sessions
 from tether.ledger.jsonl import dump_session, load_file, row_record, run_record
+from tether.usage import recorded_usage, usage_text
 
 ledger_app = typer.Typer(
     rich_markup_mode=None,  # help text is plain: "[followup]" is not markup
@@ -136,12 +137,15 @@ def _run_line(run: Run) -> dict[str, Any]:
     """A run of ``tether log --json``: its interchange ``run`` record (the fields ``tether
     ledger dump`` writes, the record's extras among them), led by what the human form says of
     it, each null when the run has none: how it ended (``stop_reason``, ``error``), its
-    checkpoint and the decision taken on it (``checkpoint``, ``checkpoint_decision``), and the
-    sandbox limits its tools hit (``limits_hit``)."""
+    checkpoint and the decision taken on it (``checkpoint``, ``checkpoint_decision``), the
+    sandbox limits its tools hit (``limits_hit``), and what its provider calls used
+    (``usage``, tether.usage; null before it ended)."""
     rec = run_record(run)
     head = {k: rec.pop(k, None) for k in _RUN_HEAD}
     facts = {k: rec.pop(k, None) for k in _RUN_FACTS}
-    return {**head, **facts, **rec}
+    rec.pop("usage", None)
+    found = recorded_usage(run.extra)
+    return {**head, **facts, "usage": found.to_json() if found is not None else None, **rec}
 
 
 MAX_COUNT = 2**63 - 1
@@ -185,6 +189,7 @@ def log(
     for run in runs.values():
         decided = decision_text(run.extra)
         limits = limits_text(run.extra)
+        used = usage_text(run.extra)
         console.print(
             Text(
                 f"run {run.id}: {run.agent} {run.status.value}"
@@ -193,6 +198,7 @@ def log(
                 f"{run.started or '?'} → {run.ended or '…'}"
                 + (f"; checkpoint {decided}" if decided else "")
                 + (f"; limits hit: {limits}" if limits else "")
+                + (f"; usage {used}" if used else "")
             )
         )
     table.add_column("seq", justify="right")

@@ -23,6 +23,11 @@
  * client as an `extension_ui_request`). The receipt carries the run id and a closed reason only:
  * no summary text, no exception text.
  *
+ * The summary call's usage, as pi reports it per provider call (its retries summed), reaches
+ * tether one way whatever the outcome: a written checkpoint's compaction `usage` (pi's
+ * `compaction_end` and the entry), or, for a summary refused after a call was made, the receipt's
+ * `usage` (tether.harness.usage counts both as the run's checkpoint usage).
+ *
  * The summary input cannot be closed by what it quotes. pi's prompt wraps the serialized
  * conversation in `<conversation>` (and a previous summary in `<previous-summary>`) without
  * escaping; the system-context evidence sits in `<quoted-system-context>` and `<snapshot>`. Before
@@ -376,20 +381,49 @@ void sessionManagerTakesNull;
 // The handler
 // ---------------------------------------------------------------------------------------------
 
-/** Exported for tests/test_continuation_contract.py, which reads the receipt with Python. */
-export function refuse(ctx: Pick<ExtensionContext, "ui">, run: string, reason: RefusalReason): { cancel: true } {
-	ctx.ui.notify(JSON.stringify({ kind: RECEIPT_KIND, run, reason }), "error");
+/** Exported for tests/test_continuation_contract.py, which reads the receipt with Python. `usage`:
+ * what the summary's provider calls used, when any was made (numbers only, never text). */
+export function refuse(
+	ctx: Pick<ExtensionContext, "ui">,
+	run: string,
+	reason: RefusalReason,
+	usage?: Usage,
+): { cancel: true } {
+	ctx.ui.notify(JSON.stringify({ kind: RECEIPT_KIND, run, reason, ...(usage ? { usage } : {}) }), "error");
 	return { cancel: true };
+}
+
+/** Two provider calls' usage summed, field by field (a summary retried is paid for each try). */
+export function addUsage(sum: Usage | undefined, more: Usage | undefined): Usage | undefined {
+	if (!more) return sum;
+	if (!sum) return { ...more, cost: { ...more.cost } };
+	const n = (value: number | undefined) => (typeof value === "number" && Number.isFinite(value) ? value : 0);
+	return {
+		input: n(sum.input) + n(more.input),
+		output: n(sum.output) + n(more.output),
+		cacheRead: n(sum.cacheRead) + n(more.cacheRead),
+		cacheWrite: n(sum.cacheWrite) + n(more.cacheWrite),
+		totalTokens: n(sum.totalTokens) + n(more.totalTokens),
+		cost: {
+			input: n(sum.cost?.input) + n(more.cost?.input),
+			output: n(sum.cost?.output) + n(more.cost?.output),
+			cacheRead: n(sum.cost?.cacheRead) + n(more.cost?.cacheRead),
+			cacheWrite: n(sum.cost?.cacheWrite) + n(more.cost?.cacheWrite),
+			total: n(sum.cost?.total) + n(more.cost?.total),
+		},
+	};
 }
 
 function utf8Length(text: string): number {
 	return Buffer.byteLength(text, "utf8");
 }
 
-/** What the wrapped stream saw: the final stop reason, or a prompt it would not send. */
+/** What the wrapped stream saw: the final stop reason, or a prompt it would not send, and the
+ * usage of every call it made (each retry's too). */
 interface Outcome {
 	stopReason: StopReason | undefined;
 	layout: SummaryLayoutError | undefined;
+	usage?: Usage;
 }
 
 /** The registry's provider-neutral path (request-time auth, provider registrations of
@@ -409,6 +443,7 @@ function observedStream(ctx: ExtensionContext, input: SummaryInput, evidence: st
 		stream.result = async () => {
 			const message = await result();
 			outcome.stopReason = message.stopReason;
+			outcome.usage = addUsage(outcome.usage, message.usage);
 			return message;
 		};
 		return stream;
@@ -425,6 +460,8 @@ export default function continuation(pi: ExtensionAPI): void {
 	// the abort signal once more before writing, so an abort can still cancel it after the hook
 	// returned; the refusal receipt is then sent from `session_compact_failed`.
 	let handedOver: string | undefined;
+	// The summary call's usage of that compaction, for the receipt if pi cancels it then.
+	let handedOverUsage: Usage | undefined;
 
 	pi.registerCommand(PRESENCE_COMMAND, {
 		description: `tether continuation checkpoint, marker version ${MARKER_VERSION} (used by tether's harness)`,
@@ -447,6 +484,8 @@ export default function continuation(pi: ExtensionAPI): void {
 			const view = ctx.sessionManager.buildSessionProjection().messages;
 			const { previousSummary, conversation } = splitWorkingView(view);
 			const outcome: Outcome = { stopReason: undefined, layout: undefined };
+			// A refusal after the summary's call says what the call used (the receipt's `usage`).
+			const refuseAfterCall = (reason: RefusalReason) => refuse(ctx, marker.run, reason, outcome.usage);
 
 			let summary: { text: string; usage: Usage };
 			try {
@@ -471,14 +510,14 @@ export default function continuation(pi: ExtensionAPI): void {
 				// stop reason says which. The exception text never leaves pi. A prompt that could
 				// not be quoted was never sent: tether cancelled the summary.
 				if (signal.aborted || outcome.stopReason === "aborted" || outcome.layout) {
-					return refuse(ctx, marker.run, "cancelled");
+					return refuseAfterCall("cancelled");
 				}
-				if (outcome.stopReason === "length") return refuse(ctx, marker.run, "truncated");
-				return refuse(ctx, marker.run, "provider_failure");
+				if (outcome.stopReason === "length") return refuseAfterCall("truncated");
+				return refuseAfterCall("provider_failure");
 			}
-			if (signal.aborted || outcome.stopReason === "aborted") return refuse(ctx, marker.run, "cancelled");
-			if (!summary.text.trim()) return refuse(ctx, marker.run, "empty");
-			if (utf8Length(summary.text) > marker.maxBytes) return refuse(ctx, marker.run, "over_bound");
+			if (signal.aborted || outcome.stopReason === "aborted") return refuseAfterCall("cancelled");
+			if (!summary.text.trim()) return refuseAfterCall("empty");
+			if (utf8Length(summary.text) > marker.maxBytes) return refuseAfterCall("over_bound");
 
 			// Taken from the entries themselves (rows), after the summary succeeded: never from the
 			// summary's text.
@@ -492,12 +531,14 @@ export default function continuation(pi: ExtensionAPI): void {
 				details.anchors = extractAnchors(event.branchEntries, marker.anchorsMaxBytes);
 			}
 			handedOver = marker.run;
+			// Every try of the summary call (pi's own `usage` is the last one's).
+			handedOverUsage = outcome.usage ?? summary.usage;
 			return {
 				compaction: {
 					summary: summary.text,
 					firstKeptEntryId: RETAIN_NONE,
 					tokensBefore: event.preparation.tokensBefore,
-					usage: summary.usage,
+					usage: handedOverUsage,
 					details,
 				},
 			};
@@ -509,12 +550,15 @@ export default function continuation(pi: ExtensionAPI): void {
 
 	pi.on("session_compact", async () => {
 		handedOver = undefined;
+		handedOverUsage = undefined;
 	});
 
 	pi.on("session_compact_failed", async (event, ctx) => {
 		if (handedOver === undefined || !event.fromExtension) return;
 		const run = handedOver;
+		const usage = handedOverUsage;
 		handedOver = undefined;
-		ctx.ui.notify(JSON.stringify({ kind: RECEIPT_KIND, run, reason: "cancelled" }), "error");
+		handedOverUsage = undefined;
+		refuse(ctx, run, "cancelled", usage);
 	});
 }

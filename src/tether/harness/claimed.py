@@ -30,6 +30,7 @@ from tether.harness.traces import RunTrace, run_trace
 from tether.harness.turn import CheckpointStep, RunOutcome, RunRequest
 from tether.images import IMAGES_KEY, image_parts
 from tether.ledger import Fence, Ledger, RunStatus
+from tether.ledger.usage import DayBudget
 from tether.pi.agentdir import provider_keys
 from tether.pi.install import PiInstall, find_pi
 from tether.pi.launch import PiLaunch
@@ -94,11 +95,14 @@ async def run_claimed(
     request: RunRequest | None = None,
     relay: RelayHook | None = None,
     launch: PiLaunch | None = None,
+    budgeted: bool = False,
 ) -> RunOutcome:
     """Execute one claimed run exactly as ``tether run`` does: the view, the request row, pi,
     the mirror, the checkpoint, heartbeats, and the run's end. ``request`` defaults to the
     run's queued request (``extra["request"]``), with the continuation extension when a
-    checkpoint step is given. A view refused now ends the run ``failed`` and raises."""
+    checkpoint step is given. A view refused now ends the run ``failed`` and raises.
+    ``budgeted`` (the service's runs): the requesting actor's ``[service.budgets]`` bounds the
+    run, stopped softly once the actor's usage of the day reaches it (tether.harness.usage)."""
     run = await in_thread(ledger.get_run, fence.run)
     if request is None:
         request = queued_request(
@@ -134,6 +138,7 @@ async def run_claimed(
             pi,
             relay,
             launch,
+            DayBudget.of(config.service.budgets, request.actor) if budgeted else None,
         )
     finally:
         trace.span.end()
@@ -155,6 +160,7 @@ async def _run_claimed(
     pi: PiInstall | None,
     relay: RelayHook | None,
     launch: PiLaunch | None,
+    budget: DayBudget | None = None,
 ) -> RunOutcome:
     agent = config.agent(request.agent)
     clock = clock or SystemClock()
@@ -233,6 +239,7 @@ async def _run_claimed(
             checkpoint=checkpoint,
             relay=relay,
             trace=trace,
+            budget=budget,
         ),
         PiStart(keys=keys, launch=launch, start_error=start_error),
     )

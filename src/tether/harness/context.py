@@ -18,6 +18,7 @@ from tether.harness.stops import StopControl, Stopped, StopReason
 from tether.harness.traces import RunTrace
 from tether.harness.turn import CheckpointStep, RunRequest
 from tether.ledger import Fence, Ledger
+from tether.ledger.usage import DayBudget
 from tether.mirror.entries import Actors
 from tether.pi.install import PiInstall
 from tether.pi.launch import PiLaunch
@@ -66,6 +67,10 @@ class RunControls(msgspec.Struct, frozen=True):
     relay: RelayHook | None = None
     trace: RunTrace = msgspec.field(default_factory=RunTrace)
     """The run's spans (no-ops when tracing is off)."""
+    budget: DayBudget | None = None
+    """The requesting actor's day budget (``[service.budgets]``; the service's runs): the run
+    writes its usage as it goes and is stopped softly once its actor's day reaches it
+    (tether.harness.usage)."""
 
 
 class PiStart(msgspec.Struct, frozen=True):

@@ -25,6 +25,7 @@ from tether.errors import FencedOut, LedgerError, RunNotActive, StorageError
 from tether.events import PiStarted
 from tether.followup import FollowupView
 from tether.harness import helpers
+from tether.harness.bounds import RunBounds
 from tether.harness.context import ClaimedRun, PiStart, Progress, RunControls
 from tether.harness.custody.markers import Marked, Markers
 from tether.harness.custody.owner import newer_owner
@@ -48,6 +49,7 @@ from tether.harness.turn import (
     SettledTurn,
     TaskEnd,
 )
+from tether.harness.usage import UsageTally, watch_budget
 from tether.ledger import ReceiptReason
 from tether.mirror.mirror import Mirror
 from tether.pi.client import Record, RpcClient
@@ -87,6 +89,10 @@ class Driver:
         self.storage = StorageRetry(controls.clock, run.config.harness.storage_retry_s)
         self.ender = RunEnder(run, self.storage)
         self.markers = Markers(run.run_dir)
+        self.usage = UsageTally()
+        """What pi reported the run's provider calls used (the record's ``usage``)."""
+        self.bounds = RunBounds(run.request.agent, run.agent, controls.stop)
+        """``max_turns``, ``max_tool_calls``, ``max_repeated_tool_calls`` (a soft stop)."""
 
     # -- three ways to pi ------------------------------------------------------------------------
 
@@ -248,6 +254,7 @@ class Driver:
             # pi's events stopped before it settled (its keeper died, it was killed): what it
             # authored is in its session file, mirrored just now, so that is the answer.
             self.state.answer = mirror.last_answer or self.state.answer
+        agent = self.run.agent
         return await self.ender.conclude(
             PiEnded(task, checkpoint, late, exit_status, diagnostics, lost),
             state=self.state,
@@ -255,6 +262,7 @@ class Driver:
             mirror=mirror,
             log_path=self.run.run_dir / "pi.log",
             view_record=prepared.view_record,
+            usage=self.usage.value(model=agent.model, provider=agent.provider),
         )
 
     async def _with_pi(
@@ -270,6 +278,7 @@ class Driver:
                 stop=c.stop,
                 mirror=mirror,
                 trace=c.trace.on_record if c.trace else None,
+                watch=(self.bounds.see, self.usage.see),
             )
             async with client.listening(self._guarded(see)), anyio.create_task_group() as tg:
                 tg.start_soon(self._guard, helpers.keep_mirroring(mirror, self.storage))
@@ -277,6 +286,8 @@ class Driver:
                 tg.start_soon(helpers.watch_deadline, c.clock, c.deadline, c.stop)
                 tg.start_soon(self._guard, helpers.watch_stop_requests(run, c.stop))
                 tg.start_soon(helpers.announce_stop, c.stop, c.bus)
+                if c.budget:  # the actor's day budget (the service's runs): usage as it goes
+                    tg.start_soon(self._guard, watch_budget(run, self.usage, c.budget, c.stop))
                 live = LivePi(client, run.actors, run=run.fence.run, session=run.fence.session)
                 relaying = anyio.CancelScope()
                 if c.relay is not None:

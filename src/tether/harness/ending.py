@@ -29,6 +29,7 @@ from tether.ledger.models import now_iso
 from tether.mirror.mirror import Mirror
 from tether.sandbox.limits import LimitHit
 from tether.threads import in_thread
+from tether.usage import RunUsage
 
 __all__ = ["PiEnded", "RunEnd", "RunEnder", "drive_recorded"]
 
@@ -69,6 +70,10 @@ class RunEnd(msgspec.Struct, kw_only=True, omit_defaults=True):
     limits_hit: list[LimitHit] = []
     """The sandbox limits the run's tools hit (DESIGN §3.12), each ``{"limit": processes |
     memory | file_size, "tool", "seq", "evidence"}``; absent when they hit none."""
+    usage: dict[str, Any] | None = None
+    """What pi reported the run's provider calls used, the task turn's and the checkpoint's
+    summary call apart (tether.usage: ``{"model", "provider", "task": {…}, "checkpoint":
+    {…}}``); the ledger's usage rows are written from it with the run's end."""
 
     def to_extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = msgspec.to_builtins(self)
@@ -114,6 +119,7 @@ class RunEnder:
         mirror: Mirror,
         log_path: Path,
         view_record: dict[str, Any] | None,
+        usage: RunUsage | None = None,
     ) -> RunOutcome:
         run, fence, checkpoint = self.run, self.run.fence, ended.checkpoint
         found = verdict(ended.task, late=ended.late, failure=progress.failure, grace_s=run.grace)
@@ -147,6 +153,7 @@ class RunEnder:
             storage_retries=self.storage.retries,
             checkpoint_decision=checkpoint.record(),
             limits_hit=mirror.limits_hit,
+            usage=usage.to_json() if usage is not None else None,
         )
         if found.stop_reason is not StopReason.FENCED_OUT:
             refusing = checkpoint.refuse_session

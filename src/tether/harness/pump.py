@@ -3,7 +3,7 @@ for subscribers, and pokes that tell the mirror something was appended."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -61,14 +61,18 @@ def follower(
     stop: StopControl,
     mirror: Mirror,
     trace: Callable[[Record], None] | None = None,
+    watch: Sequence[Callable[[Record], None]] = (),
 ) -> Callable[[Record], None]:
     """What follows the client's records (``RpcClient.listening``), in its reader: ``trace``
     sees each first (the run's ``chat`` and ``execute_tool`` spans, when it is traced), then
-    :func:`on_record`. The last record, ``Closed``, sets ``state.done``."""
+    each of ``watch`` (the run's bounds and its usage tally), then :func:`on_record`. The last
+    record, ``Closed``, sets ``state.done``."""
 
     def see(item: Record) -> None:
         if trace is not None:
             trace(item)
+        for watcher in watch:
+            watcher(item)
         on_record(item, state, bus=bus, stop=stop, mirror=mirror)
 
     return see

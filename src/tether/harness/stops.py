@@ -52,11 +52,29 @@ class StopReason(enum.StrEnum):
     STORAGE_ERROR = "storage_error"
     """The ledger could not be written for longer than ``harness.storage_retry_s`` (a full disk,
     a revoked permission, a server that stayed away); the answer is kept in pi's session file."""
+    TURN_LIMIT = "turn_limit"
+    """The run took more turns than ``[agents.X] max_turns`` (a soft stop,
+    :mod:`tether.harness.bounds`)."""
+    TOOL_CALL_LIMIT = "tool_call_limit"
+    """The run made more tool calls than ``[agents.X] max_tool_calls`` (a soft stop)."""
+    REPEATED_TOOL_CALL = "repeated_tool_call"
+    """The run called one tool with the same arguments more than ``[agents.X]
+    max_repeated_tool_calls`` times in a row (a soft stop)."""
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    """The actor's usage of the day crossed its ``[service.budgets]`` (a soft stop,
+    :mod:`tether.harness.usage`)."""
 
     @property
     def is_soft(self) -> bool:
         """A stop that asks pi to abort and settle (rather than killing it)."""
-        return self in (StopReason.SOFT_STOP, StopReason.DEADLINE)
+        return self in (
+            StopReason.SOFT_STOP,
+            StopReason.DEADLINE,
+            StopReason.TURN_LIMIT,
+            StopReason.TOOL_CALL_LIMIT,
+            StopReason.REPEATED_TOOL_CALL,
+            StopReason.BUDGET_EXHAUSTED,
+        )
 
 
 class Stopped(msgspec.Struct, frozen=True):

@@ -29,12 +29,14 @@ from tether.ledger.models import (
 )
 from tether.ledger.outbox import OutboxSql
 from tether.ledger.sessions import SessionsSql
+from tether.ledger.usage import DayBudget, UsageSql, check_budget
 from tether.sizes import canonical_json
+from tether.usage import USAGE_KEY
 
 __all__ = ["CustodySql"]
 
 
-class CustodySql(SessionsSql, OutboxSql):
+class CustodySql(SessionsSql, OutboxSql, UsageSql):
     """Runs, the queue and custody."""
 
     def create_run(
@@ -166,6 +168,7 @@ class CustodySql(SessionsSql, OutboxSql):
         waiter: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
         limits: RunLimits | None = None,
+        budget: DayBudget | None = None,
     ) -> tuple[Run, bool]:
         """A ``queued`` run carrying its request in ``extra["request"]`` (the request row is
         written when the run starts), the session created on first use. The same
@@ -177,11 +180,14 @@ class CustodySql(SessionsSql, OutboxSql):
         trace it continues). With ``limits`` (the service's), the actor's limits are counted
         in the transaction of the insert, under the actor's lock (:mod:`tether.ledger.limits`):
         over one, ``LimitExceeded`` and nothing is written, not even the new session; a
-        repeated ``request_id`` is answered before the limits are counted."""
+        repeated ``request_id`` is answered before the limits are counted. With ``budget``
+        (the service's ``[service.budgets]``), an actor whose day is at its budget is refused
+        the same way, before the limits (``BudgetExhausted``, :mod:`tether.ledger.usage`)."""
         check_id("agent", agent)
         check_id("actor", actor)
         rid = check_id("run", run_id) if run_id is not None else new_run_id()
-        if limits is None:
+        admitted = limits is not None or budget is not None
+        if not admitted:
             self.ensure_session(session_id)
         else:
             check_id("session", session_id)
@@ -192,11 +198,14 @@ class CustodySql(SessionsSql, OutboxSql):
         try:
             with self._tx() as c:
                 now = time.time()
-                if limits is not None:
+                if admitted:
                     self._lock_actor(c, actor)
                     if request_id is not None and (found := _by_request(c, session_id, request_id)):
                         return found, False
-                    check_limits(c, actor, limits, now)
+                    if budget is not None:
+                        check_budget(c, budget, now)
+                    if limits is not None:
+                        check_limits(c, actor, limits, now)
                     c.execute(
                         "INSERT INTO sessions (id, created) VALUES (?, ?) "
                         "ON CONFLICT (id) DO NOTHING",
@@ -488,6 +497,7 @@ class CustodySql(SessionsSql, OutboxSql):
                 (status.value, now_iso(), canonical_json(merged)),
             )
             self._record_run_end(c, fence.run)  # the webhooks' event (tether.ledger.outbox)
+            self._record_usage(c, fence.run, merged.get(USAGE_KEY))  # tether.ledger.usage
         return self.get_run(fence.run)
 
     def update_run_extra(self, fence: Fence, extra: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ from tether.ledger.models import (
     TailRead,
 )
 from tether.ledger.outbox import Outbox
+from tether.ledger.usage import DayBudget, UsageRole
 
 if TYPE_CHECKING:
     from tether.ledger.imports import CopiedSession, ForkLink, Importer, StoredNote, StoredRun
@@ -50,6 +51,7 @@ __all__ = [
     "Search",
     "SessionReads",
     "Sessions",
+    "UsageRole",
     "ViewReads",
 ]
 
@@ -114,6 +116,7 @@ class Custody(Protocol):
         waiter: dict[str, Any] | None = ...,
         extra: dict[str, Any] | None = ...,
         limits: RunLimits | None = ...,
+        budget: DayBudget | None = ...,
     ) -> tuple[Run, bool]: ...
     def actor_load(self, actor: str, *, now: float | None = ...) -> ActorLoad: ...
     def claim_next(
@@ -324,7 +327,9 @@ class ViewReads(Protocol):
         ...
 
 
-class Ledger(Sessions, Custody, Rows, Notes, Search, Interchange, Lifecycle, Outbox, Protocol):
+class Ledger(
+    Sessions, Custody, Rows, Notes, Search, Interchange, Lifecycle, Outbox, UsageRole, Protocol
+):
     """The whole ledger: every role, and the ledger's own handle (its URL, its file, closing
     it). Open one with :func:`tether.ledger.open_ledger`."""
 

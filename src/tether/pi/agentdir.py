@@ -66,6 +66,8 @@ def pi_models(
                 "maxTokens": provider.max_tokens,
                 "reasoning": agent.effort != "off",
                 "input": ["text", "image"] if agent.images else ["text"],
+                # pi prices each call with it (tether.usage): without one, every cost is 0
+                **({"cost": cost} if (cost := provider.cost.to_pi()) else {}),
             }
         ],
     }

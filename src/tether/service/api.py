@@ -41,10 +41,12 @@ from tether.sandbox.limits import recorded_limits
 from tether.service.answers import answer_row
 from tether.service.attachments import ImageIn, digests, request_images
 from tether.service.auth import Caller, caller
+from tether.service.budgets import request_budget
 from tether.service.limits import request_limits
 from tether.service.state import ServiceState, service_of
 from tether.service.tracing import server_span
 from tether.threads import in_thread
+from tether.usage import recorded_usage
 
 __all__ = [
     "RequestIn",
@@ -134,6 +136,11 @@ class RunOut(BaseModel):
     limits_hit: list[dict[str, Any]] | None = None
     """The sandbox limits the run's tools hit (``extra.limits_hit``: limit, tool, seq,
     evidence); None when it hit none."""
+    usage: dict[str, Any] | None = None
+    """What its provider calls used, as pi reported them (``extra.usage``, tether.usage):
+    ``{"model", "provider", "task": {calls, input, output, cache_read, cache_write,
+    total_tokens, cost}, "checkpoint": {…}}``, the checkpoint's summary call apart; None
+    before the run ended (or for a run ended before it was recorded)."""
 
 
 class NoteIn(BaseModel):
@@ -189,6 +196,7 @@ def run_json(ledger: Ledger, run: Run, caller: Caller) -> dict[str, Any]:
         error=run.extra.get("error"),
         delivered_into=run.extra.get("delivered_into"),
         limits_hit=[msgspec.to_builtins(hit) for hit in recorded_limits(run.extra)] or None,
+        usage=found.to_json() if (found := recorded_usage(run.extra)) is not None else None,
     ).model_dump(mode="json")
 
 
@@ -335,6 +343,7 @@ def _admit_and_enqueue(
         request_id=scoped_request_id(who.actor, body.request_id),
         extra={**traced, **images},
         limits=request_limits(st.config, who.actor, body.deliver),  # over one: 429 (limits.py)
+        budget=request_budget(st.config, who.actor),  # over it: 429 (budgets.py)
     )
 
 

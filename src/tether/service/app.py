@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request, Response
 from tether.config import Config
 from tether.ledger import Fence, Ledger
 from tether.pi.install import PiInstall
-from tether.service import api, control, docs, errors, limits, ops, pages, stream
+from tether.service import api, budgets, control, docs, errors, limits, ops, pages, stream
 from tether.service.guard import BodyGuard
 from tether.service.state import ServiceState, service_of
 from tether.service.tracing import ServerSpans
@@ -92,6 +92,7 @@ def create_app(
     docs.install(app)
     errors.install(app)
     limits.install(app)  # after: a request over a limit is a 429, not the ledger's 503
+    budgets.install(app)  # and one over its actor's budget (tether.service.budgets)
     # Before the timing middleware below: that one wraps this, so refusals are counted too.
     app.add_middleware(BodyGuard, state=st)
     # Outside the exception handlers: a route's server span ends with the status answered.

@@ -1,12 +1,16 @@
-"""``/metrics`` in Prometheus' text format: runs by status (from the ledger, so every process
-reports the whole platform), and this process's checkpoint outcomes and request latency."""
+"""``/metrics`` in Prometheus' text format: runs by status and token usage and cost by agent and
+model (from the ledger, so every process reports the whole platform), and this process's
+checkpoint outcomes and request latency."""
 
 from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 
 from tether.ledger import RunStatus
+from tether.ledger.usage import UsageLine
+from tether.usage import Part
 
 __all__ = ["BUCKETS", "Metrics"]
 
@@ -39,7 +43,7 @@ class Metrics:
         self._latency_count[key] += 1
         self.responses[(method, route, status)] += 1
 
-    def render(self, runs: dict[RunStatus, int]) -> str:
+    def render(self, runs: dict[RunStatus, int], usage: Sequence[UsageLine] = ()) -> str:
         out: list[str] = []
         out += [
             "# HELP tether_runs Runs in the ledger by status.",
@@ -93,4 +97,42 @@ class Metrics:
                 f"{self._latency_sum[(method, route)]:.6f}"
             )
             out.append(f"tether_http_request_seconds_count{{{labels}}} {count}")
+        out += _usage(usage)
         return "\n".join(out) + "\n"
+
+
+TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
+
+
+def _usage(lines: Sequence[UsageLine]) -> list[str]:
+    """Tokens (by kind), cost and calls of every run in the ledger, by agent, model and part
+    (task: the task turns' calls; checkpoint: the continuation checkpoints' summary calls), as
+    pi reported them (tether.usage): the rows ``tether usage`` sums by actor."""
+    tokens = [
+        "# HELP tether_usage_tokens_total Tokens of the runs' provider calls, as pi reported "
+        "them, by agent, model, part (task or checkpoint) and kind.",
+        "# TYPE tether_usage_tokens_total counter",
+    ]
+    costs = [
+        "# HELP tether_usage_cost_usd_total Cost in USD of the runs' provider calls, as pi "
+        "priced them, by agent, model and part.",
+        "# TYPE tether_usage_cost_usd_total counter",
+    ]
+    calls = [
+        "# HELP tether_usage_calls_total Provider calls of the runs, by agent, model and part.",
+        "# TYPE tether_usage_calls_total counter",
+    ]
+    for line in lines:
+        for part in Part:
+            used = line.task if part is Part.TASK else line.checkpoint
+            labels = (
+                f'agent="{_label(line.agent or "")}",model="{_label(line.model or "")}",'
+                f'part="{part.value}"'
+            )
+            tokens += [
+                f'tether_usage_tokens_total{{{labels},kind="{kind}"}} {getattr(used, kind)}'
+                for kind in TOKEN_KINDS
+            ]
+            costs.append(f"tether_usage_cost_usd_total{{{labels}}} {used.cost!r}")
+            calls.append(f"tether_usage_calls_total{{{labels}}} {used.calls}")
+    return tokens + costs + calls

@@ -38,6 +38,9 @@ async def healthz(st: StateDep) -> JSONResponse:
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus text")
 async def metrics(st: StateDep) -> PlainTextResponse:
     counts = await blocking(st.ledger.run_counts)
+    # Usage by agent and model, never by actor (a label per actor would grow without bound):
+    # `tether usage` sums the same rows by actor.
+    usage = await blocking(st.ledger.usage_totals, by=("agent", "model"))
     return PlainTextResponse(
-        st.metrics.render(counts), media_type="text/plain; version=0.0.4; charset=utf-8"
+        st.metrics.render(counts, usage), media_type="text/plain; version=0.0.4; charset=utf-8"
     )

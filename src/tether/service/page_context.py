@@ -77,6 +77,11 @@ class RunHeader:
         "The sandbox limits its tools hit, by limit, with each tool result's seq (e.g. "
         "`file_size (bash at seq 4)`, from the record's `extra.limits_hit`); null when none."
     )
+    usage: str | None = doc(
+        "What its provider calls used, as pi reported them: tokens and cost, the checkpoint's "
+        "summary call apart (e.g. `1,752 tokens ($0.0067), checkpoint 412 tokens`, from the "
+        "record's `extra.usage`); null before it ended."
+    )
     details_withheld: bool = doc(
         "The caller is not admitted to the run's answer: only status and times are shown (as the "
         "API's GET /v1/runs/{run} refuses it)."

@@ -223,6 +223,7 @@ class Worker:
                 checkpoint=continuation_checkpoint,
                 pi=self.pi,
                 relay=self._relay,
+                budgeted=True,  # [service.budgets] (tether.service.budgets)
             )
             if self.metrics is not None:
                 self.metrics.worker_runs[outcome.status.value] += 1

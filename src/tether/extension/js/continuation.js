@@ -23,6 +23,11 @@
  * client as an `extension_ui_request`). The receipt carries the run id and a closed reason only:
  * no summary text, no exception text.
  *
+ * The summary call's usage, as pi reports it per provider call (its retries summed), reaches
+ * tether one way whatever the outcome: a written checkpoint's compaction `usage` (pi's
+ * `compaction_end` and the entry), or, for a summary refused after a call was made, the receipt's
+ * `usage` (tether.harness.usage counts both as the run's checkpoint usage).
+ *
  * The summary input cannot be closed by what it quotes. pi's prompt wraps the serialized
  * conversation in `<conversation>` (and a previous summary in `<previous-summary>`) without
  * escaping; the system-context evidence sits in `<quoted-system-context>` and `<snapshot>`. Before
@@ -275,10 +280,33 @@ void sessionManagerTakesNull;
 // ---------------------------------------------------------------------------------------------
 // The handler
 // ---------------------------------------------------------------------------------------------
-/** Exported for tests/test_continuation_contract.py, which reads the receipt with Python. */
-export function refuse(ctx, run, reason) {
-    ctx.ui.notify(JSON.stringify({ kind: RECEIPT_KIND, run, reason }), "error");
+/** Exported for tests/test_continuation_contract.py, which reads the receipt with Python. `usage`:
+ * what the summary's provider calls used, when any was made (numbers only, never text). */
+export function refuse(ctx, run, reason, usage) {
+    ctx.ui.notify(JSON.stringify({ kind: RECEIPT_KIND, run, reason, ...(usage ? { usage } : {}) }), "error");
     return { cancel: true };
+}
+/** Two provider calls' usage summed, field by field (a summary retried is paid for each try). */
+export function addUsage(sum, more) {
+    if (!more)
+        return sum;
+    if (!sum)
+        return { ...more, cost: { ...more.cost } };
+    const n = (value) => (typeof value === "number" && Number.isFinite(value) ? value : 0);
+    return {
+        input: n(sum.input) + n(more.input),
+        output: n(sum.output) + n(more.output),
+        cacheRead: n(sum.cacheRead) + n(more.cacheRead),
+        cacheWrite: n(sum.cacheWrite) + n(more.cacheWrite),
+        totalTokens: n(sum.totalTokens) + n(more.totalTokens),
+        cost: {
+            input: n(sum.cost?.input) + n(more.cost?.input),
+            output: n(sum.cost?.output) + n(more.cost?.output),
+            cacheRead: n(sum.cost?.cacheRead) + n(more.cost?.cacheRead),
+            cacheWrite: n(sum.cost?.cacheWrite) + n(more.cost?.cacheWrite),
+            total: n(sum.cost?.total) + n(more.cost?.total),
+        },
+    };
 }
 function utf8Length(text) {
     return Buffer.byteLength(text, "utf8");
@@ -302,6 +330,7 @@ function observedStream(ctx, input, evidence, outcome) {
         stream.result = async () => {
             const message = await result();
             outcome.stopReason = message.stopReason;
+            outcome.usage = addUsage(outcome.usage, message.usage);
             return message;
         };
         return stream;
@@ -317,6 +346,8 @@ export default function continuation(pi) {
     // the abort signal once more before writing, so an abort can still cancel it after the hook
     // returned; the refusal receipt is then sent from `session_compact_failed`.
     let handedOver;
+    // The summary call's usage of that compaction, for the receipt if pi cancels it then.
+    let handedOverUsage;
     pi.registerCommand(PRESENCE_COMMAND, {
         description: `tether continuation checkpoint, marker version ${MARKER_VERSION} (used by tether's harness)`,
         handler: async (_args, ctx) => {
@@ -340,6 +371,8 @@ export default function continuation(pi) {
             const view = ctx.sessionManager.buildSessionProjection().messages;
             const { previousSummary, conversation } = splitWorkingView(view);
             const outcome = { stopReason: undefined, layout: undefined };
+            // A refusal after the summary's call says what the call used (the receipt's `usage`).
+            const refuseAfterCall = (reason) => refuse(ctx, marker.run, reason, outcome.usage);
             let summary;
             try {
                 piIndex ??= await piCodingAgent();
@@ -364,18 +397,18 @@ export default function continuation(pi) {
                 // stop reason says which. The exception text never leaves pi. A prompt that could
                 // not be quoted was never sent: tether cancelled the summary.
                 if (signal.aborted || outcome.stopReason === "aborted" || outcome.layout) {
-                    return refuse(ctx, marker.run, "cancelled");
+                    return refuseAfterCall("cancelled");
                 }
                 if (outcome.stopReason === "length")
-                    return refuse(ctx, marker.run, "truncated");
-                return refuse(ctx, marker.run, "provider_failure");
+                    return refuseAfterCall("truncated");
+                return refuseAfterCall("provider_failure");
             }
             if (signal.aborted || outcome.stopReason === "aborted")
-                return refuse(ctx, marker.run, "cancelled");
+                return refuseAfterCall("cancelled");
             if (!summary.text.trim())
-                return refuse(ctx, marker.run, "empty");
+                return refuseAfterCall("empty");
             if (utf8Length(summary.text) > marker.maxBytes)
-                return refuse(ctx, marker.run, "over_bound");
+                return refuseAfterCall("over_bound");
             // Taken from the entries themselves (rows), after the summary succeeded: never from the
             // summary's text.
             // The proof that this extension wrote it for this run: without the nonce (a pi started
@@ -388,12 +421,14 @@ export default function continuation(pi) {
                 details.anchors = extractAnchors(event.branchEntries, marker.anchorsMaxBytes);
             }
             handedOver = marker.run;
+            // Every try of the summary call (pi's own `usage` is the last one's).
+            handedOverUsage = outcome.usage ?? summary.usage;
             return {
                 compaction: {
                     summary: summary.text,
                     firstKeptEntryId: RETAIN_NONE,
                     tokensBefore: event.preparation.tokensBefore,
-                    usage: summary.usage,
+                    usage: handedOverUsage,
                     details,
                 },
             };
@@ -405,12 +440,15 @@ export default function continuation(pi) {
     });
     pi.on("session_compact", async () => {
         handedOver = undefined;
+        handedOverUsage = undefined;
     });
     pi.on("session_compact_failed", async (event, ctx) => {
         if (handedOver === undefined || !event.fromExtension)
             return;
         const run = handedOver;
+        const usage = handedOverUsage;
         handedOver = undefined;
-        ctx.ui.notify(JSON.stringify({ kind: RECEIPT_KIND, run, reason: "cancelled" }), "error");
+        handedOverUsage = undefined;
+        refuse(ctx, run, "cancelled", usage);
     });
 }

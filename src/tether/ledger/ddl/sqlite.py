@@ -248,6 +248,30 @@ MIGRATIONS: list[str] = [
     CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
         WHERE state = 'pending';
     """,
+    # 14: usage (tether.ledger.usage): one row per run and part (task, checkpoint), written
+    # with the run's end (and as it goes when its actor has a budget), summed by actor, agent
+    # and model; ``at`` is when the run was requested (its budget's day).
+    """
+    CREATE TABLE run_usage (
+        run           TEXT NOT NULL,
+        part          TEXT NOT NULL CHECK (part IN ('task', 'checkpoint')),
+        session       TEXT NOT NULL,
+        actor         TEXT,
+        agent         TEXT NOT NULL,
+        model         TEXT,
+        at            REAL NOT NULL,
+        calls         INTEGER NOT NULL DEFAULT 0,
+        input         INTEGER NOT NULL DEFAULT 0,
+        output        INTEGER NOT NULL DEFAULT 0,
+        cache_read    INTEGER NOT NULL DEFAULT 0,
+        cache_write   INTEGER NOT NULL DEFAULT 0,
+        total_tokens  INTEGER NOT NULL DEFAULT 0,
+        cost          REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (run, part)
+    );
+    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
+    CREATE INDEX run_usage_by_time ON run_usage (at);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -375,4 +399,23 @@ SCHEMA = """
     );
     CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
         WHERE state = 'pending';
+    CREATE TABLE run_usage (
+        run           TEXT NOT NULL,
+        part          TEXT NOT NULL CHECK (part IN ('task', 'checkpoint')),
+        session       TEXT NOT NULL,
+        actor         TEXT,
+        agent         TEXT NOT NULL,
+        model         TEXT,
+        at            REAL NOT NULL,
+        calls         INTEGER NOT NULL DEFAULT 0,
+        input         INTEGER NOT NULL DEFAULT 0,
+        output        INTEGER NOT NULL DEFAULT 0,
+        cache_read    INTEGER NOT NULL DEFAULT 0,
+        cache_write   INTEGER NOT NULL DEFAULT 0,
+        total_tokens  INTEGER NOT NULL DEFAULT 0,
+        cost          REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (run, part)
+    );
+    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
+    CREATE INDEX run_usage_by_time ON run_usage (at);
 """

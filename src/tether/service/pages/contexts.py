@@ -24,6 +24,7 @@ from tether.service.page_context import (
 )
 from tether.service.pages.display import message_display, row_display
 from tether.service.state import ServiceState
+from tether.usage import usage_text
 
 __all__ = [
     "PAGE_ROWS",
@@ -91,6 +92,7 @@ def run_header(ledger: Ledger, run: Run, who: Caller) -> RunHeader:
         checkpoint_reason=None if withheld or decided is None else decided[1],
         error=None if withheld else run.extra.get("error"),
         limits_hit=None if withheld else limits_text(run.extra),
+        usage=None if withheld else usage_text(run.extra),
         details_withheld=withheld,
     )
 
