@@ -24,6 +24,10 @@ checkout runs this checkout's pi (``TETHER_PI``, ``TETHER_NODE``): it needs no n
 Each service (and ``--cli``) keeps Node's compile cache apart (``XDG_CACHE_HOME`` in its work
 directory), as on a host whose runs are all sandboxed: only its own warm-up fills it, not the
 baseline's pi, which writes the user's.
+The bench's one actor gets ``[service.limits]`` it never reaches (a checkout that has them: so
+they are counted with every request, as always, but refuse none); ``--budgets`` gives it a
+``[service.budgets]`` it never reaches too, so that every run writes its usage after each
+provider call and reads its actor's day (the most usage accounting costs a run).
 ``--cli`` times ``tether run`` in the same rounds too (its ledger's ``started`` comes after pi
 was started, so its per-run figure is not the service's). ``--unconfined`` runs the agent with
 ``sandbox = "none"``, to see what confinement costs a run. The service's own timing of
@@ -163,9 +167,35 @@ workdir = "{tree}"
 runs_dir = "runs"
 [service]
 poll_s = 0.05
+{limits}
 [service.tokens]
 "{digest}" = "user:bench"
 """
+
+LIMITS = """
+[service.limits]
+queued = 1000000
+live = 1000000
+per_minute = 1000000
+"""
+"""The bench's one actor's limits, for a checkout that has them: counted with every request, as
+they always are, and never reached (the defaults, 20 queued and 60 a minute, would be)."""
+BUDGETS = """
+[service.budgets]
+tokens_per_day = 1000000000000
+"""
+"""``--budgets``: a budget (for a checkout that has them) never reached, so that every run also
+writes its usage after each provider call and reads its actor's day (tether.harness.usage)."""
+
+
+def limits_for(src: Path, budgets: bool) -> str:
+    """What a checkout's configuration can say of limits and budgets (an older one has neither:
+    an unknown key is an error)."""
+    config = (src / "tether" / "config.py").read_text()
+    found = LIMITS if "class ServiceLimits" in config else ""
+    if budgets and "class ServiceBudgets" in config:
+        found += BUDGETS
+    return found
 
 
 def source_dir(path: str) -> Path:
@@ -415,6 +445,12 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--ledger", default=None, help="ledger URL (default: SQLite in a tmp dir)")
     parser.add_argument(
+        "--budgets",
+        action="store_true",
+        help="give the bench's actor a [service.budgets] it never reaches (a checkout that has "
+        "them): each run then writes its usage as it goes",
+    )
+    parser.add_argument(
         "--baseline-extension",
         action="store_true",
         help="load tether's continuation extension in the baseline's pi too (as the service's)",
@@ -481,6 +517,7 @@ def main() -> None:
                     tree=work / "tree",
                     digest=digest,
                     sandbox=sandbox,
+                    limits=limits_for(src, args.budgets),
                 )
             )
             services.append(Service(name, src, home, url, loop_stalls_ms=args.loop_stalls))
@@ -559,6 +596,7 @@ def main() -> None:
                     tree=work / "tree",
                     digest=digest,
                     sandbox=sandbox,
+                    limits="",  # tether run is not limited
                 )
             )
 
