@@ -1,4 +1,5 @@
-"""The JSON API of DESIGN §3.8 (``/v1/…``). Every endpoint acts as the bearer token's actor and
+"""The JSON API of docs/contracts.md#the-http-api (``/v1/…``). Every endpoint acts as the bearer
+token's actor and
 applies admission to what it reads: a row the caller is not admitted to is named (its seq), never
 shown."""
 
@@ -118,7 +119,8 @@ class RequestOut(BaseModel):
     status: Literal["queued", "delivered"]
     request_id: str | None
     trace_id: str | None = None
-    """The trace the run's spans join (DESIGN §3.14): the request's ``traceparent`` continued,
+    """The trace the run's spans join (docs/operations.md#traces): the request's ``traceparent``
+    continued,
     or a new trace; None when the service does not trace and no ``traceparent`` came."""
 
 
@@ -424,7 +426,7 @@ async def list_sessions(
     return {"sessions": await blocking(visible)}
 
 
-@router.get("/sessions/{session}/context", summary="The follow-up view for the caller (§3.2)")
+@router.get("/sessions/{session}/context", summary="The follow-up view for the caller")
 async def get_context(
     session: SessionId,
     agent: AgentName,
@@ -492,7 +494,8 @@ async def post_note(
     }
 
 
-# -- lifecycle (DESIGN §3.15) ------------------------------------------------------------------
+# -- lifecycle (docs/operations.md#erasure-and-retention)
+# ------------------------------------------------------------------
 
 
 class ForkIn(BaseModel):

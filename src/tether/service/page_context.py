@@ -66,7 +66,7 @@ class RunHeader:
     stop_reason: str | None = doc("Why it stopped, when it did not end on its own; or null.")
     checkpoint: str | None = doc("written, refused:<reason> or not_needed; or null.")
     checkpoint_decision: str | None = doc(
-        "written, refused or not_tried (DESIGN §3.14); null before the run ended."
+        "written, refused or not_tried (docs/operations.md#traces); null before the run ended."
     )
     checkpoint_reason: str | None = doc(
         "Why it was refused (the receipt's reason) or not tried (under_budget, "
@@ -120,7 +120,7 @@ class BudgetPart:
     part: str = doc(
         "checkpoint (its summary and anchors), previous_request, notes, suffix or free."
     )
-    bytes: int = doc("Bytes of the budget this part takes (DESIGN §3.3).")
+    bytes: int = doc("Bytes of the budget this part takes (docs/contracts.md#byte-accounting).")
     percent: float = doc("Its share of the budget, in percent.")
 
 
@@ -131,7 +131,7 @@ class NextPage:
     actor: str = doc("The caller's actor: the view is built with its admission.")
     agents: list[str] = doc("The configured agents.")
     status: str = doc("ok, or refused (then `refusal` says why).")
-    refusal: dict[str, Any] | None = doc("The §3.2 refusal {status, reason, detail}, or null.")
+    refusal: dict[str, Any] | None = doc("The view's refusal {status, reason, detail}, or null.")
     budget: int = doc("The follow-up budget in bytes.")
     bytes: int = doc("The bytes the view takes (never above the budget).")
     parts: list[BudgetPart] = doc("The budget split by part, free space last.")

@@ -109,7 +109,8 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX rows_by_run ON rows (run, seq);",
     # 3: the tail reads row sizes before bodies (SqlLedger.tail); this index covers that scan.
     "CREATE INDEX rows_sizes ON rows (session, seq, bytes);",
-    # 4: session custody (DESIGN §3.7): leases, placements, idempotent requests, the queue.
+    # 4: session custody (docs/architecture.md#custody): leases, placements, idempotent requests,
+    # the queue.
     """
     ALTER TABLE runs ADD COLUMN lease_expires DOUBLE PRECISION;
     ALTER TABLE runs ADD COLUMN owner TEXT COLLATE "C";
@@ -137,7 +138,8 @@ MIGRATIONS: list[str] = [
     DROP INDEX rows_fts;
     CREATE INDEX rows_fts ON rows USING gin ({FTS_SESSION_DOCUMENT});
     """,
-    # 8: session lifecycle (DESIGN §3.15): a fork names its parent and the last seq, run (ord)
+    # 8: session lifecycle (docs/operations.md#erasure-and-retention): a fork names its parent and
+    # the last seq, run (ord)
     # and note (id) it inherits; erasure receipts (when, by whom, the selector, the counts).
     """
     ALTER TABLE sessions ADD COLUMN parent TEXT COLLATE "C";
