@@ -44,6 +44,7 @@ from tether.service.attachments import ImageIn, digests, request_images
 from tether.service.auth import Caller, caller
 from tether.service.budgets import request_budget
 from tether.service.limits import request_limits
+from tether.service.paths import ServerPaths
 from tether.service.state import ServiceState, service_of
 from tether.service.tracing import server_span
 from tether.threads import in_thread
@@ -166,11 +167,13 @@ def refused(code: int, reason: str, detail: str) -> HTTPException:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def row_json(row: Row, caller: Caller) -> dict[str, Any]:
-    """A row as the interchange format writes it, or only its seq when the caller is not
-    admitted to every source it carries."""
+def row_json(row: Row, caller: Caller, paths: ServerPaths | None = None) -> dict[str, Any]:
+    """A row as the interchange format writes it (with ``paths``, the server's directories
+    rewritten: tether.service.paths), or only its seq when the caller is not admitted to every
+    source it carries."""
     if caller.admission.admits(row.sources):
-        return row_record(row)
+        found = row_record(row)
+        return paths.scrub(found) if paths is not None else found
     return {"type": "row", "session": row.session, "seq": row.seq, "withheld": True}
 
 
@@ -463,7 +466,7 @@ async def get_rows(
     await blocking(session_or_404, st.ledger, session, who)
     rows = await blocking(st.ledger.rows_range, session, after + 1, after + limit, limit=limit)
     last = await blocking(st.ledger.last_seq, session)
-    shown = [row_json(r, who) for r in rows]
+    shown = [row_json(r, who, st.paths) for r in rows]
     return {
         "session": session,
         "rows": shown,
