@@ -50,6 +50,29 @@ _FTS_DOCUMENT_V1 = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
 # interchange timestamps), so both backends return byte-identical records; every TEXT column
 # collates as "C" (code point order, like SQLite's BINARY), so listings sort the same on both
 # whatever the database's locale.
+# usage (tether.ledger.usage), in the migrations and the schema alike.
+RUN_USAGE = """
+    CREATE TABLE run_usage (
+        run           TEXT COLLATE "C" NOT NULL,
+        part          TEXT COLLATE "C" NOT NULL CHECK (part IN ('task', 'checkpoint')),
+        session       TEXT COLLATE "C" NOT NULL,
+        actor         TEXT COLLATE "C",
+        agent         TEXT COLLATE "C" NOT NULL,
+        model         TEXT COLLATE "C",
+        at            DOUBLE PRECISION NOT NULL,
+        calls         BIGINT NOT NULL DEFAULT 0,
+        input         BIGINT NOT NULL DEFAULT 0,
+        output        BIGINT NOT NULL DEFAULT 0,
+        cache_read    BIGINT NOT NULL DEFAULT 0,
+        cache_write   BIGINT NOT NULL DEFAULT 0,
+        total_tokens  BIGINT NOT NULL DEFAULT 0,
+        cost          DOUBLE PRECISION NOT NULL DEFAULT 0,
+        PRIMARY KEY (run, part)
+    );
+    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
+    CREATE INDEX run_usage_by_time ON run_usage (at);
+"""
+
 MIGRATIONS: list[str] = [
     f"""
     CREATE TABLE sessions (
@@ -205,27 +228,7 @@ MIGRATIONS: list[str] = [
     # 11: usage (tether.ledger.usage): one row per run and part (task, checkpoint), written
     # with the run's end (and as it goes when its actor has a budget), summed by actor, agent
     # and model; ``at`` is when the run was requested (its budget's day).
-    """
-    CREATE TABLE run_usage (
-        run           TEXT COLLATE "C" NOT NULL,
-        part          TEXT COLLATE "C" NOT NULL CHECK (part IN ('task', 'checkpoint')),
-        session       TEXT COLLATE "C" NOT NULL,
-        actor         TEXT COLLATE "C",
-        agent         TEXT COLLATE "C" NOT NULL,
-        model         TEXT COLLATE "C",
-        at            DOUBLE PRECISION NOT NULL,
-        calls         BIGINT NOT NULL DEFAULT 0,
-        input         BIGINT NOT NULL DEFAULT 0,
-        output        BIGINT NOT NULL DEFAULT 0,
-        cache_read    BIGINT NOT NULL DEFAULT 0,
-        cache_write   BIGINT NOT NULL DEFAULT 0,
-        total_tokens  BIGINT NOT NULL DEFAULT 0,
-        cost          DOUBLE PRECISION NOT NULL DEFAULT 0,
-        PRIMARY KEY (run, part)
-    );
-    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
-    CREATE INDEX run_usage_by_time ON run_usage (at);
-    """,
+    RUN_USAGE,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -342,23 +345,4 @@ SCHEMA = f"""
     );
     CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
         WHERE state = 'pending';
-    CREATE TABLE run_usage (
-        run           TEXT COLLATE "C" NOT NULL,
-        part          TEXT COLLATE "C" NOT NULL CHECK (part IN ('task', 'checkpoint')),
-        session       TEXT COLLATE "C" NOT NULL,
-        actor         TEXT COLLATE "C",
-        agent         TEXT COLLATE "C" NOT NULL,
-        model         TEXT COLLATE "C",
-        at            DOUBLE PRECISION NOT NULL,
-        calls         BIGINT NOT NULL DEFAULT 0,
-        input         BIGINT NOT NULL DEFAULT 0,
-        output        BIGINT NOT NULL DEFAULT 0,
-        cache_read    BIGINT NOT NULL DEFAULT 0,
-        cache_write   BIGINT NOT NULL DEFAULT 0,
-        total_tokens  BIGINT NOT NULL DEFAULT 0,
-        cost          DOUBLE PRECISION NOT NULL DEFAULT 0,
-        PRIMARY KEY (run, part)
-    );
-    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
-    CREATE INDEX run_usage_by_time ON run_usage (at);
-"""
+{RUN_USAGE}"""

@@ -12,6 +12,29 @@ __all__ = ["FTS_KEY_SPAN", "MIGRATIONS", "SCHEMA", "SCHEMA_VERSION"]
 FTS_KEY_SPAN = 2**32
 
 # Each entry migrates from version i to i + 1. Append, never edit: a ledger on disk replays them.
+# usage (tether.ledger.usage), in the migrations and the schema alike.
+RUN_USAGE = """
+    CREATE TABLE run_usage (
+        run           TEXT NOT NULL,
+        part          TEXT NOT NULL CHECK (part IN ('task', 'checkpoint')),
+        session       TEXT NOT NULL,
+        actor         TEXT,
+        agent         TEXT NOT NULL,
+        model         TEXT,
+        at            REAL NOT NULL,
+        calls         INTEGER NOT NULL DEFAULT 0,
+        input         INTEGER NOT NULL DEFAULT 0,
+        output        INTEGER NOT NULL DEFAULT 0,
+        cache_read    INTEGER NOT NULL DEFAULT 0,
+        cache_write   INTEGER NOT NULL DEFAULT 0,
+        total_tokens  INTEGER NOT NULL DEFAULT 0,
+        cost          REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (run, part)
+    );
+    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
+    CREATE INDEX run_usage_by_time ON run_usage (at);
+"""
+
 MIGRATIONS: list[str] = [
     """
     CREATE TABLE sessions (
@@ -253,33 +276,14 @@ MIGRATIONS: list[str] = [
     # 14: usage (tether.ledger.usage): one row per run and part (task, checkpoint), written
     # with the run's end (and as it goes when its actor has a budget), summed by actor, agent
     # and model; ``at`` is when the run was requested (its budget's day).
-    """
-    CREATE TABLE run_usage (
-        run           TEXT NOT NULL,
-        part          TEXT NOT NULL CHECK (part IN ('task', 'checkpoint')),
-        session       TEXT NOT NULL,
-        actor         TEXT,
-        agent         TEXT NOT NULL,
-        model         TEXT,
-        at            REAL NOT NULL,
-        calls         INTEGER NOT NULL DEFAULT 0,
-        input         INTEGER NOT NULL DEFAULT 0,
-        output        INTEGER NOT NULL DEFAULT 0,
-        cache_read    INTEGER NOT NULL DEFAULT 0,
-        cache_write   INTEGER NOT NULL DEFAULT 0,
-        total_tokens  INTEGER NOT NULL DEFAULT 0,
-        cost          REAL NOT NULL DEFAULT 0,
-        PRIMARY KEY (run, part)
-    );
-    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
-    CREATE INDEX run_usage_by_time ON run_usage (at);
-    """,
+    RUN_USAGE,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # The schema the migrations reach, as one script: a new ledger is created with it. Change it only
 # with a new migration (tests/test_ledger_ddl.py compares the two).
-SCHEMA = """
+SCHEMA = (
+    """
     CREATE TABLE sessions (
         id        TEXT PRIMARY KEY,
         created   TEXT NOT NULL,
@@ -401,23 +405,6 @@ SCHEMA = """
     );
     CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
         WHERE state = 'pending';
-    CREATE TABLE run_usage (
-        run           TEXT NOT NULL,
-        part          TEXT NOT NULL CHECK (part IN ('task', 'checkpoint')),
-        session       TEXT NOT NULL,
-        actor         TEXT,
-        agent         TEXT NOT NULL,
-        model         TEXT,
-        at            REAL NOT NULL,
-        calls         INTEGER NOT NULL DEFAULT 0,
-        input         INTEGER NOT NULL DEFAULT 0,
-        output        INTEGER NOT NULL DEFAULT 0,
-        cache_read    INTEGER NOT NULL DEFAULT 0,
-        cache_write   INTEGER NOT NULL DEFAULT 0,
-        total_tokens  INTEGER NOT NULL DEFAULT 0,
-        cost          REAL NOT NULL DEFAULT 0,
-        PRIMARY KEY (run, part)
-    );
-    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
-    CREATE INDEX run_usage_by_time ON run_usage (at);
 """
+    + RUN_USAGE
+)
