@@ -53,8 +53,8 @@ def setup(
     else:
         with err_console.status("setting up pi", spinner="dots"):
             result = install(target, say=say, force=force)
-    model = _install_model(target, say) if local else None
     if as_json:
+        model = _install_model(target, say) if local else None
         print(
             json.dumps(
                 {
@@ -73,6 +73,8 @@ def setup(
         f"[green]✓[/] pi {result.pi_version} and Node {result.node_version} {done} in "
         f"{escape(str(result.prefix))} ({result.seconds:.1f}s)"
     )
+    if local:
+        _install_model(target, say)
     if prefix is not None and result.prefix != data_dir().resolve():
         err_console.print(f"set TETHER_HOME={escape(str(result.prefix))} so tether finds it there")
 
