@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
+
+from fastapi import HTTPException, status
 
 from tether.followup import Refusal, build_view
 from tether.followup.messages import ANCHORS_TYPE, CHECKPOINT_TYPE, NOTES_TYPE
@@ -32,6 +35,7 @@ __all__ = [
     "index_context",
     "next_context",
     "run_header",
+    "run_place",
     "timeline_context",
 ]
 
@@ -95,6 +99,23 @@ def run_header(ledger: Ledger, run: Run, who: Caller) -> RunHeader:
         usage=None if withheld else usage_text(run.extra),
         details_withheld=withheld,
     )
+
+
+def run_place(ledger: Ledger, session: str, run: str, who: Caller) -> str:
+    """Where a run's link goes: the page of ``session`` whose first row is the run's first (its
+    header leads it), also for a run a fork inherits; a run with no row yet is listed at the
+    end of the newest page."""
+    session_or_404(ledger, session, who)
+    found = ledger.run(run)
+    first = ledger.run_first_seq(run) if found is not None else None
+    here = f"/sessions/{quote(session, safe='')}"
+    if first is not None:
+        row = ledger.row(session, first)
+        if row is not None and row.run == run:  # in this session's view, a fork's too
+            return f"{here}?after={first - 1}#run-{run}"
+    if found is not None and found.session == session:
+        return f"{here}#run-{run}"
+    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run!r} in session {session!r}")
 
 
 def index_context(st: ServiceState, who: Caller) -> IndexPage:

@@ -18,6 +18,7 @@ from tether.service.pages.contexts import (
     index_context,
     next_context,
     run_header,
+    run_place,
     timeline_context,
 )
 from tether.service.pages.login import PageCaller, StateDep, logout_token
@@ -79,8 +80,17 @@ async def run_head_fragment(
         return run_header(st.ledger, found, who)
 
     head = await blocking(header)
-    template = env().from_string('{% import "macros.html" as m %}{{ m.run_head(h) }}')
-    return HTMLResponse(template.render(h=asdict(head)))
+    template = env().from_string('{% import "macros.html" as m %}{{ m.run_head(h, session) }}')
+    return HTMLResponse(template.render(h=asdict(head), session=session))
+
+
+@router.get("/sessions/{session}/runs/{run}")
+async def run_link(
+    session: SessionId, run: RunId, who: PageCaller, st: StateDep
+) -> RedirectResponse:
+    """A run's link (its id wherever a page shows it): to its header on the session's page."""
+    place = await blocking(run_place, st.ledger, session, run, who)
+    return RedirectResponse(place, status_code=status.HTTP_303_SEE_OTHER)
 
 
 @router.get("/sessions/{session}/next.json")

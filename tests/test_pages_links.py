@@ -1,0 +1,144 @@
+"""The pages link what they name, in a real headless Chromium (the set-up of tests/test_pages.py):
+every seq, range and run id is a link that lands on its row or its run; a checkpoint's anchors
+on the timeline; the search box; a run that starts after the page opened; a fork's origin."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from service_support import serve, write_config
+from test_pages import CHROMIUM, CHROMIUM_ARGS, Provider, build_long, build_others, login, tab
+from tether.ledger import Ledger, open_ledger
+
+pytestmark = pytest.mark.slow
+
+PLAIN_SEQS_JS = """() => {
+  // Text that names a row (#12) outside a link; quoted content (a message's text, a tool's
+  // arguments, raw JSON) is what someone wrote, not the page naming a row.
+  const out = [];
+  const walk = document.createTreeWalker(document.querySelector('main'), NodeFilter.SHOW_TEXT);
+  while (walk.nextNode()) {
+    const el = walk.currentNode.parentElement;
+    if (el.closest('a, .text, .args, .full, pre, details.thinking, summary')) continue;
+    if (/#\\d+/.test(walk.currentNode.textContent)) out.push(walk.currentNode.textContent.trim());
+  }
+  return out;
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def site(tmp_path: Path, scripted_provider: Provider) -> Iterator[tuple[str, Ledger]]:
+    """tests/test_pages.py's sessions (the long one: 425 rows, checkpoints, withheld rows)."""
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+        build_long(ledger)
+        build_others(ledger)
+    extra = "\n[followup]\nbudget_bytes = 2500\n"
+    config = write_config(tmp_path, scripted_provider([]).url, extra=extra)
+    with (
+        serve(tmp_path, config, workers=0) as s,
+        open_ledger(f"sqlite://{tmp_path}/ledger.db") as led,
+    ):
+        yield s.url, led
+
+
+def _target(page: Page) -> dict[str, Any] | None:
+    return page.evaluate(
+        "() => { const t = document.querySelector(':target');"
+        " return t && {id: t.id, seq: t.dataset.seq, run: t.dataset.run}; }"
+    )
+
+
+def _follow(page: Page, base: str, link: Any) -> dict[str, Any] | None:
+    """Click ``link`` and return the element its fragment targets (once it is there); a link
+    without a fragment (a run's) ends on one through its redirect."""
+    fragment = urlsplit(link.get_attribute("href")).fragment
+    link.click()
+    page.wait_for_url(re.compile(f"#{re.escape(fragment) if fragment else '[^#]+'}$"))
+    page.locator(f"#{urlsplit(page.url).fragment}").wait_for()
+    assert page.url.startswith(base)
+    return _target(page)
+
+
+def test_every_seq_range_and_run_on_the_pages_is_a_link_to_it(browser: Browser, site: Any) -> None:
+    base, ledger = site
+    last = ledger.last_seq("long")
+    with tab(browser) as (page, _seen):
+        login(page, base, "ana-token", "/sessions/long")
+        assert page.evaluate(PLAIN_SEQS_JS) == []
+        # Every row carries its anchor, and its seq links to it.
+        ids = page.eval_on_selector_all(
+            "#timeline li.row", "ls => ls.map(l => [l.id, +l.dataset.seq])"
+        )
+        assert ids
+        assert all(i == f"row-{seq}" for i, seq in ids)
+        hrefs = page.eval_on_selector_all(
+            "#timeline li.row .seq a", "as => as.map(a => a.getAttribute('href'))"
+        )
+        assert hrefs == [f"#row-{seq}" for _, seq in ids]
+        # Every run's id links to its place.
+        heads = page.eval_on_selector_all(
+            "#timeline .run-head",
+            "hs => hs.map(h => [h.dataset.run, h.querySelector('strong a').getAttribute('href')])",
+        )
+        assert heads
+        assert all(h == f"/sessions/long/runs/{run}" for run, h in heads)
+
+        # "covers #1–#N": both ends link to their rows; #1 is on another page.
+        comp = ledger.latest_compaction("long")
+        mark = page.locator(f"#row-{comp.seq} .mark")
+        assert [a.inner_text() for a in mark.locator("a").all()] == ["#1", f"#{comp.covers_to}"]
+        assert _follow(page, base, mark.locator("a").first) == {
+            "id": "row-1",
+            "seq": "1",
+            "run": None,
+        }
+        assert "after=0" in page.url
+        assert page.locator("#row-1").is_visible()
+
+        # A run's id: to its header, on the page whose first row is the run's first.
+        run = ledger.runs("long")[-40]
+        page.goto(f"{base}/sessions/long")
+        target = _follow(page, base, page.locator(f'.run-head[data-run="{run.id}"] strong a'))
+        assert target == {"id": f"run-{run.id}", "seq": None, "run": run.id}
+        first = ledger.run_first_seq(run.id)
+        assert f"after={first - 1}#run-{run.id}" in page.url
+        assert page.eval_on_selector("#timeline li.row", "l => +l.dataset.seq") == first
+        assert page.request.get(f"{base}/sessions/long/runs/r-none", max_redirects=0).status == 404
+        assert page.request.get(f"{base}/sessions/hidden/runs/{run.id}").status == 403
+
+        # The next view: the checkpoint, its range, the previous request, gaps and origins.
+        page.goto(f"{base}/sessions/long/next?agent=rev")
+        assert page.evaluate(PLAIN_SEQS_JS) == []
+        facts = page.locator(".facts")
+        view = page.request.get(f"{base}/sessions/long/next.json?agent=rev").json()
+        links = [a.inner_text() for a in facts.locator("a.seq-link").all()]
+        gaps = [s for g in view["gaps"] for s in (g["from"], g["to"])]
+        expected = [view["checkpoint"]["seq"], 1, view["checkpoint"]["covers_to"]]
+        assert links == [f"#{s}" for s in [*expected, view["previous_request"]["seq"], *gaps]]
+        prev = view["previous_request"]
+        assert facts.locator("a.run-link").last.inner_text() == prev["run"]
+        origin = next(m["origin"] for m in view["messages"] if m["origin"] is not None)
+        target = _follow(page, base, page.locator("ol.view .seq a").first)
+        assert target == {"id": f"row-{origin}", "seq": str(origin), "run": None}
+        # The sessions: each newest seq links to its row.
+        page.goto(f"{base}/")
+        assert page.locator('tr[data-session="long"] td.num a').inner_text() == str(last)
+        target = _follow(page, base, page.locator('tr[data-session="long"] td.num a'))
+        assert target == {"id": f"row-{last}", "seq": str(last), "run": None}
