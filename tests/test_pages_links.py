@@ -14,8 +14,8 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from service_support import serve, write_config
-from test_pages import CHROMIUM, CHROMIUM_ARGS, Provider, build_long, build_others, login, tab
-from tether.ledger import Ledger, open_ledger
+from test_pages import CHROMIUM, CHROMIUM_ARGS, Provider, build_long, build_others, login, tab, user
+from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
 
 pytestmark = pytest.mark.slow
 
@@ -142,3 +142,21 @@ def test_every_seq_range_and_run_on_the_pages_is_a_link_to_it(browser: Browser, 
         assert page.locator('tr[data-session="long"] td.num a').inner_text() == str(last)
         target = _follow(page, base, page.locator('tr[data-session="long"] td.num a'))
         assert target == {"id": f"row-{last}", "seq": str(last), "run": None}
+
+
+def test_a_copied_request_says_whose_copy_it_is(browser: Browser, site: Any) -> None:
+    """A follow-up view's copy of the previous request (a row with ``extra.origin``) is marked
+    and links to the row it copies: it must not read as the user asking again."""
+    base, ledger = site
+    ledger.ensure_session("copies")
+    for extra in ({}, {"origin": 1}):
+        fence = ledger.claim_run(ledger.create_run("copies", "rev").id)
+        row = NewRow(actor="user:ana", kind=RowKind.MESSAGE, body=user("review it"), extra=extra)
+        ledger.append(fence, [row], request=True)
+        ledger.end_run(fence, RunStatus.FINISHED)
+    with tab(browser) as (page, _seen):
+        login(page, base, "ana-token", "/sessions/copies")
+        assert page.locator('#row-1 [data-role="copy"]').count() == 0
+        mark = page.locator('#row-2 [data-role="copy"]')
+        assert mark.inner_text() == "copy of #1"
+        assert _follow(page, base, mark.locator("a")) == {"id": "row-1", "seq": "1", "run": None}

@@ -104,7 +104,8 @@ class TimelinePage:
     runs: dict[str, RunHeader] = doc("The runs of the rows shown (and the live ones), by id.")
     groups: list[dict[str, Any]] = doc(
         "The rows in seq order, grouped by run: {run, rows}. A row is {seq, run, actor, kind, "
-        "bytes, media_bytes, sources} and one of message {role, parts, tool?, custom_type?, "
+        "bytes, media_bytes, sources, copy_of?} (copy_of: the seq of the row a follow-up view "
+        "copied it from, such as the previous request) and one of message {role, parts, tool?, custom_type?, "
         "stop_reason?}, compaction {kind: continuation|pi, covers_to, summary, tokens_before} or "
         "receipt {kind, reason, run}; a withheld row is only {seq, kind: withheld}."
     )

@@ -104,6 +104,11 @@ def row_display(row: Row, who: Caller) -> dict[str, Any]:
         "media_bytes": row.media_bytes,
         "sources": list(row.sources),
     }
+    origin = row.extra.get("origin")
+    if isinstance(origin, int) and not isinstance(origin, bool):
+        # A follow-up view's copy of an earlier row (the previous request): not someone
+        # asking again.
+        out["copy_of"] = origin
     if row.kind is RowKind.MESSAGE:
         out["message"] = message_display(row.body)
     elif row.kind is RowKind.COMPACTION:
