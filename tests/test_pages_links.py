@@ -14,7 +14,18 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from service_support import serve, write_config
-from test_pages import CHROMIUM, CHROMIUM_ARGS, Provider, build_long, build_others, login, tab, user
+from test_pages import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    Provider,
+    assistant,
+    build_long,
+    build_others,
+    login,
+    tab,
+    text,
+    user,
+)
 from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
 
 pytestmark = pytest.mark.slow
@@ -160,3 +171,49 @@ def test_a_copied_request_says_whose_copy_it_is(browser: Browser, site: Any) -> 
         mark = page.locator('#row-2 [data-role="copy"]')
         assert mark.inner_text() == "copy of #1"
         assert _follow(page, base, mark.locator("a")) == {"id": "row-1", "seq": "1", "run": None}
+
+
+def test_a_checkpoints_anchors_are_on_the_timeline_linked_to_their_rows(
+    browser: Browser, site: Any
+) -> None:
+    """The anchors a checkpoint stores (``details.anchors.items``) are listed at its row, each
+    with its kind, text and exit, its seq a link to the row it was taken from."""
+    base, ledger = site
+    ledger.ensure_session("anchored")
+    fence = ledger.claim_run(ledger.create_run("anchored", "rev").id)
+    ledger.append(fence, [NewRow.message("user:ana", user("run the tests"))], request=True)
+    ledger.append(
+        fence,
+        [NewRow.message("agent:rev", assistant(text(f"step {n}"))) for n in range(2, 6)],
+    )
+    items = [
+        {"seq": 4, "kind": "command", "text": "pytest -q tests/test_api.py", "exit": 1},
+        {"seq": 3, "kind": "error", "text": "AssertionError: 409 != 200"},
+        {"seq": 2, "kind": "read", "text": "src/api.py"},
+    ]
+    body = {
+        "summary": "ran the tests; one failed",
+        "continuation": {"version": 1, "run": fence.run},
+        "covers_to": 5,
+        "details": {"anchors": {"items": items}},
+    }
+    ledger.append(fence, [NewRow(actor="agent:rev", kind=RowKind.COMPACTION, body=body)])
+    ledger.end_run(fence, RunStatus.FINISHED)
+    with tab(browser) as (page, _seen):
+        login(page, base, "ana-token", "/sessions/anchored")
+        shown = page.locator('#row-6 [data-role="anchors"]')
+        assert shown.is_visible()
+        lines = shown.locator("li").all()
+        assert [li.get_attribute("data-seq") for li in lines] == ["4", "3", "2"]
+        for li, item in zip(lines, items, strict=True):
+            got = " ".join(li.inner_text().split())
+            assert got.startswith(f"#{item['seq']} {item['kind']}")
+            assert str(item["text"]) in got
+            assert ("exit 1" in got) == ("exit" in item)
+            assert li.locator("a").get_attribute("href") == f"#row-{item['seq']}"
+        assert page.evaluate(PLAIN_SEQS_JS) == []
+        target = _follow(page, base, lines[1].locator("a"))
+        assert target == {"id": "row-3", "seq": "3", "run": None}
+        twin = page.request.get(f"{base}/sessions/anchored.json").json()
+        row = next(r for g in twin["groups"] for r in g["rows"] if r["seq"] == 6)
+        assert row["compaction"]["anchors"] == items

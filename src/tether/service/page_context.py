@@ -105,9 +105,10 @@ class TimelinePage:
     groups: list[dict[str, Any]] = doc(
         "The rows in seq order, grouped by run: {run, rows}. A row is {seq, run, actor, kind, "
         "bytes, media_bytes, sources, copy_of?} (copy_of: the seq of the row a follow-up view "
-        "copied it from, such as the previous request) and one of message {role, parts, tool?, custom_type?, "
-        "stop_reason?}, compaction {kind: continuation|pi, covers_to, summary, tokens_before} or "
-        "receipt {kind, reason, run}; a withheld row is only {seq, kind: withheld}."
+        "copied it from, such as the previous request) and one of message {role, parts, tool?, "
+        "custom_type?, stop_reason?}, compaction {kind: continuation|pi, covers_to, summary, "
+        "tokens_before, anchors: [{seq, kind, text, exit?}]} or receipt {kind, reason, run}; a "
+        "withheld row is only {seq, kind: withheld}."
     )
     pending: list[RunHeader] = doc("Live or queued runs that have no row on the page yet.")
     live: list[str] = doc(
