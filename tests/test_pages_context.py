@@ -70,6 +70,7 @@ JSON_TWINS = {
     "/index.json": page_context.IndexPage,
     "/sessions/s1.json": page_context.TimelinePage,
     "/sessions/s1/next.json?agent=rev": page_context.NextPage,
+    "/sessions/s1/search.json?q=answer": page_context.SearchPage,
 }
 
 

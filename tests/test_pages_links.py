@@ -17,6 +17,8 @@ from service_support import serve, write_config
 from test_pages import (
     CHROMIUM,
     CHROMIUM_ARGS,
+    SECRET,
+    SECRET_IMAGE_TEXT,
     Provider,
     assistant,
     build_long,
@@ -27,6 +29,7 @@ from test_pages import (
     user,
 )
 from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
+from tether.recall import search
 
 pytestmark = pytest.mark.slow
 
@@ -217,3 +220,55 @@ def test_a_checkpoints_anchors_are_on_the_timeline_linked_to_their_rows(
         twin = page.request.get(f"{base}/sessions/anchored.json").json()
         row = next(r for g in twin["groups"] for r in g["rows"] if r["seq"] == 6)
         assert row["compaction"]["anchors"] == items
+
+
+def test_the_search_box_finds_rows_as_recall_does_and_links_them(
+    browser: Browser, site: Any
+) -> None:
+    """The session page's search box: recall's search with the logged-in actor's admission
+    (the same hits as `tether recall --actor`), each hit a link to its row; matching rows the
+    actor may not read are named, never shown."""
+    base, ledger = site
+    grants = {"user:ana": ["repo:acme/*"], "user:carl": ["repo:acme/*"]}
+    with tab(browser) as (page, seen):
+        login(page, base, "ana-token", "/sessions/long")
+        page.fill('form.search input[name="q"]', "part 42")
+        page.press('form.search input[name="q"]', "Enter")
+        page.wait_for_url(f"{base}/sessions/long/search?q=part+42")
+        recalled = search(ledger, "long", "part 42", actor="user:ana", grants=grants)
+        assert recalled.hits
+        shown = page.eval_on_selector_all("ol.hits li", "ls => ls.map(l => +l.dataset.seq)")
+        assert shown == [h.seq for h in recalled.hits]
+        assert page.locator("ol.hits mark").first.inner_text().lower() in ("part", "42")
+        assert page.evaluate(PLAIN_SEQS_JS) == []
+        first = recalled.hits[0].seq
+        target = _follow(page, base, page.locator("ol.hits li .seq a").first)
+        assert target == {"id": f"row-{first}", "seq": str(first), "run": None}
+        assert "42" in page.inner_text(f"#row-{first} .body")
+
+        # Rows outside ana's grants match too: named as recall names them, never shown.
+        page.goto(f"{base}/sessions/long/search?q=7f3a")
+        recalled = search(ledger, "long", "7f3a", actor="user:ana", grants=grants)
+        assert not recalled.hits
+        assert recalled.withheld
+        assert page.locator("ol.hits li").count() == 0
+        named = page.locator('[data-role="withheld"] a').all_inner_texts()
+        ends = [(a,) if a == b else (a, b) for a, b in recalled.withheld]
+        assert named == [f"#{s}" for pair in ends for s in pair]
+        twin = page.request.get(f"{base}/sessions/long/search.json?q=7f3a").json()
+        assert twin["withheld"] == recalled.to_json()["withheld"]
+        assert twin["hits"] == []
+        assert page.request.get(f"{base}/sessions/hidden/search?q=SECRET").status == 403
+        seen.assert_never(SECRET, SECRET_IMAGE_TEXT)
+    with tab(browser) as (page, seen):
+        # bob has no grants: every answer (repo:acme/api) is withheld from him.
+        login(page, base, "bob-token", "/sessions/long/search?q=fine")
+        recalled = search(ledger, "long", "fine", actor="user:bob", grants=grants)
+        assert not recalled.hits
+        assert recalled.withheld
+        assert page.locator("ol.hits li").count() == 0
+        assert page.locator('[data-role="withheld"]').is_visible()
+        seen.assert_never("is fine", SECRET)
+        # A query with no words: recall's own refusal, said on the page.
+        page.goto(f"{base}/sessions/long/search?q=%2B%2B")
+        assert "no words" in page.inner_text(".error")

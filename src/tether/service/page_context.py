@@ -16,6 +16,7 @@ __all__ = [
     "LoginPage",
     "NextPage",
     "RunHeader",
+    "SearchPage",
     "SessionLine",
     "TimelinePage",
 ]
@@ -148,6 +149,23 @@ class NextPage:
     )
     previous_request: dict[str, Any] | None = doc("{seq, run, actor, mode}, or null.")
     sources: list[str] = doc("The source obligations the view carries.")
+
+
+@dataclass(frozen=True, slots=True)
+class SearchPage:
+    session: str = doc("The session id.")
+    actor: str = doc("The caller's actor: the search admits rows as it may read them.")
+    query: str = doc("The words searched for (?q=); empty before a search.")
+    hits: list[dict[str, Any]] = doc(
+        "Rows the actor may read that match, best first: {seq, actor, role, snippet} (the "
+        "answer of `tether recall -s S --actor A QUERY --json`)."
+    )
+    withheld: list[dict[str, int]] = doc(
+        "Matching rows the actor may not read, named as ranges {from, to}, never shown."
+    )
+    withheld_more: bool = doc("More withheld ranges matched than are named.")
+    at_most: int = doc("Hits shown at most (recall's bound).")
+    error: str | None = doc("Why the query could not be searched (it has no words), or null.")
 
 
 @dataclass(frozen=True, slots=True)

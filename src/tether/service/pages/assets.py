@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
@@ -14,6 +15,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, HTTPException, status
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
 
 __all__ = [
     "CSP",
@@ -21,6 +23,7 @@ __all__ = [
     "STATIC",
     "env",
     "json_page",
+    "mark_words",
     "render",
     "router",
     "row_href",
@@ -54,6 +57,7 @@ def env() -> Environment:
     environment.globals["run_href"] = run_href
     environment.filters["tojson_compact"] = lambda v: json.dumps(v, ensure_ascii=False, indent=1)
     environment.filters["q"] = lambda v: quote(str(v), safe="")
+    environment.filters["mark"] = mark_words
     return environment
 
 
@@ -80,6 +84,19 @@ def row_href(session: str, seq: int, shown: tuple[int | None, int] | None = None
 def run_href(session: str, run: str) -> str:
     """A run's place on its session's page (the route redirects to the page that holds it)."""
     return f"/sessions/{quote(session, safe='')}/runs/{quote(run, safe='')}"
+
+
+def mark_words(text: str, query: str) -> Markup:
+    """``text`` escaped, each word of ``query`` in it wrapped in ``<mark>`` (a search hit)."""
+    words = sorted({w for w in query.split() if w}, key=len, reverse=True)
+    if not words:
+        return escape(text)
+    pattern = re.compile("|".join(re.escape(w) for w in words), re.IGNORECASE)
+    out, at = [], 0
+    for found in pattern.finditer(text):
+        out += [escape(text[at : found.start()]), Markup("<mark>%s</mark>") % found.group()]
+        at = found.end()
+    return Markup("").join([*out, escape(text[at:])])
 
 
 def render(

@@ -4,16 +4,19 @@ live ones; the follow-up view exactly as the next run would be given it."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 from fastapi import HTTPException, status
 
+from tether.errors import RecallError
 from tether.followup import Refusal, build_view
 from tether.followup.messages import ANCHORS_TYPE, CHECKPOINT_TYPE, NOTES_TYPE
 from tether.harness.turn import recorded_decision
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
+from tether.recall import MAX_HITS, search
 from tether.sandbox.limits import limits_text
 from tether.service.api import known_agent, sees_session, session_or_404
 from tether.service.auth import Caller
@@ -22,6 +25,7 @@ from tether.service.page_context import (
     IndexPage,
     NextPage,
     RunHeader,
+    SearchPage,
     SessionLine,
     TimelinePage,
 )
@@ -36,6 +40,7 @@ __all__ = [
     "next_context",
     "run_header",
     "run_place",
+    "search_context",
     "timeline_context",
 ]
 
@@ -195,6 +200,37 @@ def timeline_context(
         pending=pending,
         live=live,
         agents=sorted(st.config.agents),
+    )
+
+
+def search_context(st: ServiceState, session: str, query: str, who: Caller) -> SearchPage:
+    """The session searched as ``tether recall`` searches it, for the caller's actor with the
+    service's grants: the admission every other page and API route applies."""
+    session_or_404(st.ledger, session, who)
+    query = query.strip()
+    page = SearchPage(
+        session=session,
+        actor=who.actor,
+        query=query,
+        hits=[],
+        withheld=[],
+        withheld_more=False,
+        at_most=MAX_HITS,
+        error=None,
+    )
+    if not query:
+        return page
+    try:
+        answer = search(st.ledger, session, query, actor=who.actor, grants=st.config.access.grants)
+    except RecallError as exc:
+        return dataclasses.replace(page, error=str(exc))
+    found = answer.to_json()
+    return dataclasses.replace(
+        page,
+        query=found["query"],
+        hits=found["hits"],
+        withheld=found["withheld"],
+        withheld_more=bool(found.get("withheld_more")),
     )
 
 

@@ -19,6 +19,7 @@ from tether.service.pages.contexts import (
     next_context,
     run_header,
     run_place,
+    search_context,
     timeline_context,
 )
 from tether.service.pages.login import PageCaller, StateDep, logout_token
@@ -98,6 +99,26 @@ async def next_json(
     session: SessionId, agent: AgentName, who: PageCaller, st: StateDep
 ) -> JSONResponse:
     return json_page(await blocking(next_context, st, session, agent, who))
+
+
+Words = Annotated[str, Query(max_length=1000)]
+
+
+@router.get("/sessions/{session}/search.json")
+async def search_json(
+    session: SessionId, who: PageCaller, st: StateDep, q: Words = ""
+) -> JSONResponse:
+    return json_page(await blocking(search_context, st, session, q, who))
+
+
+@router.get("/sessions/{session}/search", response_class=HTMLResponse)
+async def search_page(
+    session: SessionId, who: PageCaller, st: StateDep, request: Request, q: Words = ""
+) -> HTMLResponse:
+    """The session page's search box: recall's search, its hits linked to their rows."""
+    ctx = await blocking(search_context, st, session, q, who)
+    json_url = f"/sessions/{quote(session, safe='')}/search.json?q={quote(q, safe='')}"
+    return render("search.html", ctx, json_url=json_url, form_token=logout_token(request))
 
 
 @dataclass(frozen=True)
