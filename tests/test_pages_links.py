@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from provider import Reply, ToolCall
 from service_support import serve, write_config
 from test_pages import (
     CHROMIUM,
@@ -24,6 +25,7 @@ from test_pages import (
     build_long,
     build_others,
     login,
+    run_turn,
     tab,
     text,
     user,
@@ -272,3 +274,47 @@ def test_the_search_box_finds_rows_as_recall_does_and_links_them(
         # A query with no words: recall's own refusal, said on the page.
         page.goto(f"{base}/sessions/long/search?q=%2B%2B")
         assert "no words" in page.inner_text(".error")
+
+
+def test_a_run_that_starts_after_the_page_opened_appears_without_a_reload(
+    browser: Browser, tmp_path: Path, scripted_provider: Provider
+) -> None:
+    """The session page, opened while nothing runs, learns of each run that starts (the
+    session's stream), shows its header, follows its rows to the end; then the next one."""
+    with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+        ledger.ensure_session("quiet")
+        run_turn(ledger, "quiet", 1)
+    p = scripted_provider(
+        [
+            Reply(tool_calls=[ToolCall("bash", {"command": "echo LATE-TOOL"})], delay_s=1.5),
+            Reply("LATE-ANSWER one", delay_s=1.0),
+            Reply("LATE-ANSWER two", delay_s=0.5),
+        ]
+    )
+    with serve(tmp_path, write_config(tmp_path, p.url)) as s, tab(browser) as (page, _seen):
+        login(page, s.url, "ana-token", "/sessions/quiet")
+        assert page.get_attribute("#timeline", "data-live") == ""
+        page.evaluate("window.__kept = 'no reload'")
+        page.wait_for_timeout(500)  # the session's stream is open
+        first = s.post("quiet", "first late request")
+        assert first.status_code == 202, first.text
+        run = first.json()["run"]
+        page.locator(f'.run-head[data-run="{run}"]').wait_for(timeout=30_000)
+        page.locator("#timeline", has_text="LATE-ANSWER one").wait_for(timeout=60_000)
+        page.locator("#live-state", has_text=f"run {run} ended").wait_for(timeout=30_000)
+        assert s.wait_run(run)["status"] == "finished"
+        second = s.post("quiet", "second late request")
+        assert second.status_code == 202, second.text
+        again = second.json()["run"]
+        page.locator("#timeline", has_text="LATE-ANSWER two").wait_for(timeout=60_000)
+        page.locator("#live-state", has_text=f"run {again} ended").wait_for(timeout=30_000)
+        assert page.evaluate("window.__kept") == "no reload"
+        with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
+            rows = ledger.rows_range("quiet", 1, 1000)
+        shown = page.eval_on_selector_all("#timeline li.row", "ls => ls.map(l => +l.dataset.seq)")
+        assert shown == [r.seq for r in rows]
+        assert "LATE-TOOL" in page.inner_text("#timeline")
+        for r in (run, again):
+            head = page.locator(f'#timeline .run-head[data-run="{r}"]')
+            assert head.locator('[data-role="status"]').inner_text() == "finished"
+        assert page.locator("#pending .run-head").count() == 0
