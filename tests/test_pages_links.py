@@ -318,3 +318,31 @@ def test_a_run_that_starts_after_the_page_opened_appears_without_a_reload(
             head = page.locator(f'#timeline .run-head[data-run="{r}"]')
             assert head.locator('[data-role="status"]').inner_text() == "finished"
         assert page.locator("#pending .run-head").count() == 0
+
+
+def test_a_forks_page_says_what_it_forks_with_links(browser: Browser, site: Any) -> None:
+    """A fork names its parent session, the row it forks at and the run that ended there, each
+    a link; a session that is no fork says nothing of the kind."""
+    base, ledger = site
+    run = ledger.runs("short")[0]
+    ledger.fork_session("short", run.id, "short-fork")
+    fork_seq = ledger.last_seq("short")
+    with tab(browser) as (page, _seen):
+        login(page, base, "ana-token", "/sessions/short-fork")
+        line = page.locator('[data-role="fork"]')
+        assert " ".join(line.inner_text().split()).startswith(
+            f"A fork of short at #{fork_seq}, the end of run {run.id}"
+        )
+        assert page.evaluate(PLAIN_SEQS_JS) == []
+        twin = page.request.get(f"{base}/sessions/short-fork.json").json()
+        assert twin["fork"] == {"parent": "short", "seq": fork_seq, "run": run.id}
+        assert line.locator("a").first.get_attribute("href") == "/sessions/short"
+        target = _follow(page, base, line.locator("a.seq-link").first)
+        assert page.url.startswith(f"{base}/sessions/short?")
+        assert target == {"id": f"row-{fork_seq}", "seq": str(fork_seq), "run": None}
+        page.goto(f"{base}/sessions/short-fork")
+        target = _follow(page, base, line.locator("a.run-link"))
+        assert target == {"id": f"run-{run.id}", "seq": None, "run": run.id}
+        assert page.url.startswith(f"{base}/sessions/short?")
+        assert page.locator('[data-role="fork"]').count() == 0
+        assert page.request.get(f"{base}/sessions/short.json").json()["fork"] is None

@@ -116,6 +116,10 @@ class TimelinePage:
         "Runs the page follows live (running, then queued), when it shows the newest rows."
     )
     agents: list[str] = doc("The configured agents (for the next-view links).")
+    fork: dict[str, Any] | None = doc(
+        "What this session forks, or null: {parent, seq, run} (it begins as session `parent` "
+        "up to row `seq`, the end of run `run`; run is null when that row is withheld)."
+    )
 
 
 @dataclass(frozen=True, slots=True)

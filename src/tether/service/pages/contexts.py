@@ -181,6 +181,13 @@ def timeline_context(
             if r.id not in headers:
                 headers[r.id] = run_header(ledger, r, who)
                 pending.append(headers[r.id])
+    fork: dict[str, Any] | None = None
+    if (link := ledger.fork_of(session)) is not None:
+        parent, fork_seq = link
+        # The row it forks at is the fork's too: its run is named as its row would be.
+        at = ledger.row(session, fork_seq)
+        run = at.run if at is not None and who.admission.admits(at.sources) else None
+        fork = {"parent": parent, "seq": fork_seq, "run": run}
     first_shown = rows[0].seq if rows else None
     last_shown = rows[-1].seq if rows else start
     return TimelinePage(
@@ -200,6 +207,7 @@ def timeline_context(
         pending=pending,
         live=live,
         agents=sorted(st.config.agents),
+        fork=fork,
     )
 
 
