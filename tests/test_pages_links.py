@@ -26,6 +26,7 @@ from test_pages import (
     build_others,
     login,
     run_turn,
+    shoot,
     tab,
     text,
     user,
@@ -179,7 +180,7 @@ def test_a_copied_request_says_whose_copy_it_is(browser: Browser, site: Any) -> 
 
 
 def test_a_checkpoints_anchors_are_on_the_timeline_linked_to_their_rows(
-    browser: Browser, site: Any
+    browser: Browser, site: Any, tmp_path: Path
 ) -> None:
     """The anchors a checkpoint stores (``details.anchors.items``) are listed at its row, each
     with its kind, text and exit, its seq a link to the row it was taken from."""
@@ -208,6 +209,7 @@ def test_a_checkpoints_anchors_are_on_the_timeline_linked_to_their_rows(
         login(page, base, "ana-token", "/sessions/anchored")
         shown = page.locator('#row-6 [data-role="anchors"]')
         assert shown.is_visible()
+        shoot(page, tmp_path / "screenshots", "anchors")
         lines = shown.locator("li").all()
         assert [li.get_attribute("data-seq") for li in lines] == ["4", "3", "2"]
         for li, item in zip(lines, items, strict=True):
@@ -225,7 +227,7 @@ def test_a_checkpoints_anchors_are_on_the_timeline_linked_to_their_rows(
 
 
 def test_the_search_box_finds_rows_as_recall_does_and_links_them(
-    browser: Browser, site: Any
+    browser: Browser, site: Any, tmp_path: Path
 ) -> None:
     """The session page's search box: recall's search with the logged-in actor's admission
     (the same hits as `tether recall --actor`), each hit a link to its row; matching rows the
@@ -242,6 +244,7 @@ def test_the_search_box_finds_rows_as_recall_does_and_links_them(
         shown = page.eval_on_selector_all("ol.hits li", "ls => ls.map(l => +l.dataset.seq)")
         assert shown == [h.seq for h in recalled.hits]
         assert page.locator("ol.hits mark").first.inner_text().lower() in ("part", "42")
+        shoot(page, tmp_path / "screenshots", "search")
         assert page.evaluate(PLAIN_SEQS_JS) == []
         first = recalled.hits[0].seq
         target = _follow(page, base, page.locator("ol.hits li .seq a").first)
@@ -320,7 +323,9 @@ def test_a_run_that_starts_after_the_page_opened_appears_without_a_reload(
         assert page.locator("#pending .run-head").count() == 0
 
 
-def test_a_forks_page_says_what_it_forks_with_links(browser: Browser, site: Any) -> None:
+def test_a_forks_page_says_what_it_forks_with_links(
+    browser: Browser, site: Any, tmp_path: Path
+) -> None:
     """A fork names its parent session, the row it forks at and the run that ended there, each
     a link; a session that is no fork says nothing of the kind."""
     base, ledger = site
@@ -334,6 +339,7 @@ def test_a_forks_page_says_what_it_forks_with_links(browser: Browser, site: Any)
             f"A fork of short at #{fork_seq}, the end of run {run.id}"
         )
         assert page.evaluate(PLAIN_SEQS_JS) == []
+        shoot(page, tmp_path / "screenshots", "fork")
         twin = page.request.get(f"{base}/sessions/short-fork.json").json()
         assert twin["fork"] == {"parent": "short", "seq": fork_seq, "run": run.id}
         assert line.locator("a").first.get_attribute("href") == "/sessions/short"

@@ -84,11 +84,14 @@
     if (document.querySelector('.run-head[data-run="' + run + '"]')) return;
     const res = await fetch("/sessions/" + encodeURIComponent(session) + "/runs/" +
                             encodeURIComponent(run) + "/head.html", { credentials: "same-origin" });
-    if (!res.ok || document.querySelector('.run-head[data-run="' + run + '"]')) return;
+    if (!res.ok) return;
     const box = document.createElement("div");
     box.innerHTML = await res.text();
     const head = box.querySelector(".run-head");
-    if (head) document.getElementById("pending").appendChild(head);
+    // Its rows may have come meanwhile, with their header.
+    if (head && !document.querySelector('.run-head[data-run="' + run + '"]')) {
+      document.getElementById("pending").appendChild(head);
+    }
   }
 
   // One run at a time, in the order they run.
