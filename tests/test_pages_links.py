@@ -224,6 +224,15 @@ def test_a_checkpoints_anchors_are_on_the_timeline_linked_to_their_rows(
         twin = page.request.get(f"{base}/sessions/anchored.json").json()
         row = next(r for g in twin["groups"] for r in g["rows"] if r["seq"] == 6)
         assert row["compaction"]["anchors"] == items
+        # The next view quotes them: listed with its checkpoint, linked the same way.
+        page.goto(f"{base}/sessions/anchored/next?agent=rev")
+        view = page.request.get(f"{base}/sessions/anchored/next.json?agent=rev").json()
+        assert view["anchors"]["items"] == items
+        quoted = page.locator('.facts [data-role="anchors"] li')
+        assert quoted.locator("a").all_inner_texts() == [f"#{a['seq']}" for a in items]
+        assert page.evaluate(PLAIN_SEQS_JS) == []
+        target = _follow(page, base, quoted.locator("a").first)
+        assert target == {"id": "row-4", "seq": "4", "run": None}
 
 
 def test_the_search_box_finds_rows_as_recall_does_and_links_them(
