@@ -36,18 +36,24 @@ from tether.recall import search
 
 pytestmark = pytest.mark.slow
 
-PLAIN_SEQS_JS = """() => {
-  // Text that names a row (#12) outside a link; quoted content (a message's text, a tool's
-  // arguments, raw JSON) is what someone wrote, not the page naming a row.
+PLAIN_JS = """(pattern) => {
+  // Text that names a row (#12) or a run (r-…) outside a link; quoted content (a message's
+  // text, a tool's arguments, raw JSON) is what someone wrote, not the page naming a row.
   const out = [];
+  const re = new RegExp(pattern);
   const walk = document.createTreeWalker(document.querySelector('main'), NodeFilter.SHOW_TEXT);
   while (walk.nextNode()) {
     const el = walk.currentNode.parentElement;
     if (el.closest('a, .text, .args, .full, pre, details.thinking, summary')) continue;
-    if (/#\\d+/.test(walk.currentNode.textContent)) out.push(walk.currentNode.textContent.trim());
+    if (re.test(walk.currentNode.textContent)) out.push(walk.currentNode.textContent.trim());
   }
   return out;
 }"""
+
+
+def _plain(page: Page) -> list[str]:
+    """Seqs and run ids the page names without a link."""
+    return page.evaluate(PLAIN_JS, r"#\d+|\br-[0-9a-f]{12}\b")
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +104,7 @@ def test_every_seq_range_and_run_on_the_pages_is_a_link_to_it(browser: Browser, 
     last = ledger.last_seq("long")
     with tab(browser) as (page, _seen):
         login(page, base, "ana-token", "/sessions/long")
-        assert page.evaluate(PLAIN_SEQS_JS) == []
+        assert _plain(page) == []
         # Every row carries its anchor, and its seq links to it.
         ids = page.eval_on_selector_all(
             "#timeline li.row", "ls => ls.map(l => [l.id, +l.dataset.seq])"
@@ -142,7 +148,7 @@ def test_every_seq_range_and_run_on_the_pages_is_a_link_to_it(browser: Browser, 
 
         # The next view: the checkpoint, its range, the previous request, gaps and origins.
         page.goto(f"{base}/sessions/long/next?agent=rev")
-        assert page.evaluate(PLAIN_SEQS_JS) == []
+        assert _plain(page) == []
         facts = page.locator(".facts")
         view = page.request.get(f"{base}/sessions/long/next.json?agent=rev").json()
         links = [a.inner_text() for a in facts.locator("a.seq-link").all()]
@@ -218,7 +224,7 @@ def test_a_checkpoints_anchors_are_on_the_timeline_linked_to_their_rows(
             assert str(item["text"]) in got
             assert ("exit 1" in got) == ("exit" in item)
             assert li.locator("a").get_attribute("href") == f"#row-{item['seq']}"
-        assert page.evaluate(PLAIN_SEQS_JS) == []
+        assert _plain(page) == []
         target = _follow(page, base, lines[1].locator("a"))
         assert target == {"id": "row-3", "seq": "3", "run": None}
         twin = page.request.get(f"{base}/sessions/anchored.json").json()
@@ -230,7 +236,7 @@ def test_a_checkpoints_anchors_are_on_the_timeline_linked_to_their_rows(
         assert view["anchors"]["items"] == items
         quoted = page.locator('.facts [data-role="anchors"] li')
         assert quoted.locator("a").all_inner_texts() == [f"#{a['seq']}" for a in items]
-        assert page.evaluate(PLAIN_SEQS_JS) == []
+        assert _plain(page) == []
         target = _follow(page, base, quoted.locator("a").first)
         assert target == {"id": "row-4", "seq": "4", "run": None}
 
@@ -254,7 +260,7 @@ def test_the_search_box_finds_rows_as_recall_does_and_links_them(
         assert shown == [h.seq for h in recalled.hits]
         assert page.locator("ol.hits mark").first.inner_text().lower() in ("part", "42")
         shoot(page, tmp_path / "screenshots", "search")
-        assert page.evaluate(PLAIN_SEQS_JS) == []
+        assert _plain(page) == []
         first = recalled.hits[0].seq
         target = _follow(page, base, page.locator("ol.hits li .seq a").first)
         assert target == {"id": f"row-{first}", "seq": str(first), "run": None}
@@ -330,6 +336,7 @@ def test_a_run_that_starts_after_the_page_opened_appears_without_a_reload(
             head = page.locator(f'#timeline .run-head[data-run="{r}"]')
             assert head.locator('[data-role="status"]').inner_text() == "finished"
         assert page.locator("#pending .run-head").count() == 0
+        assert _plain(page) == []  # the live state names its run with a link too
 
 
 def test_a_forks_page_says_what_it_forks_with_links(
@@ -347,7 +354,7 @@ def test_a_forks_page_says_what_it_forks_with_links(
         assert " ".join(line.inner_text().split()).startswith(
             f"A fork of short at #{fork_seq}, the end of run {run.id}"
         )
-        assert page.evaluate(PLAIN_SEQS_JS) == []
+        assert _plain(page) == []
         shoot(page, tmp_path / "screenshots", "fork")
         twin = page.request.get(f"{base}/sessions/short-fork.json").json()
         assert twin["fork"] == {"parent": "short", "seq": fork_seq, "run": run.id}

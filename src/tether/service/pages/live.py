@@ -12,6 +12,7 @@ import anyio
 from fastapi import APIRouter, Header
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from tether.errors import NotFound
 from tether.ledger import Ledger, Run
 from tether.service import stream
 from tether.service.api import RunId, SessionId, blocking, session_or_404
@@ -78,7 +79,10 @@ async def _session_stream(st: ServiceState, session: str) -> AsyncIterator[Serve
     known: set[str] = set()
     last = -1
     while not st.stopping:
-        runs, seq = await blocking(_session_now, st.ledger, session)
+        try:
+            runs, seq = await blocking(_session_now, st.ledger, session)
+        except NotFound:  # erased while the page was open: nothing more will come
+            return
         for run in runs:
             if run.id not in known:
                 data = {"run": run.id, "status": run.status.value}

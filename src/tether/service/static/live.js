@@ -79,6 +79,15 @@
     });
   }
 
+  // What the page follows, the run's id a link to its place (as everywhere on the pages).
+  function say(before, run, after) {
+    const a = document.createElement("a");
+    a.href = "/sessions/" + encodeURIComponent(session) + "/runs/" + encodeURIComponent(run);
+    a.className = "run-link";
+    a.textContent = run;
+    state.replaceChildren(before, a, after);
+  }
+
   // A run with no row on the page yet: its header in the list below the timeline.
   async function addPending(run) {
     if (document.querySelector('.run-head[data-run="' + run + '"]')) return;
@@ -99,7 +108,7 @@
     if (current || !runs.length) return;
     current = runs.shift();
     const run = current;
-    state.textContent = "following run " + run + "…";
+    say("following run ", run, "…");
     const es = new EventSource("/live/runs/" + encodeURIComponent(run) + "/events");
     es.addEventListener("row", () => { pull(); });
     es.addEventListener("status", (e) => { setStatus(run, JSON.parse(e.data).status); });
@@ -108,7 +117,7 @@
       setStatus(run, JSON.parse(e.data).status);
       await pull();
       await refreshHead(run);
-      state.textContent = "run " + run + " ended: " + JSON.parse(e.data).status;
+      say("run ", run, " ended: " + JSON.parse(e.data).status);
       current = null;
       followNext();
     });
