@@ -279,6 +279,7 @@ def test_the_search_box_finds_rows_as_recall_does_and_links_them(
         assert twin["withheld"] == recalled.to_json()["withheld"]
         assert twin["hits"] == []
         assert page.request.get(f"{base}/sessions/hidden/search?q=SECRET").status == 403
+        assert page.request.get(f"{base}/live/sessions/hidden/events").status == 403
         seen.assert_never(SECRET, SECRET_IMAGE_TEXT)
     with tab(browser) as (page, seen):
         # bob has no grants: every answer (repo:acme/api) is withheld from him.
