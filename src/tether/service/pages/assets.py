@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
@@ -14,8 +15,21 @@ from urllib.parse import quote
 from fastapi import APIRouter, HTTPException, status
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
 
-__all__ = ["CSP", "STATIC", "env", "json_page", "render", "router", "static_url"]
+__all__ = [
+    "CSP",
+    "ROW_CONTEXT",
+    "STATIC",
+    "env",
+    "json_page",
+    "mark_words",
+    "render",
+    "router",
+    "row_href",
+    "run_href",
+    "static_url",
+]
 
 SERVICE = Path(__file__).parent.parent
 STATIC = SERVICE / "static"
@@ -39,8 +53,11 @@ def env() -> Environment:
         lstrip_blocks=True,
     )
     environment.globals["static"] = static_url
+    environment.globals["row_href"] = row_href
+    environment.globals["run_href"] = run_href
     environment.filters["tojson_compact"] = lambda v: json.dumps(v, ensure_ascii=False, indent=1)
     environment.filters["q"] = lambda v: quote(str(v), safe="")
+    environment.filters["mark"] = mark_words
     return environment
 
 
@@ -49,6 +66,37 @@ def static_url(name: str) -> str:
     """``/static/NAME?h=…``: the hash busts caches when the file changes."""
     digest = hashlib.sha256((STATIC / name).read_bytes()).hexdigest()[:12]
     return f"/static/{name}?h={digest}"
+
+
+ROW_CONTEXT = 10
+"""Rows shown above a row that a link opens on another page: what led to it."""
+
+
+def row_href(session: str, seq: int, shown: tuple[int | None, int] | None = None) -> str:
+    """Where row ``seq`` of ``session`` is: its anchor on this page when the page shows it
+    (``shown``: the page's first and last seq), else the page that holds it."""
+    if shown is not None and shown[0] is not None and shown[0] <= seq <= shown[1]:
+        return f"#row-{seq}"
+    after = max(0, seq - 1 - ROW_CONTEXT)
+    return f"/sessions/{quote(session, safe='')}?after={after}#row-{seq}"
+
+
+def run_href(session: str, run: str) -> str:
+    """A run's place on its session's page (the route redirects to the page that holds it)."""
+    return f"/sessions/{quote(session, safe='')}/runs/{quote(run, safe='')}"
+
+
+def mark_words(text: str, query: str) -> Markup:
+    """``text`` escaped, each word of ``query`` in it wrapped in ``<mark>`` (a search hit)."""
+    words = sorted({w for w in query.split() if w}, key=len, reverse=True)
+    if not words:
+        return escape(text)
+    pattern = re.compile("|".join(re.escape(w) for w in words), re.IGNORECASE)
+    out, at = [], 0
+    for found in pattern.finditer(text):
+        out += [escape(text[at : found.start()]), Markup("<mark>%s</mark>") % found.group()]
+        at = found.end()
+    return Markup("").join([*out, escape(text[at:])])
 
 
 def render(

@@ -18,6 +18,8 @@ from tether.service.pages.contexts import (
     index_context,
     next_context,
     run_header,
+    run_place,
+    search_context,
     timeline_context,
 )
 from tether.service.pages.login import PageCaller, StateDep, logout_token
@@ -79,8 +81,17 @@ async def run_head_fragment(
         return run_header(st.ledger, found, who)
 
     head = await blocking(header)
-    template = env().from_string('{% import "macros.html" as m %}{{ m.run_head(h) }}')
-    return HTMLResponse(template.render(h=asdict(head)))
+    template = env().from_string('{% import "macros.html" as m %}{{ m.run_head(h, session) }}')
+    return HTMLResponse(template.render(h=asdict(head), session=session))
+
+
+@router.get("/sessions/{session}/runs/{run}")
+async def run_link(
+    session: SessionId, run: RunId, who: PageCaller, st: StateDep
+) -> RedirectResponse:
+    """A run's link (its id wherever a page shows it): to its header on the session's page."""
+    place = await blocking(run_place, st.ledger, session, run, who)
+    return RedirectResponse(place, status_code=status.HTTP_303_SEE_OTHER)
 
 
 @router.get("/sessions/{session}/next.json")
@@ -88,6 +99,26 @@ async def next_json(
     session: SessionId, agent: AgentName, who: PageCaller, st: StateDep
 ) -> JSONResponse:
     return json_page(await blocking(next_context, st, session, agent, who))
+
+
+Words = Annotated[str, Query(max_length=1000)]
+
+
+@router.get("/sessions/{session}/search.json")
+async def search_json(
+    session: SessionId, who: PageCaller, st: StateDep, q: Words = ""
+) -> JSONResponse:
+    return json_page(await blocking(search_context, st, session, q, who))
+
+
+@router.get("/sessions/{session}/search", response_class=HTMLResponse)
+async def search_page(
+    session: SessionId, who: PageCaller, st: StateDep, request: Request, q: Words = ""
+) -> HTMLResponse:
+    """The session page's search box: recall's search, its hits linked to their rows."""
+    ctx = await blocking(search_context, st, session, q, who)
+    json_url = f"/sessions/{quote(session, safe='')}/search.json?q={quote(q, safe='')}"
+    return render("search.html", ctx, json_url=json_url, form_token=logout_token(request))
 
 
 @dataclass(frozen=True)
