@@ -1,6 +1,6 @@
 """No answer of the service names a path of the server's filesystem (docs/contracts.md): pi's
 system row (its ``cwd``) and a tool's output name the session's workspace, as the ledger keeps
-them; the API's rows and the event stream say ``<workspace>`` instead."""
+them; the API's rows, the event stream and the pages say ``<workspace>`` instead."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def test_rows_and_events_name_no_server_path(tmp_path: Path, scripted_provider: 
         assert s.wait_run(run)["status"] == "finished"
         served = s.get("/v1/sessions/s1/rows", after=0).json()["rows"]
         events = [e["data"] for e in sse_events(s.client, run) if e["event"] == "row"]
+        page = s.get("/sessions/s1.json")  # the session page's JSON twin: its context
+        html = s.get("/sessions/s1")
     with open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger:
         stored = [r.body for r in ledger.iter_rows("s1")]
     # The ledger keeps what pi wrote: the workspace's absolute path, in the system row and in
@@ -37,6 +39,10 @@ def test_rows_and_events_name_no_server_path(tmp_path: Path, scripted_provider: 
         [result] = [r for r in shown if r["message"]["role"] == "toolResult"]
         assert result["message"]["content"][0]["text"].strip() == "<workspace>/tree"
     assert len(events) == len(served)
+    assert page.status_code == html.status_code == 200
+    assert server not in page.text
+    assert server not in html.text
+    assert "&lt;workspace&gt;/tree" in html.text  # pi's cwd and the tool's output, as served
 
 
 def test_a_path_is_rewritten_at_its_boundaries_only() -> None:

@@ -17,6 +17,8 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
 
+from tether.service.paths import ServerPaths
+
 __all__ = [
     "CSP",
     "ROW_CONTEXT",
@@ -106,11 +108,13 @@ def render(
     json_url: str | None = None,
     code: int = 200,
     form_token: str | None = None,
+    paths: ServerPaths | None = None,
 ) -> HTMLResponse:
     """Template ``name`` over the context object ``ctx``, with the pages' security headers and
     a ``Link`` to the page's JSON twin. ``form_token``: the log-out form's token (a page whose
-    header has that form; :func:`~tether.service.pages.login.logout_token`)."""
-    data = asdict(ctx)
+    header has that form; :func:`~tether.service.pages.login.logout_token`). ``paths``: the
+    server's directories, which no page names (tether.service.paths)."""
+    data = context_data(ctx, paths)
     html = env().get_template(name).render(ctx=data, json_url=json_url, form_token=form_token)
     headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
     if json_url:
@@ -118,9 +122,16 @@ def render(
     return HTMLResponse(html, status_code=code, headers=headers)
 
 
-def json_page(ctx: Any, code: int = 200) -> JSONResponse:
-    """A JSON twin: the page's context object as is."""
-    return JSONResponse(asdict(ctx), status_code=code)
+def json_page(ctx: Any, code: int = 200, paths: ServerPaths | None = None) -> JSONResponse:
+    """A JSON twin: the page's context object as is (the server's directories rewritten)."""
+    return JSONResponse(context_data(ctx, paths), status_code=code)
+
+
+def context_data(ctx: Any, paths: ServerPaths | None) -> Any:
+    """A page's context object as the templates and the JSON twins get it: what pi's rows and
+    tools name of the server's filesystem rewritten (``<workspace>``, …) when ``paths``."""
+    data = asdict(ctx)
+    return paths.scrub(data) if paths is not None else data
 
 
 @router.get("/static/{name}")
