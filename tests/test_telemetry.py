@@ -335,9 +335,15 @@ def test_span_tree_of_a_run_with_a_tool_and_a_written_checkpoint(
     assert_no_content(found, ROW_TEXT, ANSWER)
 
     # The next run of the session: its view has a checkpoint and parts to show, in a new trace.
+    # At 4,000 bytes its view (the summary, the anchors quoted in the room left, the copied
+    # request) and its answer crossed the budget (4,028 bytes: a checkpoint written); with room
+    # to spare, a checkpoint the run does not need is not tried.
     spans.clear()
     provider._pick = route(task=[Reply("SECOND ANSWER")], summary=[Reply(SUMMARY)])
-    second = run(store, cfg, tmp_path, text="and now?")
+    roomy = cfg.model_copy(
+        update={"followup": cfg.followup.model_copy(update={"budget_bytes": 64_000})}
+    )
+    second = run(store, roomy, tmp_path, text="and now?")
     found = spans.get_finished_spans()
     view = attrs(one(found, "tether.followup.view"))
     assert view["tether.view.follow_up"] is True
