@@ -8,15 +8,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psutil
+import pytest
 
 from provider import Reply, ScriptedProvider, Stall, Step, ToolCall, route
 from support.config import workspace_tree
+from support.wait import wait_for_async
 from test_custody_run import (
     by_request,
     descendants_with,
@@ -30,10 +35,15 @@ from test_custody_run import (
     wait_until,
     write_config,
 )
+from tether.clock import ManualClock
 from tether.config import load_config
 from tether.followup import FollowupView, build_view
-from tether.ledger import Ledger, RowKind, RunStatus
+from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
+from tether.harness.run import RunOutcome, RunRequest, execute_run
+from tether.harness.stops import StopControl, StopReason
+from tether.ledger import Ledger, RowKind, Run, RunStatus
 from tether.mirror.entries import message_text
+from tether.processes import start_time
 
 __all__ = ["store"]  # the fixture, shared with test_custody_run
 
@@ -96,6 +106,175 @@ def test_the_old_harness_says_it_was_taken_over_and_exits_5(
     assert again.status is RunStatus.FINISHED
     assert again.extra["answer"] == "answer to A"
     assert again.epoch == ended.epoch
+
+
+def _pi_answered(run_dir: Path) -> list[str]:
+    """The commands pi answered in its run (its responses, in the run directory's events)."""
+    lines = (run_dir / "events.jsonl").read_bytes().split(b"\n")
+    return [json.loads(line).get("command") for line in lines if b'"response"' in line]
+
+
+TAKEN_OVER_SUMMARY = "## Goal\nSUMMARY-AFTER-TAKEOVER"
+
+
+def _summary_once_released(
+    scripted_provider: Callable[..., ScriptedProvider],
+) -> tuple[ScriptedProvider, threading.Event]:
+    """A provider whose task turn ends over a 4,000-byte budget and whose summary answers only
+    once the returned event is set (the test's takeover and stops come first)."""
+    release = threading.Event()
+
+    def summary(req: Any) -> Step:
+        release.wait(120)
+        return Reply(TAKEN_OVER_SUMMARY)
+
+    task = by_request(lambda asked: "seq 1 3000")
+    return scripted_provider(route(task=task, summary=summary)), release
+
+
+def _beats_for(store: Ledger, run_id: str, pid: int) -> Callable[[], bool]:
+    """Whether the run's lease now names the harness ``pid`` (its owner's heartbeat)."""
+
+    def beats() -> bool:
+        lease = store.lease(run_id)
+        return lease is not None and (lease.placement or {}).get("harness_pid") == pid
+
+    return beats
+
+
+def _assert_untouched(placed: dict[str, Any], run_dir: Path) -> None:
+    """The same pi (pid and start time) still runs, answered no ``abort``, and no exit record
+    was written for it."""
+    assert not _gone(placed["pi_pid"]), "the old harness ended the new owner's pi"
+    assert start_time(placed["pi_pid"]) == placed["pi_start"]
+    assert "abort" not in _pi_answered(run_dir)
+    assert not (run_dir / "exit.json").exists()
+
+
+def _assert_the_new_owner_finished(
+    store: Ledger, provider: ScriptedProvider, run: Run, placed: dict[str, Any], recovered: str
+) -> None:
+    """``tether recover`` (its stdout ``recovered``) resumed the run and pi answered it: the
+    compaction the old harness asked for is the checkpoint, written once and mirrored by the
+    new owner, and pi was ended in order."""
+    [item] = [json.loads(line) for line in recovered.splitlines()]
+    assert item["resolution"] == "resumed", item
+    assert (item["outcome"]["answer"], item["outcome"]["checkpoint"]) == ("answer to A", "written")
+    ended = store.get_run(run.id)
+    assert ended.status is RunStatus.FINISHED
+    assert ended.epoch == run.epoch + 1
+    assert ended.extra["checkpoint_by"] == "original"
+    [row] = [r for r in store.iter_rows("s1") if r.kind is RowKind.COMPACTION]
+    assert row.body["summary"] == TAKEN_OVER_SUMMARY
+    assert (row.run, ended.extra["checkpoint_seq"]) == (run.id, row.seq)
+    assert _receipts(store, run.id) == []
+    assert len(provider.summary_requests) == 1
+    assert store.get_session("s1").refusing is None
+    assert ended.extra["pi"]["exit_status"] == 0, "pi was ended by its owner, in order"
+    assert _gone(placed["pi_pid"])
+
+
+def test_tether_run_stopped_after_a_takeover_mid_summary_leaves_the_new_owners_pi_alone(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
+) -> None:
+    """The task turn settled and pi makes the summary; ``tether run`` is frozen (SIGSTOP) past
+    its lease and a second harness (``tether recover``) takes the run over and waits on the
+    same pi's compaction. The old harness gets two stop signals (a soft stop, then a hard one
+    that kills pi) and is thawed: whichever it sees first, its stops or its lost lease, it
+    exits 5 naming the takeover and leaves pi alone; pi then answers the new owner, which
+    mirrors the checkpoint (docs/architecture.md#custody, invariant 16)."""
+    provider, release = _summary_once_released(scripted_provider)
+    cfg = write_config(tmp_path, provider.url, budget=4000, lease_s=2)
+    old, run, placed = run_placed(tmp_path, cfg, store)
+    new = None
+    try:
+        wait_until(lambda: provider.summary_requests, within=90, what="the summary request")
+        old.send_signal(signal.SIGSTOP)
+        wait_until(lambda: store.expired_leases(session="s1"), within=20, what="the lease to lapse")
+        new = start(tmp_path, "recover", "--config", str(cfg), "--json")
+        wait_until(_beats_for(store, run.id, new.pid), what="the new owner's heartbeat")
+        for sig in (signal.SIGTERM, signal.SIGINT):  # pending until the old harness thaws
+            old.send_signal(sig)
+        old.send_signal(signal.SIGCONT)
+        out, err = old.communicate(timeout=60)
+        assert old.returncode == 5, (old.returncode, out, err)
+        assert json.loads(out)["taken_over"] is True
+        assert "taken over by a newer owner" in err
+        _assert_untouched(placed, tmp_path / "runs" / run.id)
+        release.set()
+        recovered, recover_err = new.communicate(timeout=90)
+    finally:
+        release.set()
+        for proc in (old, new):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.communicate(timeout=10)
+    assert new.returncode == 0, recover_err
+    _assert_the_new_owner_finished(store, provider, run, placed, recovered)
+
+
+@pytest.mark.parametrize("hard", [False, True], ids=["soft_stop", "hard_stop"])
+def test_a_stop_reaching_the_old_harness_mid_summary_after_a_takeover_leaves_pi_alone(
+    tmp_path: Path,
+    scripted_provider: Callable[..., ScriptedProvider],
+    store: Ledger,
+    hard: bool,
+) -> None:
+    """As above, with the stop landing before the old harness knows of the takeover: its
+    clock never moves, so it beats once and its lease lapses, and only the stop makes it ask
+    who owns the run. A soft stop would send ``abort`` (ending the new owner's summary), a
+    hard one would kill pi: both find the newer owner first and leave pi to it."""
+    provider, release = _summary_once_released(scripted_provider)
+    cfg = write_config(tmp_path, provider.url, budget=4000, lease_s=2)
+    request = RunRequest(session="s1", agent="rev", text="A", extensions=(EXTENSION_PATH,))
+    new: list[subprocess.Popen[str]] = []
+
+    async def old_harness() -> tuple[RunOutcome, Run, dict[str, Any]]:
+        stop, found = StopControl(), []
+        async with anyio.create_task_group() as tg:
+
+            async def execute() -> None:
+                ran = execute_run(
+                    store,
+                    load_config(cfg),
+                    request,
+                    checkpoint=continuation_checkpoint,
+                    stop=stop,
+                    clock=ManualClock(),
+                )
+                found.append(await ran)
+
+            tg.start_soon(execute)
+            await wait_for_async(lambda: provider.summary_requests, 90, "the summary request")
+            [run] = store.live_runs(session="s1")
+            placed = keeper_placement(store, run.id)
+            await wait_for_async(lambda: store.expired_leases(session="s1"), 20, "no lease")
+            new.append(start(tmp_path, "recover", "--config", str(cfg), "--json"))
+            await wait_for_async(_beats_for(store, run.id, new[0].pid), 60, "the new owner")
+            if hard:
+                stop.stop_hard()
+            else:
+                stop.soft()
+            # Promptly: its stop, not pi's answer or the new owner's deadline, ends it.
+            await wait_for_async(lambda: found, 20, "the old harness to end after its stop")
+        return found[0], run, placed
+
+    try:
+        outcome, run, placed = anyio.run(old_harness)
+        assert outcome.stop_reason is StopReason.FENCED_OUT, outcome
+        assert "newer owner" in (outcome.error or "")
+        _assert_untouched(placed, outcome.run_dir)
+        release.set()
+        recovered, recover_err = new[0].communicate(timeout=90)
+    finally:
+        release.set()
+        for proc in new:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=10)
+    assert new[0].returncode == 0, recover_err
+    _assert_the_new_owner_finished(store, provider, run, placed, recovered)
 
 
 def _refusing(store: Ledger, session: str) -> str | None:
