@@ -24,6 +24,7 @@ from service_support import (
     wait_until,
     write_config,
 )
+from support.config import workspace_tree
 from test_cli_entry import PROBE
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 from tether.service.app import STOPPING
@@ -386,6 +387,79 @@ def test_follow_up_goes_into_the_live_run_once_it_would_stop(
     assert len(p.task_requests) == 3
     assert "also check the tests" not in p.task_requests[1].user_texts
     assert p.task_requests[2].last_user_text == "also check the tests"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deliver", ["steer", "follow_up"])
+def test_a_request_relayed_after_a_worker_takeover_reaches_the_resumed_pi_with_its_actor(
+    tmp_path: Path, scripted_provider: Provider, deliver: str
+) -> None:
+    """A worker is SIGKILLed while pi runs a tool (pi lives on under its keeper); another
+    worker takes the run over (a new epoch) and resumes it on the same pi. A steer or
+    follow-up posted then is delivered into the resumed run (the takeover inherits the relay),
+    reaches pi's next request, and its row carries its sender's actor."""
+    go = workspace_tree(tmp_path) / "go"  # the tool runs until the relayed request is in
+    hold = f"while [ ! -e {go} ]; do sleep 0.05; done; echo went"
+    relayed = "also check the tests"
+
+    def script(req: RecordedRequest) -> Reply:
+        if req.last_user_text == relayed:
+            return Reply("answer to the relayed request")
+        if req.messages[-1].get("role") == "tool":
+            return Reply("first answer")
+        return Reply(tool_calls=[ToolCall("bash", {"command": hold})])
+
+    p = scripted_provider(script)
+    config = write_config(tmp_path, p.url, lease_s=3)
+    with (
+        serve(tmp_path, config, workers=0) as s,
+        open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger,
+    ):
+        run = s.post("s1", "start the long job").json()["run"]
+        first = tether_proc(tmp_path, "worker", "--config", str(config), log="w1.log")
+        second = None
+        try:
+            p.wait_for_requests(1, timeout=60)  # pi is in the held tool now
+            os.kill(first.pid, signal.SIGKILL)  # the worker only: pi stays with its keeper
+            first.wait(10)
+            second = tether_proc(tmp_path, "worker", "--config", str(config), log="w2.log")
+
+            def taken_over() -> bool:
+                lease = ledger.lease(run)
+                return (
+                    lease is not None and (lease.placement or {}).get("harness_pid") == second.pid
+                )
+
+            wait_until(taken_over, "the second worker to take the run over", within=60)
+            posted = s.post("s1", relayed, token="carl-token", deliver=deliver)
+            assert posted.status_code == 202, posted.text
+            assert (posted.json()["status"], posted.json()["run"]) == ("delivered", run)
+            go.touch()
+            done = s.wait_run(run, timeout=60)
+        finally:
+            go.touch()  # (a failure above leaves no tool looping)
+            stop_proc(first)
+            if second is not None:
+                stop_proc(second)
+        assert done["answer"] == "answer to the relayed request", done
+        assert ledger.get_run(run).epoch == 2, "resumed by the second worker"
+        rows = s.get("/v1/sessions/s1/rows").json()["rows"]
+        users = [
+            (r["actor"], r["message"]["content"][0]["text"])
+            for r in rows
+            if r["message"]["role"] == "user"
+        ]
+        assert users == [("user:ana", "start the long job"), ("user:carl", relayed)]
+        # The relayed request's own queued run ended as delivered into the live one.
+        _, delivered = ledger.runs("s1")
+        assert (delivered.started, delivered.extra["delivered_into"]) == (None, run)
+    # One pi: the tool's result (a steer rides with it), then for a follow-up the answer pi
+    # would have stopped at, and the relayed request.
+    asked = [r.last_user_text for r in p.task_requests]
+    if deliver == "steer":
+        assert asked == ["start the long job", relayed]
+    else:
+        assert asked == ["start the long job", "start the long job", relayed]
 
 
 def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
