@@ -499,8 +499,68 @@ def test_a_fifo_lost_after_compact_sent_is_found_at_recovery_its_compact_awaited
     assert _gone(placed["pi_pid"])
 
 
-def notice_of_tried_checkpoint(store: Ledger, cfg: Path, run_id: str) -> str:
-    """The next follow-up view's notice that ``run_id``'s checkpoint was tried and refused."""
+@pytest.mark.parametrize(
+    ("summary", "reason", "refusal"),
+    [
+        (Reply("", finish="stop", delay_s=3), "empty", "command FIFO of run {run} is missing"),
+        (Stall(), "cancelled", "sent by a lost harness and its outcome is unknown"),
+    ],
+    ids=["refused_summary", "unanswered_summary"],
+)
+def test_a_fifo_lost_after_compact_sent_and_no_checkpoint_keeps_the_answer_and_refuses(
+    tmp_path: Path,
+    scripted_provider: Callable[..., ScriptedProvider],
+    store: Ledger,
+    summary: Step,
+    reason: str,
+    refusal: str,
+) -> None:
+    """As above, but the summary pi was making is no checkpoint: empty (pi refuses it and
+    answers the compaction), or never coming (at the deadline no ``abort`` can reach pi
+    without its FIFO, so its answer is unknown). Either way recovery keeps the answer, writes
+    no compaction row, records the tried checkpoint (the run's ``checkpoint``, a receipt row
+    with its reason, ``needs_recall``), never sends the summary command again, ends pi, and
+    the session refuses prompts (exit 3) until cleared; the next view's notice then names the
+    tried checkpoint."""
+    provider = scripted_provider(
+        route(task=by_request(lambda asked: "seq 1 3000"), summary=[summary])
+    )
+    cfg, run_id, placed = _kill_harness_in_summary(tmp_path, provider, store, deadline_s=25)
+    (tmp_path / "runs" / run_id / "commands.fifo").unlink()
+    assert psutil.Process(placed["pi_pid"]).is_running()
+    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
+    assert done.returncode == 0, done.stderr
+    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert item["resolution"] == "resumed", item
+    assert item["outcome"]["answer"] == "answer to A"
+    assert item["outcome"]["checkpoint"] == f"refused:{reason}", item
+    ended = store.get_run(run_id)
+    assert (ended.status, ended.extra["answer"]) == (RunStatus.FINISHED, "answer to A")
+    assert ended.extra["checkpoint_decision"] == {"decision": "refused", "reason": reason}
+    assert ended.extra["needs_recall"] is True
+    assert [r for r in store.iter_rows("s1") if r.kind is RowKind.COMPACTION] == []
+    [receipt] = _receipts(store, run_id)
+    assert receipt == {"kind": "continuation_checkpoint_refused", "run": run_id, "reason": reason}
+    assert len(provider.summary_requests) == 1
+    assert _gone(placed["pi_pid"])
+    refusing = store.get_session("s1").refusing
+    assert refusing is not None
+    assert refusal.format(run=run_id) in refusing
+    nxt = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "B")
+    assert nxt.returncode == 3, nxt.stderr
+    assert json.loads(nxt.stdout)["reason"] == "session_refusing"
+    assert len(provider.task_requests) == 2, "the refused request reached no model"
+    # Once an operator clears the session, the next view names the checkpoint tried.
+    cleared = tether(tmp_path, "session", "clear", "s1", "--config", str(cfg))
+    assert cleared.returncode == 0, cleared.stderr
+    notice_of_tried_checkpoint(store, cfg, run_id, reason)
+
+
+def notice_of_tried_checkpoint(
+    store: Ledger, cfg: Path, run_id: str, reason: str = "cancelled"
+) -> str:
+    """The next follow-up view's notice that ``run_id``'s checkpoint was tried and refused
+    (for ``reason``)."""
     loaded = load_config(cfg)
     view = build_view(
         store,
@@ -513,7 +573,7 @@ def notice_of_tried_checkpoint(store: Ledger, cfg: Path, run_id: str) -> str:
     )
     assert isinstance(view, FollowupView), view
     said = json.dumps(view.to_json())
-    notice = f"Run {run_id} could not write a continuation checkpoint (cancelled)"
+    notice = f"Run {run_id} could not write a continuation checkpoint ({reason})"
     assert notice in said, said[:2000]
     return notice
 
