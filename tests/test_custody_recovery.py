@@ -19,14 +19,16 @@ import anyio
 import psutil
 import pytest
 
-from provider import Reply, ScriptedProvider, Stall, Step, ToolCall, route
+from provider import Reply, Script, ScriptedProvider, Stall, Step, ToolCall, route
 from support.config import workspace_tree
+from support.views import next_view
 from support.wait import wait_for_async
 from test_custody_run import (
     by_request,
     descendants_with,
     keeper_placement,
     lose_everything,
+    recovered,
     run_placed,
     running_run,
     start,
@@ -37,7 +39,6 @@ from test_custody_run import (
 )
 from tether.clock import ManualClock
 from tether.config import load_config
-from tether.followup import FollowupView, build_view
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl, StopReason
@@ -53,6 +54,14 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def _over_budget(
+    scripted_provider: Callable[..., ScriptedProvider], summary: Script
+) -> ScriptedProvider:
+    """A provider whose task turn (``seq 1 3000``, then ``answer to A``) leaves a working view
+    over a 4,000-byte budget, and whose summary requests ``summary`` answers."""
+    return scripted_provider(route(task=by_request(lambda asked: "seq 1 3000"), summary=summary))
 
 
 def _noticed_soon(predicate: Callable[[], object], *, what: str, said: str) -> None:
@@ -84,9 +93,7 @@ def test_the_old_harness_says_it_was_taken_over_and_exits_5(
         wait_until(in_tool.exists, what="the bash tool to run")
         old.send_signal(signal.SIGSTOP)
         wait_until(lambda: store.expired_leases(session="s1"), within=20, what="the lease to lapse")
-        done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-        assert done.returncode == 0, done.stderr
-        [item] = [json.loads(line) for line in done.stdout.splitlines()]
+        item = recovered(tmp_path, cfg)
         assert item["resolution"] == "resumed"
         assert item["outcome"]["status"] == "finished"
         ended = store.get_run(run.id)
@@ -128,8 +135,7 @@ def _summary_once_released(
         release.wait(120)
         return Reply(TAKEN_OVER_SUMMARY)
 
-    task = by_request(lambda asked: "seq 1 3000")
-    return scripted_provider(route(task=task, summary=summary)), release
+    return _over_budget(scripted_provider, summary), release
 
 
 def _beats_for(store: Ledger, run_id: str, pid: int) -> Callable[[], bool]:
@@ -288,9 +294,7 @@ def test_pi_and_its_keeper_killed_mid_summary_end_the_run_within_seconds(
     summary is being made. The FIFO reader finds the keeper gone (by pid and start time) and
     the run ends at once, not at its deadline (120 s): the answer kept, the checkpoint refused,
     the session refusing."""
-    provider = scripted_provider(
-        route(task=by_request(lambda asked: "seq 1 3000"), summary=[Stall()])
-    )
+    provider = _over_budget(scripted_provider, [Stall()])
     cfg = write_config(tmp_path, provider.url, budget=4000, deadline_s=120)
     proc, run, placed = run_placed(tmp_path, cfg, store)
     try:
@@ -392,9 +396,7 @@ def test_a_fifo_lost_mid_tool_found_at_recovery_keeps_the_answer_sends_no_compac
     (tmp_path / "runs" / run.id / "commands.fifo").unlink()
     assert psutil.Process(placed["pi_pid"]).is_running()
 
-    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-    assert done.returncode == 0, done.stderr
-    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    item = recovered(tmp_path, cfg)
     assert item["resolution"] != "unconfirmed_ending", item  # the placement was confirmed
     ended = store.get_run(run.id)
     assert ended.status is RunStatus.FINISHED, ended.extra
@@ -431,22 +433,32 @@ def _kill_harness_in_summary(
     return cfg, run.id, placed
 
 
+def _fifo_lost_in_summary(
+    tmp_path: Path, provider: ScriptedProvider, store: Ledger, **config: Any
+) -> tuple[Path, str, dict[str, Any], dict[str, Any]]:
+    """:func:`_kill_harness_in_summary`, then pi's command FIFO removed (pi still runs) and
+    ``tether recover``, which resumes the run on that pi and keeps its answer: the config,
+    the run, pi's placement and recover's record of the run."""
+    cfg, run_id, placed = _kill_harness_in_summary(tmp_path, provider, store, **config)
+    (tmp_path / "runs" / run_id / "commands.fifo").unlink()
+    assert psutil.Process(placed["pi_pid"]).is_running()
+    item = recovered(tmp_path, cfg)
+    assert item["resolution"] == "resumed", item
+    assert item["outcome"]["answer"] == "answer to A"
+    return cfg, run_id, placed, item
+
+
 def test_a_resumed_checkpoints_refusal_is_stored_with_its_true_reason(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider], store: Ledger
 ) -> None:
     """The harness dies during the summary, which then comes back truncated: the run taken
     over stores pi's refusal as a receipt row with its true reason (``truncated``, not
     ``cancelled``) and records that context may require recall, as the straight path does."""
-    provider = scripted_provider(
-        route(
-            task=by_request(lambda asked: "seq 1 3000"),
-            summary=[Reply("a summary cut by the tok", finish="length", delay_s=3)],
-        )
+    provider = _over_budget(
+        scripted_provider, [Reply("a summary cut by the tok", finish="length", delay_s=3)]
     )
     cfg, run_id, _ = _kill_harness_in_summary(tmp_path, provider, store)
-    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-    assert done.returncode == 0, done.stderr
-    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    item = recovered(tmp_path, cfg)
     assert item["resolution"] == "resumed"
     assert item["outcome"]["checkpoint"] == "refused:truncated", item
     assert item["outcome"]["answer"] == "answer to A"
@@ -470,20 +482,8 @@ def test_a_fifo_lost_after_compact_sent_is_found_at_recovery_its_compact_awaited
     command FIFO is then removed: recovery resumes the run on its pi without a channel to it,
     awaits the compaction already sent (never sent again), keeps the answer, and the session
     refuses prompts."""
-    provider = scripted_provider(
-        route(
-            task=by_request(lambda asked: "seq 1 3000"),
-            summary=[Reply("## Goal\nSUMMARY-AFTER-FIFO", delay_s=3)],
-        )
-    )
-    cfg, run_id, placed = _kill_harness_in_summary(tmp_path, provider, store)
-    (tmp_path / "runs" / run_id / "commands.fifo").unlink()
-    assert psutil.Process(placed["pi_pid"]).is_running()
-    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-    assert done.returncode == 0, done.stderr
-    [item] = [json.loads(line) for line in done.stdout.splitlines()]
-    assert item["resolution"] == "resumed", item
-    assert item["outcome"]["answer"] == "answer to A"
+    provider = _over_budget(scripted_provider, [Reply("## Goal\nSUMMARY-AFTER-FIFO", delay_s=3)])
+    _, run_id, placed, item = _fifo_lost_in_summary(tmp_path, provider, store)
     ended = store.get_run(run_id)
     assert ended.extra["answer"] == "answer to A"
     # The summary pi was already making is the checkpoint: awaited, never sent again.
@@ -522,17 +522,8 @@ def test_a_fifo_lost_after_compact_sent_and_no_checkpoint_keeps_the_answer_and_r
     with its reason, ``needs_recall``), never sends the summary command again, ends pi, and
     the session refuses prompts (exit 3) until cleared; the next view's notice then names the
     tried checkpoint."""
-    provider = scripted_provider(
-        route(task=by_request(lambda asked: "seq 1 3000"), summary=[summary])
-    )
-    cfg, run_id, placed = _kill_harness_in_summary(tmp_path, provider, store, deadline_s=25)
-    (tmp_path / "runs" / run_id / "commands.fifo").unlink()
-    assert psutil.Process(placed["pi_pid"]).is_running()
-    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-    assert done.returncode == 0, done.stderr
-    [item] = [json.loads(line) for line in done.stdout.splitlines()]
-    assert item["resolution"] == "resumed", item
-    assert item["outcome"]["answer"] == "answer to A"
+    provider = _over_budget(scripted_provider, [summary])
+    cfg, run_id, placed, item = _fifo_lost_in_summary(tmp_path, provider, store, deadline_s=25)
     assert item["outcome"]["checkpoint"] == f"refused:{reason}", item
     ended = store.get_run(run_id)
     assert (ended.status, ended.extra["answer"]) == (RunStatus.FINISHED, "answer to A")
@@ -561,17 +552,7 @@ def notice_of_tried_checkpoint(
 ) -> str:
     """The next follow-up view's notice that ``run_id``'s checkpoint was tried and refused
     (for ``reason``)."""
-    loaded = load_config(cfg)
-    view = build_view(
-        store,
-        session="s1",
-        agent="rev",
-        actor="user:local",
-        request="And now?",
-        config=loaded.followup,
-        grants=loaded.access.grants,
-    )
-    assert isinstance(view, FollowupView), view
+    view = next_view(store, load_config(cfg), actor="user:local")
     said = json.dumps(view.to_json())
     notice = f"Run {run_id} could not write a continuation checkpoint ({reason})"
     assert notice in said, said[:2000]
@@ -585,9 +566,7 @@ def test_a_host_crash_mid_summary_is_recorded_as_a_tried_checkpoint_at_recovery(
     crash): ``tether recover`` ends the run ``harness_lost`` with its answer, and records that a
     checkpoint was tried and how it ended (refused, ``cancelled``), a receipt row, and that
     context may require recall; the next view's notice says so."""
-    provider = scripted_provider(
-        route(task=by_request(lambda asked: "seq 1 3000"), summary=[Stall()])
-    )
+    provider = _over_budget(scripted_provider, [Stall()])
     cfg = write_config(tmp_path, provider.url, budget=4000, deadline_s=120)
     proc, run, placed = run_placed(tmp_path, cfg, store)
     try:
@@ -595,9 +574,7 @@ def test_a_host_crash_mid_summary_is_recorded_as_a_tried_checkpoint_at_recovery(
         assert (tmp_path / "runs" / run.id / "compact.sent").exists()
     finally:
         lose_everything(proc, placed)
-    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-    assert done.returncode == 0, done.stderr
-    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    item = recovered(tmp_path, cfg)
     assert item["resolution"] == "harness_lost", item
     ended = store.get_run(run.id)
     assert ended.status is RunStatus.INTERRUPTED
@@ -624,13 +601,9 @@ def test_a_resumed_checkpoint_at_the_deadline_is_aborted_and_the_compactions_ans
     original compaction's answer or the abort's. pi answers the compaction (aborted), and the
     record says that answer, not the abort's, came: its idle is confirmed, the refusal is
     stored, the answer kept, pi ends in order and the session does not refuse."""
-    provider = scripted_provider(
-        route(task=by_request(lambda asked: "seq 1 3000"), summary=[Stall()])
-    )
+    provider = _over_budget(scripted_provider, [Stall()])
     cfg, run_id, placed = _kill_harness_in_summary(tmp_path, provider, store, deadline_s=25)
-    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-    assert done.returncode == 0, done.stderr
-    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    item = recovered(tmp_path, cfg)
     assert item["resolution"] == "resumed"
     assert item["outcome"]["answer"] == "answer to A"
     assert item["outcome"]["checkpoint"] == "refused:cancelled", item

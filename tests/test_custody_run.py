@@ -96,6 +96,16 @@ def tether(
     )
 
 
+def recovered(tmp: Path, cfg: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``tether recover --json`` with ``cfg``: it exits 0 having reconciled one run; that
+    run's record (its ``resolution``, and the ``outcome`` of a resumed run)."""
+    done = tether(tmp, "recover", "--config", str(cfg), "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert isinstance(item, dict)
+    return item
+
+
 def start(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*TETHER, *args],
@@ -319,9 +329,7 @@ def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     assert pi.is_running()
     assert start_time(pi.pid) == placed["pi_start"]
 
-    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-    assert done.returncode == 0, done.stderr
-    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    item = recovered(tmp_path, cfg)
     assert item["resolution"] == "resumed"
     assert item["outcome"]["status"] == "finished"
     assert item["outcome"]["answer"] == "answer to A"
@@ -368,9 +376,7 @@ def test_pi_gone_with_its_harness_ends_the_run_harness_lost(
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
     lose_everything(proc, placed)
 
-    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-    assert done.returncode == 0, done.stderr
-    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    item = recovered(tmp_path, cfg)
     assert item["resolution"] == "harness_lost"
     ended = store.get_run(run.id)
     assert ended.status is RunStatus.INTERRUPTED
@@ -407,9 +413,7 @@ def test_a_placement_whose_pid_was_reused_is_never_signalled(
             },
         )
         wait_until(lambda: store.expired_leases(session="s1"), what="the lease to expire")
-        done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-        assert done.returncode == 0, done.stderr
-        [item] = [json.loads(line) for line in done.stdout.splitlines()]
+        item = recovered(tmp_path, cfg)
         assert item["resolution"] == "harness_lost"
         assert stranger.poll() is None, "a process the placement no longer names was signalled"
     finally:
@@ -452,9 +456,7 @@ def test_a_placement_on_another_host_ends_unconfirmed_and_the_session_refuses(
         wait_until(
             lambda: store.expired_leases(session="s1"), within=20, what="the lease to expire"
         )
-        done = tether(tmp_path, "recover", "--config", str(cfg), "--json", env=host_b)
-        assert done.returncode == 0, done.stderr
-        [item] = [json.loads(line) for line in done.stdout.splitlines()]
+        item = recovered(tmp_path, cfg, env=host_b)
         assert item["resolution"] == "unconfirmed_ending"
         ended = store.get_run(run.id)
         assert (ended.status, ended.extra["stop_reason"]) == (

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import secrets
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,11 @@ import msgspec
 import pytest
 
 from checkpoint_support import AGENT, BIG_COMMAND, SUMMARY, pi_config
-from pg import drop_schema, new_schema, schema_url
+from pg import postgres_url
 from provider import Reply, ToolCall, route
+from support import views
 from tether.config import AgentConfig, CustodyConfig, HarnessConfig, SandboxKind
-from tether.followup import FollowupView, build_view
+from tether.followup import FollowupView
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.run import RunOutcome, RunRequest, execute_run
 from tether.ledger import Ledger, RowKind, RunStatus, open_ledger
@@ -66,15 +66,9 @@ EOF"""
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite://{tmp_path}/ledger.db"
-        return
-    schema = new_schema()
-    try:
-        yield schema_url(schema)
-    finally:
-        drop_schema(schema)
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    # (on disk: pi's run and the test's reads are other processes and connections)
+    return f"sqlite://{tmp_path}/ledger.db" if request.param == "sqlite" else postgres_url(tmp_path)
 
 
 def unconfined(
@@ -137,17 +131,7 @@ def row_texts(ledger: Ledger) -> str:
 
 
 def next_view(ledger: Ledger, cfg: Any) -> FollowupView:
-    view = build_view(
-        ledger,
-        session="s1",
-        agent=AGENT,
-        actor=REQUESTER,
-        request="And now?",
-        config=cfg.followup,
-        grants=cfg.access.grants,
-    )
-    assert isinstance(view, FollowupView), view
-    return view
+    return views.next_view(ledger, cfg, agent=AGENT, actor=REQUESTER)
 
 
 def problems(ledger: Ledger, run: str) -> str:

@@ -12,13 +12,13 @@ import os
 import stat
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pg import drop_schema, new_schema, schema_url
+from pg import postgres_url
 from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
 from support.cli import start_tether, tether
 from support.config import write_config
@@ -49,15 +49,9 @@ def shell(on_command: Callable[[RecordedRequest], None] | None = None) -> Callab
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite://{tmp_path}/ledger.db"
-        return
-    schema = new_schema()
-    try:
-        yield schema_url(schema)
-    finally:
-        drop_schema(schema)
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    # (on disk: pi's run and the test's reads are other processes and connections)
+    return f"sqlite://{tmp_path}/ledger.db" if request.param == "sqlite" else postgres_url(tmp_path)
 
 
 def run(cfg: Path, session: str, command: str, *, actor: str = "user:local") -> dict[str, Any]:

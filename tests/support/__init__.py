@@ -2,7 +2,8 @@
 ``tether.toml`` builder (:mod:`support.config`), a wait for a condition with a deadline
 (:mod:`support.wait`), filesystems a test makes (:mod:`support.fs`) and the scripted provider
 (``tests/provider.py``, every name of it), re-exported; the service's test config
-(:mod:`support.service`) and lines of a session file (:mod:`support.interchange`) by module."""
+(:mod:`support.service`), lines of a session file (:mod:`support.interchange`) and the next
+follow-up view (:mod:`support.views`) by module."""
 
 from __future__ import annotations
 
