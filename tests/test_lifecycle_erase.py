@@ -14,9 +14,10 @@ from typing import Any
 import anyio
 import pytest
 
-from tether.config import Config, CustodyConfig, FollowupConfig, HarnessConfig
+from support.views import granted_view
+from tether.config import Config, CustodyConfig, HarnessConfig
 from tether.errors import NotFound, RunNotActive, SessionBusy, SessionRefusing
-from tether.followup import FollowupView, build_view
+from tether.followup import FollowupView
 from tether.harness.custody.erasing import erase_stopping
 from tether.ledger import Fence, Ledger, NewRow, RowKind, RunStatus
 from tether.ledger.erasing import StopRequest
@@ -101,15 +102,7 @@ def test_a_source_takes_its_rows_the_checkpoints_over_them_and_its_notes(
     # Nothing left to erase: a second erasure plans nothing, and still leaves a receipt.
     assert ledger.plan_erasure(selector).counts()["rows"] == 0
 
-    view = build_view(
-        ledger,
-        session="s1",
-        agent=AGENT,
-        actor="user:ana",
-        request="and now?",
-        config=FollowupConfig(budget_bytes=100_000),
-        grants={"user:ana": ["*"]},
-    )
+    view = granted_view(ledger, 100_000, agent=AGENT)
     assert isinstance(view, FollowupView), view
     assert view.checkpoint is None
     assert all("from x" not in str(m.message) for m in view.messages)
@@ -207,15 +200,7 @@ def _gaps(view: FollowupView) -> list[tuple[int, int, str]]:
 
 
 def _next_view(ledger: Ledger, session: str, budget: int) -> FollowupView:
-    view = build_view(
-        ledger,
-        session=session,
-        agent=AGENT,
-        actor="user:ana",
-        request="and now?",
-        config=FollowupConfig(budget_bytes=budget),
-        grants={"user:ana": ["*"]},
-    )
+    view = granted_view(ledger, budget, session=session, agent=AGENT)
     assert isinstance(view, FollowupView), view
     return view
 

@@ -16,26 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from provider import Reply, ScriptedProvider, ToolCall
 from service_support import auth, serve, write_config
+from support.browser import browser
 from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
+
+__all__ = ["browser"]  # the fixture (support.browser)
 
 pytestmark = pytest.mark.slow
 
 Provider = Callable[..., ScriptedProvider]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SECRET = "SECRET-7f3a-withheld-from-ana"
 SECRET_IMAGE_TEXT = "c2VjcmV0LWltYWdl"  # a base64 payload only a withheld row carries
 WIDTHS = (1280, 400)
@@ -255,16 +248,6 @@ def build_others(ledger: Ledger) -> None:
 
 
 # -- the browser -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 class Seen:

@@ -16,6 +16,7 @@ import pytest
 from pg import fresh_schema_url
 from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
 from service_support import stop_proc, tether_proc
+from support.config import write_config
 from tether.ledger import Ledger, Run, RunStatus, open_ledger
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -32,34 +33,15 @@ def shell(req: RecordedRequest) -> Step:
 def host_config(host: Path, provider_url: str, ledger_url: str, shared: Path, work: Path) -> Path:
     """One host's config: its own state directory, the shared workspaces directory."""
     host.mkdir()
-    path = host / "tether.toml"
-    path.write_text(
-        f"""
-[ledger]
-url = "{ledger_url}"
-
-[providers.local]
-base_url = "{provider_url}"
-context_window = 8192
-max_tokens = 1024
-
-[agents.rev]
-provider = "local"
-model = "scripted"
-deadline_s = 60
-workdir = "{work}"
-
-[harness]
-runs_dir = "state"  # (short: a deep run directory moves its sockets to /tmp)
-workspaces_dir = "{shared}"
-pi_settings = {{ retry = {{ baseDelayMs = 20 }} }}
-
-[service]
-poll_s = 0.05
-drain_s = 20
-"""
+    return write_config(
+        host,
+        provider_url,
+        ledger={"url": ledger_url},
+        agents={"rev": {"workdir": str(work)}},
+        # runs_dir short: a deep run directory moves its sockets to /tmp
+        harness={"runs_dir": "state", "workspaces_dir": str(shared)},
+        service={"poll_s": 0.05, "drain_s": 20},
     )
-    return path
 
 
 def ended(ledger: Ledger, run_id: str, timeout: float = 120) -> Run:
