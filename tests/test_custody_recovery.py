@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from provider import Reply, Script, ScriptedProvider, Stall, Step, ToolCall, route
+from support.cli import run_args
 from support.config import workspace_tree
 from support.views import next_view
 from support.wait import wait_for_async
@@ -84,7 +85,7 @@ def test_the_old_harness_says_it_was_taken_over_and_exits_5(
     in_tool = workspace_tree(tmp_path) / "in-tool"  # the session's: the sandboxed tool writes it
     provider = scripted_provider(by_request(lambda asked: f"touch {in_tool}; sleep 4; echo slept"))
     cfg = write_config(tmp_path, provider.url, lease_s=2)
-    old = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
+    old = start(tmp_path, *run_args(cfg, "A", as_json=True))
     try:
         wait_until(lambda: running_run(store, "s1"), what="the run")
         run = running_run(store, "s1")
@@ -537,7 +538,7 @@ def test_a_fifo_lost_after_compact_sent_and_no_checkpoint_keeps_the_answer_and_r
     refusing = store.get_session("s1").refusing
     assert refusing is not None
     assert refusal.format(run=run_id) in refusing
-    nxt = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "B")
+    nxt = tether(tmp_path, *run_args(cfg, "B", as_json=True))
     assert nxt.returncode == 3, nxt.stderr
     assert json.loads(nxt.stdout)["reason"] == "session_refusing"
     assert len(provider.task_requests) == 2, "the refused request reached no model"

@@ -3,12 +3,13 @@ the real pi, the scripted provider (docs/contracts.md#the-http-api)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,7 @@ import pytest
 
 from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall, route
 from service_support import (
+    Served,
     auth,
     serve,
     sse_events,
@@ -30,6 +32,9 @@ from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 from tether.service.app import STOPPING
 
 Provider = Callable[..., ScriptedProvider]
+
+SLOW_TOOL = Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})])
+"""A reply whose tool keeps the run live a few seconds: time to relay a request into it."""
 
 
 def test_a_request_is_answered_end_to_end(tmp_path: Path, scripted_provider: Provider) -> None:
@@ -281,31 +286,30 @@ def test_two_requests_on_a_session_run_one_after_the_other(
     assert live["s1_most"] == 1, "two runs of one session reached the provider at once"
 
 
+@contextlib.contextmanager
+def relayed_into_a_live_run(
+    tmp: Path, p: ScriptedProvider, deliver: str
+) -> Iterator[tuple[Served, str]]:
+    """``tether serve``; ana's run started (pi in its first tool) and carl's "also check the
+    tests" delivered into it with ``deliver``: the server and the run."""
+    with serve(tmp, write_config(tmp, p.url)) as s:
+        run = s.post("s1", "start the long job").json()["run"]
+        p.wait_for_requests(1, timeout=30)
+        s.relay("s1", "also check the tests", deliver, into=run)
+        yield s, run
+
+
 def test_steer_goes_into_the_live_run_with_the_senders_actor(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    p = scripted_provider(
-        [
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})]),
-            Reply("steered answer"),
-        ]
-    )
-    with serve(tmp_path, write_config(tmp_path, p.url)) as s:
-        run = s.post("s1", "start the long job").json()["run"]
-        p.wait_for_requests(1, timeout=30)
-        steered = s.post("s1", "also check the tests", token="carl-token", deliver="steer")
-        assert steered.status_code == 202, steered.text
-        assert steered.json()["status"] == "delivered"
-        assert steered.json()["run"] == run
+    p = scripted_provider([SLOW_TOOL, Reply("steered answer")])
+    with relayed_into_a_live_run(tmp_path, p, "steer") as (s, run):
         done = s.wait_run(run)
         assert done["answer"] == "steered answer"
-        rows = s.get("/v1/sessions/s1/rows").json()["rows"]
-        users = [
-            (r["actor"], r["message"]["content"][0]["text"])
-            for r in rows
-            if r["message"]["role"] == "user"
+        assert s.said_by_users() == [
+            ("user:ana", "start the long job"),
+            ("user:carl", "also check the tests"),
         ]
-        assert users == [("user:ana", "start the long job"), ("user:carl", "also check the tests")]
         # After the run ended, a steer becomes the session's next queued run.
         late = s.post("s1", "one more thing", token="carl-token", deliver="steer")
         assert late.json()["status"] == "queued"
@@ -323,7 +327,7 @@ def test_a_request_posted_here_wakes_the_idle_worker_and_the_live_runs_relay(
     p = scripted_provider(
         [
             Reply("first"),
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})]),
+            SLOW_TOOL,
             Reply("steered answer"),
         ]
     )
@@ -335,29 +339,15 @@ def test_a_request_posted_here_wakes_the_idle_worker_and_the_live_runs_relay(
         run = s.post("s1", "start the long job").json()["run"]
         p.wait_for_requests(2, timeout=20)
         assert time.monotonic() - posted < 20, "the worker waited for its poll to claim the run"
-        steered = s.post("s1", "also check the tests", token="carl-token", deliver="steer")
-        assert steered.status_code == 202, steered.text
-        assert (steered.json()["status"], steered.json()["run"]) == ("delivered", run)
+        s.relay("s1", "also check the tests", "steer", into=run)
         assert s.wait_run(run, timeout=30)["answer"] == "steered answer"
 
 
 def test_follow_up_goes_into_the_live_run_once_it_would_stop(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    p = scripted_provider(
-        [
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})]),
-            Reply("first answer"),
-            Reply("answer to the follow-up"),
-        ]
-    )
-    with serve(tmp_path, write_config(tmp_path, p.url)) as s:
-        run = s.post("s1", "start the long job").json()["run"]
-        p.wait_for_requests(1, timeout=30)
-        followed = s.post("s1", "also check the tests", token="carl-token", deliver="follow_up")
-        assert followed.status_code == 202, followed.text
-        assert followed.json()["status"] == "delivered"
-        assert followed.json()["run"] == run
+    p = scripted_provider([SLOW_TOOL, Reply("first answer"), Reply("answer to the follow-up")])
+    with relayed_into_a_live_run(tmp_path, p, "follow_up") as (s, run):
         done = s.wait_run(run)
         assert done["status"] == "finished", done
         assert done["answer"] == "answer to the follow-up"
@@ -431,9 +421,7 @@ def test_a_request_relayed_after_a_worker_takeover_reaches_the_resumed_pi_with_i
                 )
 
             wait_until(taken_over, "the second worker to take the run over", within=60)
-            posted = s.post("s1", relayed, token="carl-token", deliver=deliver)
-            assert posted.status_code == 202, posted.text
-            assert (posted.json()["status"], posted.json()["run"]) == ("delivered", run)
+            s.relay("s1", relayed, deliver, into=run)
             go.touch()
             done = s.wait_run(run, timeout=60)
         finally:
@@ -443,13 +431,7 @@ def test_a_request_relayed_after_a_worker_takeover_reaches_the_resumed_pi_with_i
                 stop_proc(second)
         assert done["answer"] == "answer to the relayed request", done
         assert ledger.get_run(run).epoch == 2, "resumed by the second worker"
-        rows = s.get("/v1/sessions/s1/rows").json()["rows"]
-        users = [
-            (r["actor"], r["message"]["content"][0]["text"])
-            for r in rows
-            if r["message"]["role"] == "user"
-        ]
-        assert users == [("user:ana", "start the long job"), ("user:carl", relayed)]
+        assert s.said_by_users() == [("user:ana", "start the long job"), ("user:carl", relayed)]
         # The relayed request's own queued run ended as delivered into the live one.
         _, delivered = ledger.runs("s1")
         assert (delivered.started, delivered.extra["delivered_into"]) == (None, run)
