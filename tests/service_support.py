@@ -19,10 +19,16 @@ from typing import Any
 
 import httpx
 
+from provider import Reply, ToolCall
+
 HERE = Path(__file__).parent
 ENTRY = HERE / "service_entry.py"
 
 TOKENS = {"ana-token": "user:ana", "bob-token": "user:bob", "carl-token": "user:carl"}
+
+LONG_TOOL = Reply(tool_calls=[ToolCall("bash", {"command": "sleep 8; echo slept"})])
+"""A tool call that runs long enough for two signals to land meanwhile, on a loaded machine
+too."""
 
 
 def digest(token: str) -> str:

@@ -200,17 +200,9 @@ def build_long(ledger: Ledger, turns: int = 100) -> None:
             kw["status"] = RunStatus.INTERRUPTED
             kw["extra"] = {"stop_reason": "deadline"}
         if n == turns - 2:
-            kw["tail"] = [
-                NewRow(
-                    actor="agent:rev",
-                    kind=RowKind.RECEIPT,
-                    body={
-                        "kind": "continuation_checkpoint_refused",
-                        "run": "r-x",
-                        "reason": "truncated",
-                    },
-                )
-            ]
+            refused = {"kind": "continuation_checkpoint_refused", "run": "r-x"}
+            refused["reason"] = "truncated"
+            kw["tail"] = [NewRow(actor="agent:rev", kind=RowKind.RECEIPT, body=refused)]
         if n == turns - 1:
             last = ledger.last_seq("long") + 5  # the run's own rows before it
             kw["tail"] = [

@@ -15,8 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from checkpoint_support import long_task
 from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall, route
 from service_support import (
+    LONG_TOOL,
     Served,
     auth,
     serve,
@@ -470,13 +472,7 @@ def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
 def test_a_second_sigterm_during_the_drain_exits_at_once_and_recover_resumes_the_run(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    p = scripted_provider(
-        [
-            # Long enough that both signals land while the tool runs, on a loaded machine too.
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 8; echo slept"})]),
-            Reply("answer after the signals"),
-        ]
-    )
+    p = scripted_provider([LONG_TOOL, Reply("answer after the signals")])
     config = write_config(tmp_path, p.url, drain_s=60)
     with serve(tmp_path, config) as s:
         run = s.post("s1", "the long job").json()["run"]
@@ -547,11 +543,7 @@ def test_a_follow_up_during_the_summary_is_queued_out_of_it_and_runs_next_with_t
     mark = "SUMMARY-MARK-relay"
     p = scripted_provider(
         route(
-            task=[
-                Reply(tool_calls=[ToolCall("bash", {"command": "seq 1 3000"})]),
-                Reply("first answer"),
-                Reply("answer to the follow-up"),
-            ],
+            task=[*long_task("first answer"), Reply("answer to the follow-up")],
             summary=[Reply(f"## Goal\n{mark}", delay_s=8), Reply("## Goal\nthe next run's")],
         )
     )

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from pg import fresh_schema_url
-from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall
-from service_support import serve, workers, write_config
+from provider import RecordedRequest, Reply, ScriptedProvider
+from service_support import LONG_TOOL, serve, workers, write_config
 from tether.ledger import Ledger, RunStatus, open_ledger
 
 Provider = Callable[..., ScriptedProvider]
@@ -201,13 +201,7 @@ def test_sigterm_past_the_drain_deadline_hands_the_run_over(
 def test_a_second_sigterm_during_the_drain_exits_at_once_and_the_next_worker_resumes(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    p = scripted_provider(
-        [
-            # Long enough that both signals land while the tool runs, on a loaded machine too.
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 8; echo slept"})]),
-            Reply("answer to long"),
-        ]
-    )
+    p = scripted_provider([LONG_TOOL, Reply("answer to long")])
     with _on_postgres(tmp_path, p, drain_s=60) as (config, ledger):
         run, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="long")
         with workers(tmp_path, config) as start:
