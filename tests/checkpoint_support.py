@@ -21,6 +21,7 @@ from tether.config import (
     ProviderConfig,
 )
 from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
+from tether.harness.relay import RelayHook
 from tether.harness.run import CheckpointStep, RunOutcome, RunRequest, execute_run
 from tether.harness.stops import StopControl
 from tether.ledger import Ledger, Row, RowKind
@@ -107,10 +108,12 @@ async def run_once(
     *,
     session: str = "s1",
     text: str = "Count to 2000, then tell me the answer.",
+    actor: str = "user:ana",
     checkpoint: CheckpointStep | None = continuation_checkpoint,
     extensions: Sequence[Path] = (EXTENSION_PATH,),
     stop: StopControl | None = None,
     clock: Clock | None = None,
+    relay: RelayHook | None = None,
 ) -> RunOutcome:
     workdir = tmp / "work"
     workdir.mkdir(exist_ok=True)
@@ -121,13 +124,14 @@ async def run_once(
             session=session,
             agent=AGENT,
             text=text,
-            actor="user:ana",
+            actor=actor,
             workdir=workdir,
             extensions=tuple(extensions),
         ),
         checkpoint=checkpoint,
         stop=stop,
         clock=clock,
+        relay=relay,
     )
 
 

@@ -19,10 +19,16 @@ from typing import Any
 
 import httpx
 
+from provider import Reply, ToolCall
+
 HERE = Path(__file__).parent
 ENTRY = HERE / "service_entry.py"
 
 TOKENS = {"ana-token": "user:ana", "bob-token": "user:bob", "carl-token": "user:carl"}
+
+LONG_TOOL = Reply(tool_calls=[ToolCall("bash", {"command": "sleep 8; echo slept"})])
+"""A tool call that runs long enough for two signals to land meanwhile, on a loaded machine
+too."""
 
 
 def digest(token: str) -> str:
@@ -129,6 +135,23 @@ def tether_proc(
     )
 
 
+@contextlib.contextmanager
+def workers(tmp: Path, config: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """A starter of ``tether worker`` processes with ``config``: ``start(log, *args)`` (its
+    output in ``tmp/log``); each one started is stopped at the end."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(log: str, *args: str) -> subprocess.Popen[bytes]:
+        started.append(tether_proc(tmp, "worker", "--config", str(config), *args, log=log))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            stop_proc(proc)
+
+
 def stop_proc(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -163,6 +186,22 @@ class Served:
 
     def get(self, path: str, token: str = "ana-token", **params: Any) -> httpx.Response:
         return self.client.get(path, headers=auth(token), params=params)
+
+    def relay(self, session: str, text: str, deliver: str, into: str) -> None:
+        """Post ``text`` as carl with ``deliver`` (steer or follow_up): it is delivered into the
+        live run ``into``."""
+        posted = self.post(session, text, token="carl-token", deliver=deliver)
+        assert posted.status_code == 202, posted.text
+        assert (posted.json()["status"], posted.json()["run"]) == ("delivered", into), posted.json()
+
+    def said_by_users(self, session: str = "s1") -> list[tuple[str, str]]:
+        """(actor, text) of each user message among the session's rows."""
+        rows = self.get(f"/v1/sessions/{session}/rows").json()["rows"]
+        return [
+            (r["actor"], r["message"]["content"][0]["text"])
+            for r in rows
+            if r["message"]["role"] == "user"
+        ]
 
     def wait_run(self, run: str, timeout: float = 60, token: str = "ana-token") -> dict[str, Any]:
         deadline = time.monotonic() + timeout

@@ -22,9 +22,10 @@ from checkpoint_support import (
 )
 from followup_sessions import RunWriter
 from provider import Fail, Reply, empty, huge, route, truncated
+from support.views import next_view
 from test_followup import check_well_formed
 from tether.config import Config
-from tether.followup import FollowupView, build_view
+from tether.followup import FollowupView
 from tether.harness.checkpoint import (
     EXTENSION_PATH,
     marker,
@@ -47,16 +48,7 @@ def store(tmp_path: Path) -> Any:
 
 
 def view_after(ledger: Ledger, cfg: Config, session: str = "s1") -> FollowupView:
-    view = build_view(
-        ledger,
-        session=session,
-        agent="rev",
-        actor="user:ana",
-        request="And now?",
-        config=cfg.followup,
-        grants=cfg.access.grants,
-    )
-    assert isinstance(view, FollowupView), view
+    view = next_view(ledger, cfg, session=session)
     check_well_formed(view)
     return view
 

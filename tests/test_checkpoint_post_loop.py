@@ -11,11 +11,9 @@ from typing import Any
 
 import anyio
 
-from checkpoint_support import AGENT, BIG_COMMAND, SUMMARY, config, rows_of, wait_for
+from checkpoint_support import BIG_COMMAND, SUMMARY, config, rows_of, run_once, wait_for
 from provider import Reply, ToolCall, route
-from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
 from tether.harness.relay import Deliver, LivePi
-from tether.harness.run import RunRequest, execute_run
 from tether.harness.turn import CheckpointStatus
 from tether.ledger import Ledger, RowKind, open_ledger
 from tether.mirror.entries import message_text
@@ -51,22 +49,7 @@ def test_a_follow_up_delivered_into_pi_is_settled_before_the_checkpoint_and_cove
         await anyio.sleep_forever()
 
     async def go() -> Any:
-        workdir = tmp_path / "work"
-        workdir.mkdir(exist_ok=True)
-        return await execute_run(
-            ledger,
-            cfg,
-            RunRequest(
-                session="s1",
-                agent=AGENT,
-                text="Look at the tree.",
-                actor="user:ana",
-                workdir=workdir,
-                extensions=(EXTENSION_PATH,),
-            ),
-            checkpoint=continuation_checkpoint,
-            relay=relay,
-        )
+        return await run_once(ledger, cfg, tmp_path, text="Look at the tree.", relay=relay)
 
     try:
         outcome = anyio.run(go)

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from provider import Reply, ScriptedProvider, ToolCall
-from tether.config import load_config
+from support.config import load_test_config
 from tether.pi.agentdir import write_agent_dir
 from tether.pi.install import (
     EXTENSION_DIR,
@@ -47,21 +47,7 @@ def accepted(log: str) -> list[str]:
 def one_run(tmp_path: Path, provider_url: str, cache: Path) -> str:
     """A pi run as a sandboxed run loads it (resolved paths, tether's extensions, a bash tool
     call), driven over RPC until it settles: Node's compile cache log."""
-    (tmp_path / "work").mkdir()
-    cfg_path = tmp_path / "tether.toml"
-    cfg_path.write_text(
-        f"""
-[ledger]
-url = "sqlite://{tmp_path}/ledger.db"
-[providers.local]
-base_url = "{provider_url}"
-[agents.rev]
-provider = "local"
-model = "scripted"
-workdir = "work"
-"""
-    )
-    cfg = load_config(cfg_path)
+    cfg = load_test_config(tmp_path, provider_url)
     agent = cfg.agent("rev")
     found = find_pi()
     pi = msgspec.structs.replace(found, node=found.node.resolve(), cli=found.cli.resolve())

@@ -9,9 +9,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from support import context_args, tether, write_config
+from support.views import next_view
 from tether.cli.app import app
 from tether.config import load_config
-from tether.followup import build_view
 from tether.ledger import open_ledger
 from tether.ledger.jsonl import load_file
 
@@ -45,14 +45,8 @@ def test_json_is_the_view_and_nothing_is_written(tmp_path: Path) -> None:
     printed = json.loads(result.stdout)
     cfg = load_config(config)
     with open_ledger(f"sqlite://{db}") as ledger:
-        view = build_view(
-            ledger,
-            session="review-42",
-            agent="reviewer",
-            actor="user:ana",
-            request="Now the diff?",
-            config=cfg.followup,
-            grants=cfg.access.grants,
+        view = next_view(
+            ledger, cfg, session="review-42", agent="reviewer", request="Now the diff?"
         )
     assert printed == json.loads(json.dumps(view.to_json()))
     assert printed["status"] == "ok"

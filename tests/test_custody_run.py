@@ -23,6 +23,7 @@ import pytest
 
 from pg import fresh_schema_url
 from provider import Reply, ScriptedProvider, Step, ToolCall
+from support.cli import run_args
 from support.config import workspace_tree
 from tether.config import load_config
 from tether.files import DISCARDED_DIR
@@ -96,6 +97,16 @@ def tether(
     )
 
 
+def recovered(tmp: Path, cfg: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``tether recover --json`` with ``cfg``: it exits 0 having reconciled one run; that
+    run's record (its ``resolution``, and the ``outcome`` of a resumed run)."""
+    done = tether(tmp, "recover", "--config", str(cfg), "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert isinstance(item, dict)
+    return item
+
+
 def start(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*TETHER, *args],
@@ -112,7 +123,7 @@ def run_placed(
 ) -> tuple[subprocess.Popen[str], Run, dict[str, Any]]:
     """``tether run`` of request ``A`` in ``session``, once the ledger holds the run and pi's
     placement: the process, the run and the placement."""
-    proc = start(tmp, "run", "--config", str(cfg), "-s", session, "-a", "rev", "--json", "A")
+    proc = start(tmp, *run_args(cfg, "A", session=session, as_json=True))
     try:
         wait_until(lambda: running_run(store, session), what="the run")
         run = running_run(store, session)
@@ -234,12 +245,12 @@ def test_two_tether_runs_on_a_session_serialize_and_the_second_sees_the_first(
     hold = f"while [ ! -e {go} ]; do sleep 0.05; done; echo went"
     provider = scripted_provider(by_request(lambda asked: hold if asked == "A" else None))
     cfg = write_config(tmp_path, provider.url)
-    first = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
+    first = start(tmp_path, *run_args(cfg, "A", as_json=True))
     try:
         wait_until(lambda: running_run(store, "s1"), what="the first run")
         live = running_run(store, "s1")
         assert live is not None
-        run_on_s1 = ["run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json"]
+        run_on_s1 = run_args(cfg, as_json=True)
         second = start(tmp_path, *run_on_s1, "B")
         wait_until(lambda: store.queued_runs("s1"), what="the second request to queue")
         # A request that waits holds no idle pi: only A's run has a directory (and a pi) now.
@@ -282,10 +293,7 @@ def test_several_tether_runs_race_on_postgresql_without_two_live_runs(
     with fresh_schema_url() as url:
         cfg = write_config(tmp_path, provider.url, ledger_url=url)
         open_ledger(url).close()
-        procs = [
-            start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", f"R{i}")
-            for i in range(4)
-        ]
+        procs = [start(tmp_path, *run_args(cfg, f"R{i}", as_json=True)) for i in range(4)]
         results = [p.communicate(timeout=240) for p in procs]
         for p, (_, err) in zip(procs, results, strict=True):
             assert p.returncode == 0, err
@@ -319,9 +327,7 @@ def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     assert pi.is_running()
     assert start_time(pi.pid) == placed["pi_start"]
 
-    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-    assert done.returncode == 0, done.stderr
-    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    item = recovered(tmp_path, cfg)
     assert item["resolution"] == "resumed"
     assert item["outcome"]["status"] == "finished"
     assert item["outcome"]["answer"] == "answer to A"
@@ -337,7 +343,7 @@ def test_a_killed_harness_is_resumed_by_recover_on_the_same_pi(
     ids = [r.entry_id for r in rows if r.entry_id]
     assert len(ids) == len(set(ids))
     # The next run sees it as its previous request, with its answer.
-    nxt = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "B")
+    nxt = tether(tmp_path, *run_args(cfg, "B", as_json=True))
     assert nxt.returncode == 0, nxt.stderr
     assert provider.requests[-1].contains("answer to A")
 
@@ -347,11 +353,11 @@ def test_a_run_tether_run_touches_after_its_harness_died_is_reconciled_first(
 ) -> None:
     provider = scripted_provider(by_request(lambda asked: "sleep 2" if asked == "A" else None))
     cfg = write_config(tmp_path, provider.url)
-    proc = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
+    proc = start(tmp_path, *run_args(cfg, "A", as_json=True))
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
-    nxt = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "B")
+    nxt = tether(tmp_path, *run_args(cfg, "B", as_json=True))
     assert nxt.returncode == 0, nxt.stderr
     runs = assert_serialized(store, "s1")
     assert [r.status for r in runs] == [RunStatus.FINISHED, RunStatus.FINISHED]
@@ -368,9 +374,7 @@ def test_pi_gone_with_its_harness_ends_the_run_harness_lost(
     wait_until(lambda: len(provider.requests) >= 1, what="the first model request")
     lose_everything(proc, placed)
 
-    done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-    assert done.returncode == 0, done.stderr
-    [item] = [json.loads(line) for line in done.stdout.splitlines()]
+    item = recovered(tmp_path, cfg)
     assert item["resolution"] == "harness_lost"
     ended = store.get_run(run.id)
     assert ended.status is RunStatus.INTERRUPTED
@@ -407,9 +411,7 @@ def test_a_placement_whose_pid_was_reused_is_never_signalled(
             },
         )
         wait_until(lambda: store.expired_leases(session="s1"), what="the lease to expire")
-        done = tether(tmp_path, "recover", "--config", str(cfg), "--json")
-        assert done.returncode == 0, done.stderr
-        [item] = [json.loads(line) for line in done.stdout.splitlines()]
+        item = recovered(tmp_path, cfg)
         assert item["resolution"] == "harness_lost"
         assert stranger.poll() is None, "a process the placement no longer names was signalled"
     finally:
@@ -432,9 +434,7 @@ def test_a_placement_on_another_host_ends_unconfirmed_and_the_session_refuses(
     cfg = write_config(tmp_path, provider.url, lease_s=6)
     host_a = {"TETHER_HOST_ID": "host-a"}
     host_b = {"TETHER_HOST_ID": "host-b"}
-    proc = start(
-        tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A", env=host_a
-    )
+    proc = start(tmp_path, *run_args(cfg, "A", as_json=True), env=host_a)
     wait_until(lambda: running_run(store, "s1"), what="the run")
     run = running_run(store, "s1")
     assert run is not None
@@ -452,9 +452,7 @@ def test_a_placement_on_another_host_ends_unconfirmed_and_the_session_refuses(
         wait_until(
             lambda: store.expired_leases(session="s1"), within=20, what="the lease to expire"
         )
-        done = tether(tmp_path, "recover", "--config", str(cfg), "--json", env=host_b)
-        assert done.returncode == 0, done.stderr
-        [item] = [json.loads(line) for line in done.stdout.splitlines()]
+        item = recovered(tmp_path, cfg, env=host_b)
         assert item["resolution"] == "unconfirmed_ending"
         ended = store.get_run(run.id)
         assert (ended.status, ended.extra["stop_reason"]) == (
@@ -484,9 +482,7 @@ def test_a_placement_on_another_host_ends_unconfirmed_and_the_session_refuses(
         with_pi = psutil.Process(placed["pi_pid"])
         if start_time(with_pi.pid) == placed["pi_start"]:
             os.killpg(placed["pi_pid"], signal.SIGKILL)
-    again = tether(
-        tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "B", env=host_b
-    )
+    again = tether(tmp_path, *run_args(cfg, "B", as_json=True), env=host_b)
     assert again.returncode == 0, again.stderr
 
 
@@ -567,16 +563,16 @@ def test_a_waiting_tether_run_killed_in_the_queue_does_not_block_it(
 ) -> None:
     provider = scripted_provider(by_request(lambda asked: "sleep 2" if asked == "A" else None))
     cfg = write_config(tmp_path, provider.url)
-    first = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "A")
+    first = start(tmp_path, *run_args(cfg, "A", as_json=True))
     wait_until(lambda: running_run(store, "s1"), what="the first run")
-    waiting = start(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "B")
+    waiting = start(tmp_path, *run_args(cfg, "B", as_json=True))
     wait_until(lambda: store.queued_runs("s1"), what="the second request to queue")
     waiting.send_signal(signal.SIGKILL)
     waiting.communicate(timeout=10)
     # B came while A ran: it started no pi to wait with (its pi would start at its turn).
     (queued,) = store.queued_runs("s1")
     assert not (tmp_path / "runs" / queued.id).exists()
-    third = tether(tmp_path, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "C")
+    third = tether(tmp_path, *run_args(cfg, "C", as_json=True))
     assert third.returncode == 0, third.stderr
     assert json.loads(third.stdout)["answer"] == "answer to C"
     _out, err = first.communicate(timeout=60)

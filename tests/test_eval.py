@@ -21,12 +21,22 @@ pytestmark = pytest.mark.slow
 BUDGET = 240_000
 
 
-def _eval(tmp_path: Path, name: str, *args: str, budget: int = BUDGET) -> dict[str, Any]:
+def _eval(
+    tmp_path: Path,
+    name: str,
+    *args: str,
+    budget: int = BUDGET,
+    agent: str = "deadline_s = 600",
+    clean: bool = True,
+) -> dict[str, Any]:
+    """``tether eval continuation --scripted --json`` in ``tmp_path/name``, the agent
+    ``auditor`` configured with the TOML line ``agent`` as well: its record, with no problem
+    named when ``clean``."""
     config = tmp_path / "tether.toml"
-    # The provider is never reached (--scripted replaces it); the agent's deadline is kept.
+    # The provider is never reached (--scripted replaces it); the agent's settings are kept.
     config.write_text(
         '[providers.hosted]\nbase_url = "http://127.0.0.1:9/v1"\n'
-        '[agents.auditor]\nprovider = "hosted"\nmodel = "m"\ndeadline_s = 600\n'
+        f'[agents.auditor]\nprovider = "hosted"\nmodel = "m"\n{agent}\n'
     )
     cmd = [sys.executable, "-m", "tether", "eval", "continuation", "--agent", "auditor"]
     cmd += ["--scripted", "--budget", str(budget), "--dir", str(tmp_path / name)]
@@ -34,7 +44,7 @@ def _eval(tmp_path: Path, name: str, *args: str, budget: int = BUDGET) -> dict[s
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     record: dict[str, Any] = json.loads(done.stdout)
-    assert record["problems"] == [], record["problems"]
+    assert not clean or record["problems"] == [], record["problems"]
     return record
 
 
@@ -127,17 +137,9 @@ def test_decay_over_five_checkpoints_and_anchors_name_their_rows(tmp_path: Path)
 
 
 def test_the_anchors_bound_keeps_the_newest(tmp_path: Path) -> None:
-    config = tmp_path / "tether.toml"
-    config.write_text(
-        '[providers.hosted]\nbase_url = "http://127.0.0.1:9/v1"\n'
-        '[agents.auditor]\nprovider = "hosted"\nmodel = "m"\nanchors_max_bytes = 600\n'
-    )
-    cmd = [sys.executable, "-m", "tether", "eval", "continuation", "--agent", "auditor"]
-    cmd += ["--scripted", "--budget", "30000", "--dir", str(tmp_path / "small"), "--seeds", "1"]
-    cmd += ["--no-probes", "--config", str(config), "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads(done.stdout)
+    bound = "anchors_max_bytes = 600"
+    args = ("--seeds", "1", "--no-probes")
+    record = _eval(tmp_path, "small", *args, budget=30_000, agent=bound, clean=False)
     assert record["anchors_max_bytes"] == 600
     # 600 bytes hold the newest anchors (the logs read last), not the facts read first.
     assert record["identifiers"]["available"] < 0.5
@@ -174,17 +176,8 @@ def test_any_budget_gives_a_record(tmp_path: Path) -> None:
     """A budget so small that the probe is over a quarter of it: the probes are scored
     refusals, named among the problems; the record still comes, with the effective anchors
     bound, and the probes' follow-ups write no checkpoint of their own."""
-    config = tmp_path / "tether.toml"
-    config.write_text(
-        '[providers.hosted]\nbase_url = "http://127.0.0.1:9/v1"\n'
-        '[agents.auditor]\nprovider = "hosted"\nmodel = "m"\nanchors_max_bytes = 1000\n'
-    )
-    cmd = [sys.executable, "-m", "tether", "eval", "continuation", "--agent", "auditor"]
-    cmd += ["--scripted", "--budget", "5000", "--dir", str(tmp_path / "tiny"), "--seeds", "1"]
-    cmd += ["--config", str(config), "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads(done.stdout)
+    bound = "anchors_max_bytes = 1000"
+    record = _eval(tmp_path, "tiny", "--seeds", "1", budget=5000, agent=bound, clean=False)
     assert record["anchors_max_bytes"] == 1000
     refused = [p for p in record["problems"] if "request_too_large" in p]
     assert len(refused) == 2, record["problems"]

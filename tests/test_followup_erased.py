@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tether.config import FollowupConfig
-from tether.followup import FollowupView, GapWhy, build_view
+from support.views import granted_view
+from tether.followup import FollowupView, GapWhy
 from tether.ledger import Ledger, NewRow, RunStatus, open_ledger
 from tether.ledger.lifecycle import Selector, SelectorKind
 
@@ -74,15 +74,7 @@ def test_erased_gaps_name_exactly_the_seqs_that_are_gone(
         ledger.erase(Selector(SelectorKind.SOURCE, "repo:x"), actor="user:op")
         present = {r.seq for r in ledger.iter_rows("s1")}
         for size in (budget, 10_000_000):
-            view = build_view(
-                ledger,
-                session="s1",
-                agent=AGENT,
-                actor="user:ana",
-                request="and now?",
-                config=FollowupConfig(budget_bytes=size),
-                grants={"user:ana": ["*"]},
-            )
+            view = granted_view(ledger, size, agent=AGENT)
             if not isinstance(view, FollowupView):
                 continue  # the protected context alone did not fit this budget
             assert view.bytes <= size

@@ -14,9 +14,10 @@ from typing import Any
 import anyio
 import pytest
 
-from tether.config import Config, CustodyConfig, FollowupConfig, HarnessConfig
+from support.views import granted_view
+from tether.config import Config, CustodyConfig, HarnessConfig
 from tether.errors import NotFound, RunNotActive, SessionBusy, SessionRefusing
-from tether.followup import FollowupView, build_view
+from tether.followup import FollowupView
 from tether.harness.custody.erasing import erase_stopping
 from tether.ledger import Fence, Ledger, NewRow, RowKind, RunStatus
 from tether.ledger.erasing import StopRequest
@@ -30,11 +31,16 @@ def _msg(role: str, text: str) -> dict[str, Any]:
 
 
 def _turn(
-    ledger: Ledger, session: str, request: str, answers: list[tuple[str, tuple[str, ...]]]
+    ledger: Ledger,
+    session: str,
+    request: str,
+    answers: list[tuple[str, tuple[str, ...]]],
+    request_sources: tuple[str, ...] = (),
 ) -> str:
     ledger.ensure_session(session)
     fence = ledger.claim_run(ledger.create_run(session, AGENT).id)
-    ledger.append(fence, [NewRow.message("user:ana", _msg("user", request))], request=True)
+    asked = NewRow.message("user:ana", _msg("user", request), sources=request_sources)
+    ledger.append(fence, [asked], request=True)
     ledger.append(
         fence,
         [
@@ -101,15 +107,7 @@ def test_a_source_takes_its_rows_the_checkpoints_over_them_and_its_notes(
     # Nothing left to erase: a second erasure plans nothing, and still leaves a receipt.
     assert ledger.plan_erasure(selector).counts()["rows"] == 0
 
-    view = build_view(
-        ledger,
-        session="s1",
-        agent=AGENT,
-        actor="user:ana",
-        request="and now?",
-        config=FollowupConfig(budget_bytes=100_000),
-        grants={"user:ana": ["*"]},
-    )
+    view = granted_view(ledger, 100_000, agent=AGENT)
     assert isinstance(view, FollowupView), view
     assert view.checkpoint is None
     assert all("from x" not in str(m.message) for m in view.messages)
@@ -117,20 +115,12 @@ def test_a_source_takes_its_rows_the_checkpoints_over_them_and_its_notes(
 
 def test_an_erased_request_takes_its_run(ledger: Ledger) -> None:
     _turn(ledger, "s1", "first", [("a", ())])
-    ledger.ensure_session("s1")
-    fence = ledger.claim_run(ledger.create_run("s1", AGENT).id)
-    ledger.append(
-        fence,
-        [NewRow.message("user:ana", _msg("user", "secret ask"), sources=("doc:p",))],
-        request=True,
-    )
-    ledger.append(fence, [NewRow.message(f"agent:{AGENT}", _msg("assistant", "answer"))])
-    ledger.end_run(fence, RunStatus.FINISHED)
+    secret = _turn(ledger, "s1", "secret ask", [("answer", ())], request_sources=("doc:p",))
     plan = ledger.plan_erasure(Selector(SelectorKind.SOURCE, "doc:p"))
     assert plan.rows == {"s1": [3, 4]}
-    assert plan.runs == [fence.run]
+    assert plan.runs == [secret]
     ledger.erase(plan.selector, actor="user:op")
-    assert ledger.run(fence.run) is None
+    assert ledger.run(secret) is None
     assert ledger.last_ended_run("s1", AGENT) is not None  # the earlier run is the previous one
 
 
@@ -207,15 +197,7 @@ def _gaps(view: FollowupView) -> list[tuple[int, int, str]]:
 
 
 def _next_view(ledger: Ledger, session: str, budget: int) -> FollowupView:
-    view = build_view(
-        ledger,
-        session=session,
-        agent=AGENT,
-        actor="user:ana",
-        request="and now?",
-        config=FollowupConfig(budget_bytes=budget),
-        grants={"user:ana": ["*"]},
-    )
+    view = granted_view(ledger, budget, session=session, agent=AGENT)
     assert isinstance(view, FollowupView), view
     return view
 
@@ -248,18 +230,10 @@ def test_erased_seqs_and_rows_that_did_not_fit_are_told_apart(ledger: Ledger) ->
         _turn(ledger, "s1", f"ask {i} " + "x" * 300, [(f"answer {i} " + "y" * 300, ())])
     # The newest turn's request carries a source: erasing it takes the whole run (seqs 13-14),
     # so the session's last seqs no longer exist.
-    ledger.ensure_session("s1")
-    fence = ledger.claim_run(ledger.create_run("s1", AGENT).id)
-    ledger.append(
-        fence,
-        [NewRow.message("user:ana", _msg("user", "secret"), sources=("doc:p",))],
-        request=True,
-    )
-    ledger.append(fence, [NewRow.message(f"agent:{AGENT}", _msg("assistant", "ok"))])
-    ledger.end_run(fence, RunStatus.FINISHED)
+    secret = _turn(ledger, "s1", "secret", [("ok", ())], request_sources=("doc:p",))
     runs = ledger.runs("s1")
     ledger.erase(Selector(SelectorKind.SOURCE, "doc:p"), actor="user:op")
-    assert ledger.run(fence.run) is None
+    assert ledger.run(secret) is None
     assert runs[-2].id == ledger.last_ended_run("s1", AGENT).id  # type: ignore[union-attr]
 
     view = _next_view(ledger, "s1", 100_000)

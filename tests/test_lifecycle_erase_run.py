@@ -27,9 +27,10 @@ from followup_sessions import USAGE, assistant, user
 from pg import postgres_url
 from provider import Reply, route
 from support.fs import files_under
+from support.views import next_view
 from tether.config import AccessConfig, Config, RetentionConfig, ServiceConfig
 from tether.files import DISCARDED_DIR
-from tether.followup import FollowupView, build_view
+from tether.followup import FollowupView
 from tether.interop.pi_export import export_pi
 from tether.ledger import Ledger, NewRow, Row, RowKind, RunStatus, open_ledger
 from tether.recall import read_range, search
@@ -114,17 +115,7 @@ def _cli(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _view(ledger: Ledger, cfg: Config) -> FollowupView:
-    view = build_view(
-        ledger,
-        session="s1",
-        agent=AGENT,
-        actor="user:ana",
-        request="And now?",
-        config=cfg.followup,
-        grants=cfg.access.grants,
-    )
-    assert isinstance(view, FollowupView), view
-    return view
+    return next_view(ledger, cfg, agent=AGENT)
 
 
 def _everything(ledger: Ledger, cfg: Config, path: Path, run_id: str) -> dict[str, str]:

@@ -16,26 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from provider import Reply, ScriptedProvider, ToolCall
 from service_support import auth, serve, write_config
+from support.browser import browser
 from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
+
+__all__ = ["browser"]  # the fixture (support.browser)
 
 pytestmark = pytest.mark.slow
 
 Provider = Callable[..., ScriptedProvider]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SECRET = "SECRET-7f3a-withheld-from-ana"
 SECRET_IMAGE_TEXT = "c2VjcmV0LWltYWdl"  # a base64 payload only a withheld row carries
 WIDTHS = (1280, 400)
@@ -207,17 +200,9 @@ def build_long(ledger: Ledger, turns: int = 100) -> None:
             kw["status"] = RunStatus.INTERRUPTED
             kw["extra"] = {"stop_reason": "deadline"}
         if n == turns - 2:
-            kw["tail"] = [
-                NewRow(
-                    actor="agent:rev",
-                    kind=RowKind.RECEIPT,
-                    body={
-                        "kind": "continuation_checkpoint_refused",
-                        "run": "r-x",
-                        "reason": "truncated",
-                    },
-                )
-            ]
+            refused = {"kind": "continuation_checkpoint_refused", "run": "r-x"}
+            refused["reason"] = "truncated"
+            kw["tail"] = [NewRow(actor="agent:rev", kind=RowKind.RECEIPT, body=refused)]
         if n == turns - 1:
             last = ledger.last_seq("long") + 5  # the run's own rows before it
             kw["tail"] = [
@@ -255,16 +240,6 @@ def build_others(ledger: Ledger) -> None:
 
 
 # -- the browser -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 class Seen:

@@ -11,13 +11,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from provider import Reply, ToolCall
 from service_support import serve, write_config
+from support.browser import browser
 from test_pages import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     SECRET,
     SECRET_IMAGE_TEXT,
     Provider,
@@ -33,6 +32,8 @@ from test_pages import (
 )
 from tether.ledger import Ledger, NewRow, RowKind, RunStatus, open_ledger
 from tether.recall import search
+
+__all__ = ["browser"]  # the fixture (support.browser)
 
 pytestmark = pytest.mark.slow
 
@@ -54,16 +55,6 @@ PLAIN_JS = """(pattern) => {
 def _plain(page: Page) -> list[str]:
     """Seqs and run ids the page names without a link."""
     return page.evaluate(PLAIN_JS, r"#\d+|\br-[0-9a-f]{12}\b")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture

@@ -8,21 +8,19 @@ from __future__ import annotations
 import json
 import secrets
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import msgspec
 import pytest
 
-from checkpoint_support import AGENT, BIG_COMMAND, SUMMARY, pi_config
-from pg import drop_schema, new_schema, schema_url
+from checkpoint_support import AGENT, BIG_COMMAND, SUMMARY, config, run
+from pg import postgres_url
 from provider import Reply, ToolCall, route
-from tether.config import AgentConfig, CustodyConfig, HarnessConfig, SandboxKind
-from tether.followup import FollowupView, build_view
-from tether.harness.checkpoint import EXTENSION_PATH, continuation_checkpoint
-from tether.harness.run import RunOutcome, RunRequest, execute_run
+from support import views
+from tether.config import Config, CustodyConfig, SandboxKind
+from tether.followup import FollowupView
+from tether.harness.run import RunOutcome
 from tether.ledger import Ledger, RowKind, RunStatus, open_ledger
 
 pytestmark = pytest.mark.slow
@@ -66,62 +64,29 @@ EOF"""
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite://{tmp_path}/ledger.db"
-        return
-    schema = new_schema()
-    try:
-        yield schema_url(schema)
-    finally:
-        drop_schema(schema)
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    # (on disk: pi's run and the test's reads are other processes and connections)
+    return f"sqlite://{tmp_path}/ledger.db" if request.param == "sqlite" else postgres_url(tmp_path)
 
 
 def unconfined(
     tmp: Path, provider: Any, url: str, *, budget: int = 200_000, detached: bool = True
-) -> Any:
-    cfg = pi_config(
-        tmp,
-        provider,
-        budget=budget,
-        ledger_url=url,
-        agent=AgentConfig(
-            provider="local",
-            model=provider.model,
-            tools=["bash"],
-            sandbox=SandboxKind.NONE,
-            checkpoint_min_time_s=0,
-            summary_max_bytes=4000,
-        ),
-        harness=HarnessConfig(
-            runs_dir=tmp / "runs",
-            workspaces_dir=tmp / "workspaces",
-            pi_settings={"retry": {"enabled": False}},
-        ),
+) -> Config:
+    """The checkpoint tests' config (checkpoint_support.config) with the tools unsandboxed (they
+    reach the run's own files) and pi's retries off; pi as the harness's child unless
+    ``detached``."""
+    cfg = config(tmp, provider, budget=budget, ledger_url=url)
+    replace = msgspec.structs.replace
+    return replace(
+        cfg,
+        agents={AGENT: replace(cfg.agent(AGENT), sandbox=SandboxKind.NONE)},
+        harness=replace(cfg.harness, pi_settings={"retry": {"enabled": False}}),
+        custody=CustodyConfig(detached=detached),
     )
-    return cfg if detached else msgspec.structs.replace(cfg, custody=CustodyConfig(detached=False))
 
 
-def run_review(ledger: Ledger, cfg: Any, tmp: Path) -> RunOutcome:
-    workdir = tmp / "work"
-    workdir.mkdir(exist_ok=True)
-
-    async def go() -> RunOutcome:
-        return await execute_run(
-            ledger,
-            cfg,
-            RunRequest(
-                session="s1",
-                agent=AGENT,
-                text="Review the diff, then say 'review done'.",
-                actor=REQUESTER,
-                workdir=workdir,
-                extensions=(EXTENSION_PATH,),
-            ),
-            checkpoint=continuation_checkpoint,
-        )
-
-    return anyio.run(go)
+def run_review(ledger: Ledger, cfg: Config, tmp: Path) -> RunOutcome:
+    return run(ledger, cfg, tmp, text="Review the diff, then say 'review done'.", actor=REQUESTER)
 
 
 def forge_command(tmp: Path) -> str:
@@ -137,17 +102,7 @@ def row_texts(ledger: Ledger) -> str:
 
 
 def next_view(ledger: Ledger, cfg: Any) -> FollowupView:
-    view = build_view(
-        ledger,
-        session="s1",
-        agent=AGENT,
-        actor=REQUESTER,
-        request="And now?",
-        config=cfg.followup,
-        grants=cfg.access.grants,
-    )
-    assert isinstance(view, FollowupView), view
-    return view
+    return views.next_view(ledger, cfg, agent=AGENT, actor=REQUESTER)
 
 
 def problems(ledger: Ledger, run: str) -> str:

@@ -14,7 +14,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
 from service_support import serve
 from support.config import workspace_tree
 from support.fs import files_under
+from support.net import accept_in_thread
 from support.users import unprivileged
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 
@@ -91,16 +91,11 @@ class Listener:
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+        accept_in_thread(self.sock, self._count)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
+    def _count(self, conn: socket.socket) -> None:
+        self.accepted += 1
+        conn.close()
 
     def close(self) -> None:
         self.sock.close()
@@ -491,13 +486,19 @@ def test_a_normal_review_still_works_sandboxed(
     assert "notes.txt reviewed" in notes.stdout, notes
 
 
+def _answering_ok(
+    tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
+) -> tuple[Path, Path]:
+    """A config whose provider answers ``ok``, and the XDG cache directory its runs get."""
+    p = scripted_provider(lambda _req: Reply("ok"))
+    cfg = write_config(tmp_path, p.url, f"sqlite://{tmp_path}/state/ledger.db")
+    return cfg, tmp_path / "xdg-cache"
+
+
 def test_under_umask_000_every_directory_tether_causes_is_0700(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
-    url = f"sqlite://{tmp_path}/state/ledger.db"
-    p = scripted_provider(lambda _req: Reply("ok"))
-    cfg = write_config(tmp_path, p.url, url)
-    cache = tmp_path / "xdg-cache"
+    cfg, cache = _answering_ok(tmp_path, scripted_provider)
     argv = [*TETHER, "run", "--config", str(cfg), "-s", "s1", "-a", "rev", "--json", "hi"]
     for sandbox in ("none", "bwrap"):
         if sandbox == "none":
@@ -526,10 +527,7 @@ def test_sandboxed_runs_alone_still_fill_the_compile_cache_once_outside_the_sand
 ) -> None:
     # A host where every run is sandboxed: pi may read the compile cache but not write it, so
     # without the warm-up outside, the cache would stay empty and every run compile pi again.
-    url = f"sqlite://{tmp_path}/state/ledger.db"
-    p = scripted_provider(lambda _req: Reply("ok"))
-    cfg = write_config(tmp_path, p.url, url)
-    cache = tmp_path / "xdg-cache"
+    cfg, cache = _answering_ok(tmp_path, scripted_provider)
     env = {**os.environ, KEY_ENV: "k", "XDG_CACHE_HOME": str(cache)}
     compiled = cache / "tether" / "node-compile-cache"
     markers: list[float] = []

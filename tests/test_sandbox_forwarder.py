@@ -29,6 +29,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from provider import Reply, ScriptedProvider, ToolCall
+from support.config import write_config
+from support.net import accept_in_thread
 from tether.config import AgentConfig, ProviderConfig, parse_config
 from tether.ledger import open_ledger
 from tether.pi.agentdir import pi_models, provider_keys
@@ -55,22 +57,17 @@ class Upstream:
         self.listener = socket.create_server(("127.0.0.1", 0))
         scheme = "https" if tls is not None else "http"
         self.origin = f"{scheme}://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        accept_in_thread(self.listener, self._accepted)
 
-    def _accept(self) -> None:
-        while True:
+    def _accepted(self, conn: socket.socket) -> None:
+        self.connections += 1
+        if self.tls is not None:
             try:
-                conn, _ = self.listener.accept()
-            except OSError:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except (OSError, ssl.SSLError):
+                conn.close()
                 return
-            self.connections += 1
-            if self.tls is not None:
-                try:
-                    conn = self.tls.wrap_socket(conn, server_side=True)
-                except (OSError, ssl.SSLError):
-                    conn.close()
-                    continue
-            threading.Thread(target=self._serve, args=(conn, self.connections), daemon=True).start()
+        threading.Thread(target=self._serve, args=(conn, self.connections), daemon=True).start()
 
     def _serve(self, conn: socket.socket, number: int) -> None:
         data = b""
@@ -952,30 +949,15 @@ def test_a_tool_asking_the_provider_socket_for_the_key_never_gets_it(
     # tool's that got through) gets the answer.
     probe = Reply(tool_calls=[ToolCall("bash", {"command": TOOL_PROBE})])
     p = scripted_provider(lambda req: probe if req.index == 0 else Reply("probe done"))
-    (tmp_path / "work").mkdir()
     (tmp_path / "state").mkdir()
     ledger = f"sqlite://{tmp_path}/state/ledger.db"
-    cfg = tmp_path / "tether.toml"
-    cfg.write_text(
-        f"""[ledger]
-url = "{ledger}"
-
-[providers.hosted]
-base_url = "{p.url}"
-api_key_env = "TETHER_TEST_PROVIDER_KEY"
-context_window = 8192
-max_tokens = 1024
-
-[agents.rev]
-provider = "hosted"
-model = "scripted"
-deadline_s = 120
-workdir = "work"
-
-[harness]
-runs_dir = "state/runs"
-pi_settings = {{ retry = {{ enabled = false }} }}
-"""
+    hosted = {"base_url": p.url, "api_key_env": "TETHER_TEST_PROVIDER_KEY"}
+    cfg = write_config(
+        tmp_path,
+        ledger={"url": ledger},
+        providers={"local": None, "hosted": {**hosted, "context_window": 8192, "max_tokens": 1024}},
+        agents={"rev": {"provider": "hosted", "deadline_s": 120}},
+        harness={"runs_dir": "state/runs", "pi_settings": {"retry": {"enabled": False}}},
     )
     tether_run = [sys.executable, "-m", "tether", "run", "--config", str(cfg)]
     done = subprocess.run(

@@ -3,19 +3,23 @@ the real pi, the scripted provider (docs/contracts.md#the-http-api)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from checkpoint_support import long_task
 from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall, route
 from service_support import (
+    LONG_TOOL,
+    Served,
     auth,
     serve,
     sse_events,
@@ -24,11 +28,15 @@ from service_support import (
     wait_until,
     write_config,
 )
+from support.config import workspace_tree
 from test_cli_entry import PROBE
 from tether.ledger import NewRow, RowKind, RunStatus, open_ledger
 from tether.service.app import STOPPING
 
 Provider = Callable[..., ScriptedProvider]
+
+SLOW_TOOL = Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})])
+"""A reply whose tool keeps the run live a few seconds: time to relay a request into it."""
 
 
 def test_a_request_is_answered_end_to_end(tmp_path: Path, scripted_provider: Provider) -> None:
@@ -280,31 +288,30 @@ def test_two_requests_on_a_session_run_one_after_the_other(
     assert live["s1_most"] == 1, "two runs of one session reached the provider at once"
 
 
+@contextlib.contextmanager
+def relayed_into_a_live_run(
+    tmp: Path, p: ScriptedProvider, deliver: str
+) -> Iterator[tuple[Served, str]]:
+    """``tether serve``; ana's run started (pi in its first tool) and carl's "also check the
+    tests" delivered into it with ``deliver``: the server and the run."""
+    with serve(tmp, write_config(tmp, p.url)) as s:
+        run = s.post("s1", "start the long job").json()["run"]
+        p.wait_for_requests(1, timeout=30)
+        s.relay("s1", "also check the tests", deliver, into=run)
+        yield s, run
+
+
 def test_steer_goes_into_the_live_run_with_the_senders_actor(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    p = scripted_provider(
-        [
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})]),
-            Reply("steered answer"),
-        ]
-    )
-    with serve(tmp_path, write_config(tmp_path, p.url)) as s:
-        run = s.post("s1", "start the long job").json()["run"]
-        p.wait_for_requests(1, timeout=30)
-        steered = s.post("s1", "also check the tests", token="carl-token", deliver="steer")
-        assert steered.status_code == 202, steered.text
-        assert steered.json()["status"] == "delivered"
-        assert steered.json()["run"] == run
+    p = scripted_provider([SLOW_TOOL, Reply("steered answer")])
+    with relayed_into_a_live_run(tmp_path, p, "steer") as (s, run):
         done = s.wait_run(run)
         assert done["answer"] == "steered answer"
-        rows = s.get("/v1/sessions/s1/rows").json()["rows"]
-        users = [
-            (r["actor"], r["message"]["content"][0]["text"])
-            for r in rows
-            if r["message"]["role"] == "user"
+        assert s.said_by_users() == [
+            ("user:ana", "start the long job"),
+            ("user:carl", "also check the tests"),
         ]
-        assert users == [("user:ana", "start the long job"), ("user:carl", "also check the tests")]
         # After the run ended, a steer becomes the session's next queued run.
         late = s.post("s1", "one more thing", token="carl-token", deliver="steer")
         assert late.json()["status"] == "queued"
@@ -322,7 +329,7 @@ def test_a_request_posted_here_wakes_the_idle_worker_and_the_live_runs_relay(
     p = scripted_provider(
         [
             Reply("first"),
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})]),
+            SLOW_TOOL,
             Reply("steered answer"),
         ]
     )
@@ -334,29 +341,15 @@ def test_a_request_posted_here_wakes_the_idle_worker_and_the_live_runs_relay(
         run = s.post("s1", "start the long job").json()["run"]
         p.wait_for_requests(2, timeout=20)
         assert time.monotonic() - posted < 20, "the worker waited for its poll to claim the run"
-        steered = s.post("s1", "also check the tests", token="carl-token", deliver="steer")
-        assert steered.status_code == 202, steered.text
-        assert (steered.json()["status"], steered.json()["run"]) == ("delivered", run)
+        s.relay("s1", "also check the tests", "steer", into=run)
         assert s.wait_run(run, timeout=30)["answer"] == "steered answer"
 
 
 def test_follow_up_goes_into_the_live_run_once_it_would_stop(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    p = scripted_provider(
-        [
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 3; echo slow"})]),
-            Reply("first answer"),
-            Reply("answer to the follow-up"),
-        ]
-    )
-    with serve(tmp_path, write_config(tmp_path, p.url)) as s:
-        run = s.post("s1", "start the long job").json()["run"]
-        p.wait_for_requests(1, timeout=30)
-        followed = s.post("s1", "also check the tests", token="carl-token", deliver="follow_up")
-        assert followed.status_code == 202, followed.text
-        assert followed.json()["status"] == "delivered"
-        assert followed.json()["run"] == run
+    p = scripted_provider([SLOW_TOOL, Reply("first answer"), Reply("answer to the follow-up")])
+    with relayed_into_a_live_run(tmp_path, p, "follow_up") as (s, run):
         done = s.wait_run(run)
         assert done["status"] == "finished", done
         assert done["answer"] == "answer to the follow-up"
@@ -388,6 +381,71 @@ def test_follow_up_goes_into_the_live_run_once_it_would_stop(
     assert p.task_requests[2].last_user_text == "also check the tests"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("deliver", ["steer", "follow_up"])
+def test_a_request_relayed_after_a_worker_takeover_reaches_the_resumed_pi_with_its_actor(
+    tmp_path: Path, scripted_provider: Provider, deliver: str
+) -> None:
+    """A worker is SIGKILLed while pi runs a tool (pi lives on under its keeper); another
+    worker takes the run over (a new epoch) and resumes it on the same pi. A steer or
+    follow-up posted then is delivered into the resumed run (the takeover inherits the relay),
+    reaches pi's next request, and its row carries its sender's actor."""
+    go = workspace_tree(tmp_path) / "go"  # the tool runs until the relayed request is in
+    hold = f"while [ ! -e {go} ]; do sleep 0.05; done; echo went"
+    relayed = "also check the tests"
+
+    def script(req: RecordedRequest) -> Reply:
+        if req.last_user_text == relayed:
+            return Reply("answer to the relayed request")
+        if req.messages[-1].get("role") == "tool":
+            return Reply("first answer")
+        return Reply(tool_calls=[ToolCall("bash", {"command": hold})])
+
+    p = scripted_provider(script)
+    config = write_config(tmp_path, p.url, lease_s=3)
+    with (
+        serve(tmp_path, config, workers=0) as s,
+        open_ledger(f"sqlite://{tmp_path}/ledger.db") as ledger,
+    ):
+        run = s.post("s1", "start the long job").json()["run"]
+        first = tether_proc(tmp_path, "worker", "--config", str(config), log="w1.log")
+        second = None
+        try:
+            p.wait_for_requests(1, timeout=60)  # pi is in the held tool now
+            os.kill(first.pid, signal.SIGKILL)  # the worker only: pi stays with its keeper
+            first.wait(10)
+            second = tether_proc(tmp_path, "worker", "--config", str(config), log="w2.log")
+
+            def taken_over() -> bool:
+                lease = ledger.lease(run)
+                return (
+                    lease is not None and (lease.placement or {}).get("harness_pid") == second.pid
+                )
+
+            wait_until(taken_over, "the second worker to take the run over", within=60)
+            s.relay("s1", relayed, deliver, into=run)
+            go.touch()
+            done = s.wait_run(run, timeout=60)
+        finally:
+            go.touch()  # (a failure above leaves no tool looping)
+            stop_proc(first)
+            if second is not None:
+                stop_proc(second)
+        assert done["answer"] == "answer to the relayed request", done
+        assert ledger.get_run(run).epoch == 2, "resumed by the second worker"
+        assert s.said_by_users() == [("user:ana", "start the long job"), ("user:carl", relayed)]
+        # The relayed request's own queued run ended as delivered into the live one.
+        _, delivered = ledger.runs("s1")
+        assert (delivered.started, delivered.extra["delivered_into"]) == (None, run)
+    # One pi: the tool's result (a steer rides with it), then for a follow-up the answer pi
+    # would have stopped at, and the relayed request.
+    asked = [r.last_user_text for r in p.task_requests]
+    if deliver == "steer":
+        assert asked == ["start the long job", relayed]
+    else:
+        assert asked == ["start the long job", "start the long job", relayed]
+
+
 def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9/v1")
     with serve(tmp_path, config, workers=0) as s:
@@ -414,13 +472,7 @@ def test_healthz_and_metrics_need_no_token_and_v1_does(tmp_path: Path) -> None:
 def test_a_second_sigterm_during_the_drain_exits_at_once_and_recover_resumes_the_run(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    p = scripted_provider(
-        [
-            # Long enough that both signals land while the tool runs, on a loaded machine too.
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 8; echo slept"})]),
-            Reply("answer after the signals"),
-        ]
-    )
+    p = scripted_provider([LONG_TOOL, Reply("answer after the signals")])
     config = write_config(tmp_path, p.url, drain_s=60)
     with serve(tmp_path, config) as s:
         run = s.post("s1", "the long job").json()["run"]
@@ -491,11 +543,7 @@ def test_a_follow_up_during_the_summary_is_queued_out_of_it_and_runs_next_with_t
     mark = "SUMMARY-MARK-relay"
     p = scripted_provider(
         route(
-            task=[
-                Reply(tool_calls=[ToolCall("bash", {"command": "seq 1 3000"})]),
-                Reply("first answer"),
-                Reply("answer to the follow-up"),
-            ],
+            task=[*long_task("first answer"), Reply("answer to the follow-up")],
             summary=[Reply(f"## Goal\n{mark}", delay_s=8), Reply("## Goal\nthe next run's")],
         )
     )

@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from service_support import serve, write_config
-from test_pages import CHROMIUM, CHROMIUM_ARGS
+from support.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.slow
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from provider import Reply, ScriptedProvider
 from service_support import serve, write_config
 from tether.ledger import open_ledger
@@ -66,12 +68,13 @@ def test_an_image_posted_with_a_request_reaches_pis_request_to_the_model(
     p = scripted_provider([Reply("a red square")])
     picture = b64(png())
     with serve(tmp_path, _config(tmp_path, p.url)) as s:
-        posted = s.post(
-            "s1",
-            "what is in this picture?",
-            request_id="k1",
-            images=[{"data": picture, "mimeType": "image/png"}],
-        )
+
+        def ask(data: str) -> httpx.Response:
+            # the same question, the same request_id, with the image ``data``
+            image = {"data": data, "mimeType": "image/png"}
+            return s.post("s1", "what is in this picture?", request_id="k1", images=[image])
+
+        posted = ask(picture)
         assert posted.status_code == 202, posted.text
         run = s.wait_run(posted.json()["run"])
         assert run["status"] == "finished", run
@@ -84,20 +87,10 @@ def test_an_image_posted_with_a_request_reaches_pis_request_to_the_model(
             {"type": "image", "data": picture, "mimeType": "image/png"},
         ]
         # the same request_id with another image is a conflict, not the same request
-        again = s.post(
-            "s1",
-            "what is in this picture?",
-            request_id="k1",
-            images=[{"data": b64(png(3, 3)), "mimeType": "image/png"}],
-        )
+        again = ask(b64(png(3, 3)))
         assert again.status_code == 409, again.text
         assert "images" in again.json()["detail"]["detail"]
-        same = s.post(
-            "s1",
-            "what is in this picture?",
-            request_id="k1",
-            images=[{"data": picture, "mimeType": "image/png"}],
-        )
+        same = ask(picture)
         assert same.status_code == 202, same.text
         assert same.json()["run"] == run["run"]
     (task,) = p.task_requests

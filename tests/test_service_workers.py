@@ -4,20 +4,22 @@ docs/contracts.md#the-http-api)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from pg import fresh_schema_url
-from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall
-from service_support import serve, stop_proc, tether_proc, write_config
+from provider import RecordedRequest, Reply, ScriptedProvider
+from service_support import LONG_TOOL, serve, workers, write_config
 from tether.ledger import Ledger, RunStatus, open_ledger
 
 Provider = Callable[..., ScriptedProvider]
@@ -46,14 +48,41 @@ def _wait_all_ended(ledger: Ledger, sessions: list[str], timeout: float) -> None
         time.sleep(0.2)
 
 
+def _answers_after(seconds: float, only: str | None = None) -> Callable[[RecordedRequest], Reply]:
+    """A script answering each request ``answer to <its text>`` after ``seconds`` (for the
+    request ``only``, when given)."""
+
+    def answer(req: RecordedRequest) -> Reply:
+        if only is None or req.last_user_text == only:
+            time.sleep(seconds)
+        return Reply(f"answer to {req.last_user_text}")
+
+    return answer
+
+
+@contextlib.contextmanager
+def _on_postgres(tmp: Path, p: ScriptedProvider, **config: Any) -> Iterator[tuple[Path, Ledger]]:
+    """The service's config (``config`` changed) on a fresh PostgreSQL schema, and its ledger."""
+    with fresh_schema_url() as url:
+        path = write_config(tmp, p.url, ledger_url=url, **config)
+        with open_ledger(url) as ledger:
+            yield path, ledger
+
+
+def _resumed(ledger: Ledger, run: str, answer: str, log: Path) -> None:
+    """The run finished with ``answer``, after a second worker took it over (a new epoch), and
+    its answer is the session's only one."""
+    ended = ledger.get_run(run)
+    assert ended.status is RunStatus.FINISHED, (ended, log.read_text()[-2000:])
+    assert ended.epoch >= 2, "the second worker took the run over (a new epoch)"
+    assert ended.extra["answer"] == answer
+    assert _assistant_texts(ledger, "s1") == [answer]
+
+
 def test_two_workers_race_for_50_runs_over_10_sessions(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    def answer(req: RecordedRequest) -> Reply:
-        time.sleep(0.05)
-        return Reply(f"answer to {req.last_user_text}")
-
-    p = scripted_provider(answer)
+    p = scripted_provider(_answers_after(0.05))
     sessions = [f"s{i}" for i in range(10)]
     with fresh_schema_url() as url:
         # One actor queues all 50: its [service.limits] raised past that.
@@ -64,16 +93,10 @@ def test_two_workers_race_for_50_runs_over_10_sessions(
                 for session in sessions:
                     r = s.post(session, f"{session} request {n}", request_id=f"{session}-{n}")
                     assert r.status_code == 202, r.text
-            workers = [
-                tether_proc(tmp_path, "worker", "--config", str(config), "-n", "3", log=f"w{i}.log")
-                for i in range(2)
-            ]
-            try:
-                with open_ledger(url) as ledger:
-                    _wait_all_ended(ledger, sessions, timeout=600)
-            finally:
-                for w in workers:
-                    stop_proc(w)
+            with workers(tmp_path, config) as start, open_ledger(url) as ledger:
+                for i in range(2):
+                    start(f"w{i}.log", "-n", "3")
+                _wait_all_ended(ledger, sessions, timeout=600)
         with open_ledger(url) as ledger:
             for session in sessions:
                 runs = ledger.runs(session)
@@ -104,26 +127,18 @@ def test_two_workers_race_for_50_runs_over_10_sessions(
 def test_sigterm_lets_the_live_run_finish_and_claims_nothing_more(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    def slow(req: RecordedRequest) -> Reply:
-        time.sleep(2)
-        return Reply(f"answer to {req.last_user_text}")
-
-    p = scripted_provider(slow)
-    with fresh_schema_url() as url:
-        config = write_config(tmp_path, p.url, ledger_url=url)
-        with open_ledger(url) as ledger:
-            first, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="first")
-            second, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="second")
-            w = tether_proc(tmp_path, "worker", "--config", str(config), log="w.log")
-            try:
-                p.wait_for_requests(1, timeout=60)
-                os.killpg(w.pid, signal.SIGTERM)
-                assert w.wait(60) == 0, (tmp_path / "w.log").read_text()
-            finally:
-                stop_proc(w)
-            assert ledger.get_run(first.id).status is RunStatus.FINISHED
-            assert ledger.get_run(first.id).extra["answer"] == "answer to first"
-            assert ledger.get_run(second.id).status is RunStatus.QUEUED
+    p = scripted_provider(_answers_after(2))
+    with _on_postgres(tmp_path, p) as (config, ledger):
+        first, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="first")
+        second, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="second")
+        with workers(tmp_path, config) as start:
+            w = start("w.log")
+            p.wait_for_requests(1, timeout=60)
+            os.killpg(w.pid, signal.SIGTERM)
+            assert w.wait(60) == 0, (tmp_path / "w.log").read_text()
+        assert ledger.get_run(first.id).status is RunStatus.FINISHED
+        assert ledger.get_run(first.id).extra["answer"] == "answer to first"
+        assert ledger.get_run(second.id).status is RunStatus.QUEUED
 
 
 def _assistant_texts(ledger: Ledger, session: str) -> list[str]:
@@ -137,38 +152,27 @@ def _assistant_texts(ledger: Ledger, session: str) -> list[str]:
 def test_kill_9_of_a_worker_mid_run_another_reconciles_nothing_lost_or_doubled(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    def answer(req: RecordedRequest) -> Reply:
-        if req.last_user_text == "first":
-            time.sleep(4)  # the worker is killed while pi waits for this
-        return Reply(f"answer to {req.last_user_text}")
-
-    p = scripted_provider(answer)
-    with fresh_schema_url() as url:
-        config = write_config(tmp_path, p.url, ledger_url=url, lease_s=3)
-        with open_ledger(url) as ledger:
-            first, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="first")
-            second, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="second")
-            a = tether_proc(tmp_path, "worker", "--config", str(config), log="a.log")
-            b = None
-            try:
-                p.wait_for_requests(1, timeout=60)
-                os.kill(a.pid, signal.SIGKILL)  # the worker only: pi stays with its keeper
-                a.wait(10)
-                assert ledger.get_run(first.id).status is RunStatus.RUNNING
-                b = tether_proc(tmp_path, "worker", "--config", str(config), log="b.log")
-                _wait_all_ended(ledger, ["s1"], timeout=120)
-            finally:
-                stop_proc(a)
-                if b is not None:
-                    stop_proc(b)
-            ended = ledger.get_run(first.id)
-            logs = (tmp_path / "b.log").read_text()
-            assert ended.status is RunStatus.FINISHED, (ended, logs[-2000:])
-            assert ended.epoch >= 2, "the second worker took the run over (a new epoch)"
-            assert ended.extra["answer"] == "answer to first"
-            assert ledger.get_run(second.id).status is RunStatus.FINISHED
-            assert _requests(ledger, "s1") == [(first.id, "first"), (second.id, "second")]
-            assert _assistant_texts(ledger, "s1") == ["answer to first", "answer to second"]
+    # The worker is killed while pi waits for the first answer.
+    p = scripted_provider(_answers_after(4, only="first"))
+    with _on_postgres(tmp_path, p, lease_s=3) as (config, ledger):
+        first, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="first")
+        second, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="second")
+        with workers(tmp_path, config) as start:
+            a = start("a.log")
+            p.wait_for_requests(1, timeout=60)
+            os.kill(a.pid, signal.SIGKILL)  # the worker only: pi stays with its keeper
+            a.wait(10)
+            assert ledger.get_run(first.id).status is RunStatus.RUNNING
+            start("b.log")
+            _wait_all_ended(ledger, ["s1"], timeout=120)
+        ended = ledger.get_run(first.id)
+        logs = (tmp_path / "b.log").read_text()
+        assert ended.status is RunStatus.FINISHED, (ended, logs[-2000:])
+        assert ended.epoch >= 2, "the second worker took the run over (a new epoch)"
+        assert ended.extra["answer"] == "answer to first"
+        assert ledger.get_run(second.id).status is RunStatus.FINISHED
+        assert _requests(ledger, "s1") == [(first.id, "first"), (second.id, "second")]
+        assert _assistant_texts(ledger, "s1") == ["answer to first", "answer to second"]
     asked = Counter(r.last_user_text for r in p.task_requests)
     assert asked == {"first": 1, "second": 1}
 
@@ -176,82 +180,51 @@ def test_kill_9_of_a_worker_mid_run_another_reconciles_nothing_lost_or_doubled(
 def test_sigterm_past_the_drain_deadline_hands_the_run_over(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    def answer(req: RecordedRequest) -> Reply:
-        time.sleep(5)
-        return Reply(f"answer to {req.last_user_text}")
-
-    p = scripted_provider(answer)
-    with fresh_schema_url() as url:
-        config = write_config(tmp_path, p.url, ledger_url=url, drain_s=0.5)
-        with open_ledger(url) as ledger:
-            run, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="long")
-            a = tether_proc(tmp_path, "worker", "--config", str(config), log="a.log")
-            b = None
-            try:
-                p.wait_for_requests(1, timeout=60)
-                os.kill(a.pid, signal.SIGTERM)
-                assert a.wait(30) == 0
-                assert "handed over 1 live run" in (tmp_path / "a.log").read_text()
-                lease = ledger.lease(run.id)
-                assert lease is not None, "the run is still live: it was not ended"
-                assert lease.expired(time.time())
-                b = tether_proc(tmp_path, "worker", "--config", str(config), log="b.log")
-                _wait_all_ended(ledger, ["s1"], timeout=120)
-            finally:
-                stop_proc(a)
-                if b is not None:
-                    stop_proc(b)
-            ended = ledger.get_run(run.id)
-            assert ended.status is RunStatus.FINISHED, ended
-            assert ended.extra["answer"] == "answer to long"
-            assert _assistant_texts(ledger, "s1") == ["answer to long"]
+    p = scripted_provider(_answers_after(5))
+    with _on_postgres(tmp_path, p, drain_s=0.5) as (config, ledger):
+        run, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="long")
+        with workers(tmp_path, config) as start:
+            a = start("a.log")
+            p.wait_for_requests(1, timeout=60)
+            os.kill(a.pid, signal.SIGTERM)
+            assert a.wait(30) == 0
+            assert "handed over 1 live run" in (tmp_path / "a.log").read_text()
+            lease = ledger.lease(run.id)
+            assert lease is not None, "the run is still live: it was not ended"
+            assert lease.expired(time.time())
+            start("b.log")
+            _wait_all_ended(ledger, ["s1"], timeout=120)
+        _resumed(ledger, run.id, "answer to long", tmp_path / "b.log")
     assert len(p.task_requests) == 1
 
 
 def test_a_second_sigterm_during_the_drain_exits_at_once_and_the_next_worker_resumes(
     tmp_path: Path, scripted_provider: Provider
 ) -> None:
-    p = scripted_provider(
-        [
-            # Long enough that both signals land while the tool runs, on a loaded machine too.
-            Reply(tool_calls=[ToolCall("bash", {"command": "sleep 8; echo slept"})]),
-            Reply("answer to long"),
-        ]
-    )
-    with fresh_schema_url() as url:
-        config = write_config(tmp_path, p.url, ledger_url=url, drain_s=60)
-        with open_ledger(url) as ledger:
-            run, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="long")
-            a = tether_proc(tmp_path, "worker", "--config", str(config), log="a.log")
-            b = None
-            try:
-                p.wait_for_requests(1, timeout=60)  # pi is in the bash tool now
-                os.kill(a.pid, signal.SIGTERM)
-                deadline = time.monotonic() + 10
-                while "stopping: no more claims" not in (tmp_path / "a.log").read_text():
-                    assert time.monotonic() < deadline, "the first SIGTERM did not start a drain"
-                    time.sleep(0.05)
-                assert a.poll() is None, "still draining: the live run has 60 s"
-                second = time.monotonic()
-                os.kill(a.pid, signal.SIGTERM)
-                assert a.wait(10) == 1
-                assert time.monotonic() - second < 2, "the second SIGTERM did not exit at once"
-                assert "handing over" not in (tmp_path / "a.log").read_text()
-                assert len(p.task_requests) == 1
-                assert ledger.get_run(run.id).status is RunStatus.RUNNING
-                lease = ledger.lease(run.id)
-                assert lease is not None
-                assert not lease.expired(time.time()), "its lease was left as it was"
-                # Its harness is gone from this host: the next worker takes the run over at once.
-                b = tether_proc(tmp_path, "worker", "--config", str(config), log="b.log")
-                _wait_all_ended(ledger, ["s1"], timeout=60)
-            finally:
-                stop_proc(a)
-                if b is not None:
-                    stop_proc(b)
-            ended = ledger.get_run(run.id)
-            assert ended.status is RunStatus.FINISHED, (ended, (tmp_path / "b.log").read_text())
-            assert ended.epoch >= 2, "the second worker took the run over (a new epoch)"
-            assert ended.extra["answer"] == "answer to long"
-            assert _assistant_texts(ledger, "s1") == ["answer to long"]
+    p = scripted_provider([LONG_TOOL, Reply("answer to long")])
+    with _on_postgres(tmp_path, p, drain_s=60) as (config, ledger):
+        run, _ = ledger.enqueue_run("s1", "rev", actor="user:ana", text="long")
+        with workers(tmp_path, config) as start:
+            a = start("a.log")
+            p.wait_for_requests(1, timeout=60)  # pi is in the bash tool now
+            os.kill(a.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while "stopping: no more claims" not in (tmp_path / "a.log").read_text():
+                assert time.monotonic() < deadline, "the first SIGTERM did not start a drain"
+                time.sleep(0.05)
+            assert a.poll() is None, "still draining: the live run has 60 s"
+            second = time.monotonic()
+            os.kill(a.pid, signal.SIGTERM)
+            assert a.wait(10) == 1
+            assert time.monotonic() - second < 2, "the second SIGTERM did not exit at once"
+            assert "handing over" not in (tmp_path / "a.log").read_text()
+            assert len(p.task_requests) == 1
+            assert ledger.get_run(run.id).status is RunStatus.RUNNING
+            lease = ledger.lease(run.id)
+            assert lease is not None
+            assert not lease.expired(time.time()), "its lease was left as it was"
+            # Its harness is gone from this host: the next worker takes the run over at once.
+            start("b.log")
+            _wait_all_ended(ledger, ["s1"], timeout=60)
+        _resumed(ledger, run.id, "answer to long", tmp_path / "b.log")
     assert len(p.task_requests) == 2, "resumed on the same pi: the tool's result, then the answer"

@@ -17,12 +17,12 @@ import anyio
 import msgspec
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from checkpoint_support import AGENT, ANSWER, SUMMARY, config, long_task, run
 from provider import Reply, route
+from support.spans import spans
 from support.wait import wait_for
 from tether import telemetry
 from tether.config import TelemetryConfig
@@ -30,21 +30,12 @@ from tether.harness.checkpoint import continuation_checkpoint
 from tether.harness.turn import CheckpointResult, SettledTurn, decision_text
 from tether.ledger import Ledger, open_ledger
 
+__all__ = ["spans"]  # the fixture (support.spans)
+
 pytestmark = pytest.mark.slow
 
 SECRET = "sk-PLANTED-SECRET-9d41c2"
 ROW_TEXT = "PLANTED-ROW-TEXT-77ab: count to 2000, then tell me the answer."
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry.install(provider)
-    yield exporter
-    telemetry.reset()
-    provider.shutdown()
 
 
 @pytest.fixture

@@ -7,15 +7,13 @@ real runs, exported over OTLP, are checked in tests/test_telemetry_otlp.py."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from fastapi.testclient import TestClient
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
     GEN_AI_CONVERSATION_ID,
@@ -30,13 +28,15 @@ from opentelemetry.semconv.attributes.http_attributes import (
 from opentelemetry.trace import SpanKind, StatusCode
 
 from support.service import service_config
-from tether import telemetry
+from support.spans import spans
 from tether.config import ProviderConfig, load_config
 from tether.errors import LedgerError
 from tether.ledger import open_ledger
 from tether.service import api
 from tether.service.app import create_app
 from tether.telemetry import genai
+
+__all__ = ["spans"]  # the fixture (support.spans)
 
 ROOT = Path(__file__).resolve().parent.parent
 PI_TYPES = ROOT / "node_modules" / "@earendil-works" / "pi-ai" / "dist" / "types.d.ts"
@@ -132,17 +132,6 @@ def test_every_stop_reason_pi_declares_is_mapped() -> None:
 
 
 # -- the HTTP server span -------------------------------------------------------------------------
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    telemetry.install(provider)
-    yield exporter
-    telemetry.reset()
-    provider.shutdown()
 
 
 def attrs(span: ReadableSpan) -> dict[str, Any]:

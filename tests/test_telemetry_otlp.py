@@ -44,6 +44,7 @@ from checkpoint_support import SUMMARY, long_task
 from otlp_receiver import Receiver, attrs
 from provider import Reply, ScriptedProvider, ToolCall, route
 from service_support import serve, write_config
+from support import config as test_config
 
 pytestmark = pytest.mark.slow
 
@@ -164,29 +165,20 @@ def test_a_run_resumed_by_tether_recover_joins_the_runs_trace(
     # A slow summary: the harness is killed while pi writes it, and `tether recover` resumes
     # the run on the same pi. Both processes trace, as the OTEL_* variables say.
     provider = scripted_provider(route(task=long_task(), summary=[Reply(SUMMARY, delay_s=3)]))
-    (tmp_path / "work").mkdir()
-    config = tmp_path / "tether.toml"
-    config.write_text(
-        f"""
-[ledger]
-url = "sqlite://{tmp_path}/ledger.db"
-[followup]
-budget_bytes = 4000
-[providers.local]
-base_url = "{provider.url}"
-context_window = 64000
-max_tokens = 2048
-[agents.rev]
-provider = "local"
-model = "{provider.model}"
-tools = ["bash"]
-deadline_s = 120
-checkpoint_min_time_s = 0
-workdir = "{tmp_path}/work"
-[harness]
-runs_dir = "{tmp_path}/runs"
-pi_settings = {{ retry = {{ maxRetries = 2, baseDelayMs = 10 }} }}
-"""
+    config = test_config.write_config(
+        tmp_path,
+        provider.url,
+        followup={"budget_bytes": 4000},
+        providers={"local": {"context_window": 64000, "max_tokens": 2048}},
+        agents={
+            "rev": {
+                "model": provider.model,
+                "tools": ["bash"],
+                "deadline_s": 120,
+                "checkpoint_min_time_s": 0,
+            }
+        },
+        harness={"pi_settings": {"retry": {"maxRetries": 2, "baseDelayMs": 10}}},
     )
     env = {
         **os.environ,

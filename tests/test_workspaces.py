@@ -12,13 +12,13 @@ import os
 import stat
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pg import drop_schema, new_schema, schema_url
+from pg import postgres_url
 from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
 from support.cli import start_tether, tether
 from support.config import write_config
@@ -49,15 +49,9 @@ def shell(on_command: Callable[[RecordedRequest], None] | None = None) -> Callab
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite://{tmp_path}/ledger.db"
-        return
-    schema = new_schema()
-    try:
-        yield schema_url(schema)
-    finally:
-        drop_schema(schema)
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    # (on disk: pi's run and the test's reads are other processes and connections)
+    return f"sqlite://{tmp_path}/ledger.db" if request.param == "sqlite" else postgres_url(tmp_path)
 
 
 def run(cfg: Path, session: str, command: str, *, actor: str = "user:local") -> dict[str, Any]:
@@ -167,13 +161,21 @@ def test_two_sessions_running_at_once_edit_separate_trees(
     assert not (tmp_path / "work" / "who.txt").exists()
 
 
+def _shell_config(tmp: Path, scripted_provider: Provider, ledger_url: str, kind: str) -> Path:
+    """A config whose provider runs each request as a shell command, its template ``tmp/work``
+    a git repository when ``kind`` is ``git`` (else a plain directory, copied)."""
+    p = scripted_provider(shell())
+    cfg = write_config(tmp, p.url, ledger={"url": ledger_url})
+    if kind == "git":
+        git_template(tmp / "work")
+    return cfg
+
+
 def test_a_git_template_gives_a_worktree_on_the_session_s_branch(
     tmp_path: Path, scripted_provider: Provider, ledger_url: str
 ) -> None:
-    p = scripted_provider(shell())
-    cfg = write_config(tmp_path, p.url, ledger={"url": ledger_url})
+    cfg = _shell_config(tmp_path, scripted_provider, ledger_url, "git")
     template = tmp_path / "work"
-    git_template(template)
 
     done = run(cfg, "g1", "echo changed >> README; echo new > added.txt; cat README; pwd")
     assert "the template\nchanged" in done["answer"]
@@ -204,10 +206,7 @@ def test_a_git_template_gives_a_worktree_on_the_session_s_branch(
 def test_fork_copies_the_session_s_workspace_for_the_new_session(
     tmp_path: Path, scripted_provider: Provider, ledger_url: str, kind: str
 ) -> None:
-    p = scripted_provider(shell())
-    cfg = write_config(tmp_path, p.url, ledger={"url": ledger_url})
-    if kind == "git":
-        git_template(tmp_path / "work")
+    cfg = _shell_config(tmp_path, scripted_provider, ledger_url, kind)
     first = run(cfg, "f1", "echo parent > p.txt")
     done = tether("fork", "--config", str(cfg), "-s", "f1", "--at", first["run"], "-n", "f2")
     assert done.returncode == 0, done.stderr
@@ -232,11 +231,8 @@ def test_fork_copies_the_session_s_workspace_for_the_new_session(
 def test_erasing_a_session_removes_its_workspace(
     tmp_path: Path, scripted_provider: Provider, ledger_url: str, kind: str
 ) -> None:
-    p = scripted_provider(shell())
-    cfg = write_config(tmp_path, p.url, ledger={"url": ledger_url})
+    cfg = _shell_config(tmp_path, scripted_provider, ledger_url, kind)
     template = tmp_path / "work"
-    if kind == "git":
-        git_template(template)
     run(cfg, "e1", "echo gone soon > e.txt")
     run(cfg, "e2", "echo stays > e.txt")
     assert (tree(tmp_path, "e1") / "e.txt").is_file()

@@ -6,6 +6,7 @@ other (the first is stopped), finds it there."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,8 @@ import pytest
 
 from pg import fresh_schema_url
 from provider import RecordedRequest, Reply, ScriptedProvider, Step, ToolCall
-from service_support import stop_proc, tether_proc
+from service_support import workers
+from support.config import write_config
 from tether.ledger import Ledger, Run, RunStatus, open_ledger
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -32,34 +34,15 @@ def shell(req: RecordedRequest) -> Step:
 def host_config(host: Path, provider_url: str, ledger_url: str, shared: Path, work: Path) -> Path:
     """One host's config: its own state directory, the shared workspaces directory."""
     host.mkdir()
-    path = host / "tether.toml"
-    path.write_text(
-        f"""
-[ledger]
-url = "{ledger_url}"
-
-[providers.local]
-base_url = "{provider_url}"
-context_window = 8192
-max_tokens = 1024
-
-[agents.rev]
-provider = "local"
-model = "scripted"
-deadline_s = 60
-workdir = "{work}"
-
-[harness]
-runs_dir = "state"  # (short: a deep run directory moves its sockets to /tmp)
-workspaces_dir = "{shared}"
-pi_settings = {{ retry = {{ baseDelayMs = 20 }} }}
-
-[service]
-poll_s = 0.05
-drain_s = 20
-"""
+    return write_config(
+        host,
+        provider_url,
+        ledger={"url": ledger_url},
+        agents={"rev": {"workdir": str(work)}},
+        # runs_dir short: a deep run directory moves its sockets to /tmp
+        harness={"runs_dir": "state", "workspaces_dir": str(shared)},
+        service={"poll_s": 0.05, "drain_s": 20},
     )
-    return path
 
 
 def ended(ledger: Ledger, run_id: str, timeout: float = 120) -> Run:
@@ -70,6 +53,19 @@ def ended(ledger: Ledger, run_id: str, timeout: float = 120) -> Run:
             return run
         assert time.monotonic() < deadline, f"run {run_id} still {run.status}"
         time.sleep(0.1)
+
+
+def run_on_a_worker(
+    tmp: Path, ledger: Ledger, config: Path, log: str, text: str
+) -> tuple[Run, int]:
+    """``text`` queued on session m1 and run by a ``tether worker`` with ``config`` (stopped
+    after it): the run, finished, and the worker's pid."""
+    queued, _ = ledger.enqueue_run("m1", "rev", actor="user:ana", text=text)
+    with workers(tmp, config) as start:
+        pid = start(log).pid
+        done = ended(ledger, queued.id)
+    assert done.status is RunStatus.FINISHED, (tmp / log).read_text()
+    return done, pid
 
 
 def test_a_session_s_next_run_on_another_worker_finds_its_workspace(
@@ -84,31 +80,17 @@ def test_a_session_s_next_run_on_another_worker_finds_its_workspace(
         a = host_config(tmp_path / "a", p.url, url, shared, work)
         b = host_config(tmp_path / "b", p.url, url, shared, work)
         with open_ledger(url) as ledger:
-            first, _ = ledger.enqueue_run(
-                "m1", "rev", actor="user:ana", text="echo carried over > carried.txt; pwd"
-            )
-            worker_a = tether_proc(tmp_path, "worker", "--config", str(a), log="a.log")
-            try:
-                done = ended(ledger, first.id)
-            finally:
-                stop_proc(worker_a)
-            assert done.status is RunStatus.FINISHED, (tmp_path / "a.log").read_text()
+            on = functools.partial(run_on_a_worker, tmp_path, ledger)
+            first, pid_a = on(a, "a.log", "echo carried over > carried.txt; pwd")
             tree = shared / "m1" / "tree"
-            assert str(tree) in done.extra["answer"]
-
-            second, _ = ledger.enqueue_run("m1", "rev", actor="user:ana", text="cat carried.txt")
-            worker_b = tether_proc(tmp_path, "worker", "--config", str(b), log="b.log")
-            try:
-                again = ended(ledger, second.id)
-            finally:
-                stop_proc(worker_b)
-            assert again.status is RunStatus.FINISHED, (tmp_path / "b.log").read_text()
-            assert "carried over" in again.extra["answer"], again.extra
+            assert str(tree) in first.extra["answer"]
+            second, pid_b = on(b, "b.log", "cat carried.txt")
+            assert "carried over" in second.extra["answer"], second.extra
         with psycopg.connect(url) as conn:
             owners = dict(conn.execute("SELECT id, owner FROM runs").fetchall())
         assert owners[first.id] != owners[second.id], "each run was taken by its own worker"
-        assert owners[first.id].endswith(f"/{worker_a.pid}")
-        assert owners[second.id].endswith(f"/{worker_b.pid}")
+        assert owners[first.id].endswith(f"/{pid_a}")
+        assert owners[second.id].endswith(f"/{pid_b}")
     # Each host kept its own state; the workspace is in the shared directory alone.
     assert (tmp_path / "a" / "state").is_dir()
     assert (tmp_path / "b" / "state").is_dir()

@@ -2,7 +2,9 @@
 ``tether.toml`` builder (:mod:`support.config`), a wait for a condition with a deadline
 (:mod:`support.wait`), filesystems a test makes (:mod:`support.fs`) and the scripted provider
 (``tests/provider.py``, every name of it), re-exported; the service's test config
-(:mod:`support.service`) and lines of a session file (:mod:`support.interchange`) by module."""
+(:mod:`support.service`), lines of a session file (:mod:`support.interchange`), the next
+follow-up view (:mod:`support.views`), Chromium (:mod:`support.browser`), an in-memory span
+exporter (:mod:`support.spans`) and a socket served in a thread (:mod:`support.net`) by module."""
 
 from __future__ import annotations
 

@@ -567,8 +567,16 @@ class Driver:
         it is idle, which sets ``answered``."""
         stop = self.controls.stop
         await stop.soft_requested.wait()
-        if not stop.hard and not await self._handed_over(transport):
-            with contextlib.suppress(TransportClosed):
-                await client.request(Command.ABORT)
-                if answered is not None:
-                    answered.set()
+        if stop.hard:
+            return
+        if await self._handed_over(transport):
+            # pi is a newer owner's, making the summary for it: nothing is left to wait for
+            # here (as for a soft stop in the task turn). A hard stop ends the step; pi is
+            # left alone, as every stop of a handed-over run leaves it.
+            assert self.progress.failure is not None
+            stop.stop_hard(StopReason.FENCED_OUT, self.progress.failure.detail)
+            return
+        with contextlib.suppress(TransportClosed):
+            await client.request(Command.ABORT)
+            if answered is not None:
+                answered.set()
