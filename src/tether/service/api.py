@@ -52,6 +52,7 @@ __all__ = [
     "RequestIn",
     "RequestOut",
     "RunOut",
+    "admit_and_enqueue",
     "answer_row",
     "blocking",
     "router",
@@ -312,7 +313,7 @@ async def _post_request(
     # by another post may claim it the moment it is queued.
     traced = queued_context(traceparent)
     try:
-        run, created = await blocking(_admit_and_enqueue, st, session, body, who, traced)
+        run, created = await blocking(admit_and_enqueue, st, session, body, who, traced)
     except SessionRefusing as exc:
         raise refused(status.HTTP_409_CONFLICT, "session_refusing", str(exc)) from None
     if not created:
@@ -328,10 +329,11 @@ async def _post_request(
     return await _relay(st, run, body)
 
 
-def _admit_and_enqueue(
+def admit_and_enqueue(
     st: ServiceState, session: str, body: RequestIn, who: Caller, traced: dict[str, Any]
 ) -> tuple[Run, bool]:
-    """Admission, then the queued run: one thread hand-off for the two (each costs the event
+    """Admission, then the queued run (the service's requests, and a chat bridge's: DESIGN
+    §3.18): one thread hand-off for the two (each costs the event
     loop, which the service's runs share, more than the ledger's work)."""
     _admit_request(st, session, body, who)
     images = request_images(st.config, body.agent, body.deliver, body.images)  # 413/422
