@@ -57,12 +57,13 @@ class Bridged:
     config: Path
     people: People
     provider: ScriptedProvider
+    bot: MatrixUser
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
     @property
     def name(self) -> str:
-        return f"matrix:{self.people.bot.user_id}"
+        return f"matrix:{self.bot.user_id}"
 
     def start(self) -> None:
         self.starts += 1
@@ -75,7 +76,7 @@ class Bridged:
             "--workers",
             "1",
             log=f"bridge-{self.starts}.log",
-            env={"TEST_MATRIX_TOKEN": self.people.bot.token},
+            env={"TEST_MATRIX_TOKEN": self.bot.token},
         )
         proc = self.proc
 
@@ -110,7 +111,7 @@ class Bridged:
     def bot_posts(self, room: str, root: str) -> list[dict[str, Any]]:
         """The bot's events in the thread, oldest first."""
         thread = self.people.ana.thread(room, root)
-        return [e for e in thread if e["sender"] == self.people.bot.user_id]
+        return [e for e in thread if e["sender"] == self.bot.user_id]
 
     def wait_posts(self, room: str, root: str, n: int, within: float = 60) -> list[dict[str, Any]]:
         try:
@@ -130,8 +131,11 @@ def bridged(
         rooms: list[str],
         script: Any = _answer,
         extra: str = "",
+        tail: str = "",
+        bot: MatrixUser | None = None,
         start: bool = True,
     ) -> Bridged:
+        bot = bot or people.bot
         p = scripted_provider(script)
         config = write_config(tmp_path, p.url)
         bound = "\n".join(f'"{r}" = "rev"' for r in rooms)
@@ -140,7 +144,7 @@ def bridged(
                 f"""
 [bridges.matrix]
 homeserver = "{people.hs.url}"
-user = "{people.bot.user_id}"
+user = "{bot.user_id}"
 token_env = "TEST_MATRIX_TOKEN"
 poll_s = 0.1
 retry_s = 0.2
@@ -152,9 +156,10 @@ sync_timeout_s = 1
 
 [bridges.matrix.actors]
 "{people.ana.user_id}" = "user:ana"
+{tail}
 """
             )
-        b = Bridged(tmp_path, config, people, p)
+        b = Bridged(tmp_path, config, people, p, bot)
         made.append(b)
         if start:
             b.start()
@@ -165,8 +170,9 @@ sync_timeout_s = 1
         b.stop()
 
 
-def _room(people: People, **kw: Any) -> str:
-    room = people.ana.create_room(invite=[people.bot.user_id, people.bob.user_id], **kw)
+def _room(people: People, bot: MatrixUser | None = None, **kw: Any) -> str:
+    bot = bot or people.bot
+    room = people.ana.create_room(invite=[bot.user_id, people.bob.user_id], **kw)
     people.bob.join(room)
     return room
 
@@ -365,3 +371,79 @@ def test_an_encrypted_room_is_refused_with_a_message(
         30,
     )
     assert b.ledger_call(lambda led: led.bridge_messages(b.name))[0].key == f"encrypted:{room}"
+
+
+def test_a_message_sent_while_the_run_is_live_goes_into_that_run(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    room = _room(people)
+
+    def script(req: RecordedRequest) -> Reply:
+        if req.last_user_text == "the first thing":
+            return Reply("working on the first thing", delay_s=8)
+        return Reply(f"answer to: {req.last_user_text}")
+
+    b = bridged([room], script=script)
+    root = people.ana.send(room, "the first thing", mention=people.bot)
+    wait_until(
+        lambda: (
+            (run := b.ledger_call(lambda led: led.event_run(b.name, root))) is not None
+            and b.ledger_call(lambda led: led.get_run(run)).status is RunStatus.RUNNING
+        ),
+        "the run live",
+        60,
+    )
+    time.sleep(1)  # pi is waiting for the provider's slow reply
+    follow = people.ana.send(room, "and the second thing", thread=root)
+    [answer] = b.wait_posts(room, root, 1)
+    time.sleep(3)  # nothing more comes: the delivered request has no answer of its own
+    assert [p["content"]["body"] for p in b.bot_posts(room, root)] == [answer["content"]["body"]]
+    assert answer["content"]["body"] == "answer to: and the second thing"
+    first = b.ledger_call(lambda led: led.event_run(b.name, root))
+    delivered = b.ledger_call(lambda led: led.get_run(led.event_run(b.name, follow)))
+    assert delivered.extra["delivered_into"] == first
+    assert delivered.extra["deliver"] == "follow_up"
+    assert [r.last_user_text for r in b.provider.requests if not r.is_summary] == [
+        "the first thing",
+        "and the second thing",
+    ]
+
+
+def test_a_refused_request_is_explained_in_one_line(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    room = _room(people)
+    b = bridged([room], tail="[followup]\nrequest_max_bytes = 40\n")
+    root = people.ana.send(room, "please " * 20, mention=people.bot)
+    [notice] = b.wait_posts(room, root, 1)
+    body = notice["content"]["body"]
+    assert notice["content"]["msgtype"] == "m.notice"
+    assert body.startswith(
+        "Refused (request_too_large): the request is 139 bytes, over the limit of 40 bytes"
+    ), body
+    assert "\n" not in body, body
+    session, _ = b.ledger_call(lambda led: led.thread_of(b.name, room, root))
+    assert b.ledger_call(lambda led: led.runs(session)) == []
+
+
+def test_m_limit_exceeded_is_waited_out_and_every_part_posted_once(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    slow = people.hs.register("slowbot")
+    people.hs.limit(slow, per_second=1, burst=1)
+    room = _room(people, bot=slow)
+    paragraphs = [f"part {i}: " + "word " * 40 for i in range(5)]
+
+    def long(req: RecordedRequest) -> Reply:
+        return Reply("\n\n".join(paragraphs))
+
+    b = bridged([room], script=long, extra="split_chars = 250", bot=slow)
+    root = people.ana.send(room, "a long answer please", mention=slow)
+    posts = b.wait_posts(room, root, 5, within=90)
+    time.sleep(2)
+    posts = b.bot_posts(room, root)
+    assert [p["content"]["body"] for p in posts] == [p.strip() for p in paragraphs]
+    [message] = b.ledger_call(lambda led: led.bridge_messages(b.name))
+    assert message.state == "sent"
+    assert message.attempts >= 2, "a post was refused with M_LIMIT_EXCEEDED and retried"
+    assert "rate limited posting" in b.output()

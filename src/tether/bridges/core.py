@@ -24,10 +24,11 @@ from pydantic import ValidationError
 
 from tether.access import Admission
 from tether.errors import LedgerError, SessionRefusing, TetherError
+from tether.harness.relay import Deliver
 from tether.ledger import Run, RunStatus
 from tether.ledger.bridges import BridgeMessage, MessageKind
 from tether.ledger.limits import LimitExceeded
-from tether.service.api import RequestIn, admit_and_enqueue
+from tether.service.api import RequestIn, admit_and_enqueue, relay_request
 from tether.service.attachments import ImageIn
 from tether.service.auth import Caller
 from tether.service.state import ServiceState
@@ -252,11 +253,15 @@ class Bridge:
 
     async def _request(self, msg: Inbound, root: str, session: str, agent: str, actor: str) -> None:
         caller = Caller(actor=actor, admission=Admission(self.st.config.access.grants, actor))
+        # While the thread's run is live, a message goes into it (pi's follow-up, before the
+        # turn settles) as the service's "deliver": "follow_up" does; images travel only queued.
+        live = not msg.images and bool(await in_thread(self.st.ledger.live_runs, session=session))
         try:
             body = RequestIn(
                 agent=agent,
                 text=msg.text.strip(),
                 request_id=msg.event,
+                deliver=Deliver.FOLLOW_UP if live else Deliver.QUEUE,
                 images=[
                     ImageIn.model_validate({"data": i.data, "mimeType": i.mime_type})
                     for i in msg.images
@@ -270,8 +275,14 @@ class Bridge:
         await in_thread(
             self.st.ledger.record_event, self.name, msg.event, room=msg.room, root=root, run=run.id
         )
-        if created:
+        if not created:
+            return
+        if body.deliver is Deliver.QUEUE:
             self.st.queued()
+        else:
+            # The live run's worker takes it (or, once the turn has settled, it stays queued as
+            # the session's next run: never lost).
+            await relay_request(self.st, run, body)
 
     async def _control(
         self, word: Control, msg: Inbound, root: str, session: str, actor: str
@@ -333,6 +344,10 @@ class Bridge:
         pending = await in_thread(ledger.pending_answers, self.name)
         for p in pending:
             run = await in_thread(ledger.get_run, p.run)
+            if run.extra.get("delivered_into"):
+                # Its request went into a live run: that run's answer answers it.
+                await in_thread(ledger.mark_answered, self.name, run.id)
+                continue
             await in_thread(
                 ledger.queue_message,
                 self.name,

@@ -118,6 +118,7 @@ class Bridges(Protocol):
         body: str,
         answered: str | None = ...,
     ) -> bool: ...
+    def mark_answered(self, bridge: str, run: str) -> None: ...
     def claim_messages(
         self, bridge: str, *, owner: str, lease_s: float, limit: int = ..., now: float | None = ...
     ) -> list[BridgeMessage]: ...
@@ -229,6 +230,13 @@ class BridgeSql(SqlBase):
                 (bridge,),
             )
             return [(str(r[0]), str(r[1])) for r in c.fetchall()]
+
+    def mark_answered(self, bridge: str, run: str) -> None:
+        """``run`` needs no post of its own (its request went into another run, which answers)."""
+        with self._tx() as c:
+            c.execute(
+                "UPDATE bridge_events SET answered = 1 WHERE bridge = ? AND run = ?", (bridge, run)
+            )
 
     # -- the outbox ----------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ __all__ = [
     "admit_and_enqueue",
     "answer_row",
     "blocking",
+    "relay_request",
     "router",
     "row_json",
     "run_json",
@@ -326,7 +327,7 @@ async def _post_request(
         st.queued()
     if not created or body.deliver is Deliver.QUEUE:
         return _answer(run, body.request_id)
-    return await _relay(st, run, body)
+    return await relay_request(st, run, body)
 
 
 def admit_and_enqueue(
@@ -380,7 +381,7 @@ def _same_request(run: Run, session: str, body: RequestIn, who: Caller) -> None:
         )
 
 
-async def _relay(st: ServiceState, run: Run, body: RequestIn) -> RequestOut:
+async def relay_request(st: ServiceState, run: Run, body: RequestIn) -> RequestOut:
     """Mark the queued run for delivery into the live run and wait (a little) for the worker
     holding that run to take it; otherwise it stays the session's next queued run."""
     marked = await blocking(st.ledger.update_queued_extra, run.id, {"deliver": body.deliver.value})
