@@ -5,6 +5,7 @@ read the threads back from the homeserver."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
@@ -21,6 +22,7 @@ import pytest
 from provider import RecordedRequest, Reply, ScriptedProvider
 from service_support import stop_proc, tether_proc, wait_until, write_config
 from support.synapse import Homeserver, MatrixUser, homeserver  # noqa: F401  (fixture)
+from test_service_images import png
 from tether.bridges.matrix import ENCRYPTED_NOTICE
 from tether.ledger import Ledger, RunStatus, open_ledger
 
@@ -133,11 +135,17 @@ def bridged(
         extra: str = "",
         tail: str = "",
         bot: MatrixUser | None = None,
+        images: bool = False,
         start: bool = True,
     ) -> Bridged:
         bot = bot or people.bot
         p = scripted_provider(script)
         config = write_config(tmp_path, p.url)
+        if images:
+            text = config.read_text().replace(
+                "deadline_s = 60\n", "deadline_s = 60\nimages = true\n"
+            )
+            config.write_text(text)
         bound = "\n".join(f'"{r}" = "rev"' for r in rooms)
         with config.open("a") as f:
             f.write(
@@ -447,3 +455,25 @@ def test_m_limit_exceeded_is_waited_out_and_every_part_posted_once(
     assert message.state == "sent"
     assert message.attempts >= 2, "a post was refused with M_LIMIT_EXCEEDED and retried"
     assert "rate limited posting" in b.output()
+
+
+def test_an_image_in_the_thread_becomes_the_requests_attachment(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    room = _room(people)
+    b = bridged([room], images=True)
+    picture = png()
+    root = people.ana.send_image(room, picture, "image/png", mention=people.bot)
+    [answer] = b.wait_posts(room, root, 1)
+    assert answer["content"]["body"] == "**answer** to: (an image: picture.png)"
+    [task] = [r for r in b.provider.requests if not r.is_summary]
+    urls = [
+        part["image_url"]["url"]
+        for message in task.body["messages"]
+        if message.get("role") == "user" and isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image_url"
+    ]
+    assert urls == ["data:image/png;base64," + base64.b64encode(picture).decode()]
+    run = b.ledger_call(lambda led: led.get_run(led.event_run(b.name, root)))
+    assert [i["mimeType"] for i in run.extra["images"]] == ["image/png"]

@@ -208,7 +208,7 @@ class MatrixAdapter:
         mentions = content.get("m.mentions") or {}
         mentioned = self.config.user in (mentions.get("user_ids") or []) or self._names_bot(text)
         if images and not text:
-            text = str(content.get("body") or "an image")
+            text = f"(an image: {content.get('body') or 'untitled'})"
         return Inbound(
             event=event.event_id,
             room=room_id,
