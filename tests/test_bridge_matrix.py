@@ -60,6 +60,8 @@ class Bridged:
     people: People
     provider: ScriptedProvider
     bot: MatrixUser
+    ledger_url: str
+    label: str = "bridge"
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -67,7 +69,7 @@ class Bridged:
     def name(self) -> str:
         return f"matrix:{self.bot.user_id}"
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
         self.starts += 1
         self.proc = tether_proc(
             self.tmp,
@@ -77,7 +79,7 @@ class Bridged:
             str(self.config),
             "--workers",
             "1",
-            log=f"bridge-{self.starts}.log",
+            log=f"{self.label}-{self.starts}.log",
             env={"TEST_MATRIX_TOKEN": self.bot.token},
         )
         proc = self.proc
@@ -87,7 +89,8 @@ class Bridged:
                 raise RuntimeError(f"the bridge exited:\n{self.output()}")
             return self.ledger_call(lambda led: led.bridge_cursor(self.name)) is not None
 
-        wait_until(synced, "the bridge's first sync", 60)
+        if wait:
+            wait_until(synced, "the bridge's first sync", 60)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is None:
@@ -102,12 +105,16 @@ class Bridged:
 
     def output(self) -> str:
         return "\n".join(
-            (self.tmp / f"bridge-{i}.log").read_text(errors="replace")[-3000:]
+            (self.tmp / f"{self.label}-{i}.log").read_text(errors="replace")[-3000:]
             for i in range(1, self.starts + 1)
         )
 
+    def latest_output(self) -> str:
+        """The log of the process started last."""
+        return (self.tmp / f"{self.label}-{self.starts}.log").read_text(errors="replace")
+
     def ledger_call(self, fn: Callable[[Ledger], Any]) -> Any:
-        with open_ledger(f"sqlite://{self.tmp}/ledger.db") as led:
+        with open_ledger(self.ledger_url) as led:
             return fn(led)
 
     def bot_posts(self, room: str, root: str) -> list[dict[str, Any]]:
@@ -136,11 +143,14 @@ def bridged(
         tail: str = "",
         bot: MatrixUser | None = None,
         images: bool = False,
+        ledger_url: str | None = None,
+        label: str = "bridge",
         start: bool = True,
     ) -> Bridged:
         bot = bot or people.bot
         p = scripted_provider(script)
-        config = write_config(tmp_path, p.url)
+        ledger_url = ledger_url or f"sqlite://{tmp_path}/ledger.db"
+        config = write_config(tmp_path, p.url, ledger_url=ledger_url)
         if images:
             text = config.read_text().replace(
                 "deadline_s = 60\n", "deadline_s = 60\nimages = true\n"
@@ -167,7 +177,7 @@ sync_timeout_s = 1
 {tail}
 """
             )
-        b = Bridged(tmp_path, config, people, p, bot)
+        b = Bridged(tmp_path, config, people, p, bot, ledger_url, label)
         made.append(b)
         if start:
             b.start()
@@ -477,3 +487,20 @@ def test_an_image_in_the_thread_becomes_the_requests_attachment(
     assert urls == ["data:image/png;base64," + base64.b64encode(picture).decode()]
     run = b.ledger_call(lambda led: led.get_run(led.event_run(b.name, root)))
     assert [i["mimeType"] for i in run.extra["images"]] == ["image/png"]
+
+
+def test_a_restart_after_a_long_absence_misses_nothing(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    room = _room(people)
+    b = bridged([room])
+    b.stop()
+    # More than one sync batch holds (50 a room): the homeserver answers with a limited
+    # timeline, and the bridge reads back the rest to its stored position.
+    root = people.ana.send(room, "asked while the bridge was away", mention=people.bot)
+    for i in range(60):
+        people.bob.send(room, f"chatter {i}")
+    b.start()
+    [answer] = b.wait_posts(room, root, 1)
+    assert answer["content"]["body"] == "**answer** to: asked while the bridge was away"
+    assert "missed while away" in b.latest_output(), "the timeline was limited and read back"

@@ -275,6 +275,7 @@ class Bridge:
         await in_thread(
             self.st.ledger.record_event, self.name, msg.event, room=msg.room, root=root, run=run.id
         )
+        log.info("%s in %s: run %s%s", msg.event, session, run.id, "" if created else " (again)")
         if not created:
             return
         if body.deliver is Deliver.QUEUE:

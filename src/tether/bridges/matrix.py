@@ -54,6 +54,9 @@ ENCRYPTED_NOTICE = (
 )
 IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
 RETRY_SYNC_S = 2.0
+TIMELINE_LIMIT = 50
+"""Events per room a sync returns at most; more are read back (``/messages``) to the stored
+position."""
 NETWORK_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 """A homeserver away or unreachable: waited out, never fatal."""
 
@@ -88,6 +91,7 @@ class MatrixAdapter:
         self.rooms: dict[str, str] = {}
         """Room id -> agent, the aliases resolved (:meth:`bind`)."""
         self.encrypted: set[str] = set()
+        self._since: str | None = None
         localpart = config.user[1:].partition(":")[0]
         self._leading = re.compile(
             rf"^\s*(?:{re.escape(config.user)}|@?{re.escape(localpart)}\b)\s*[:,]?\s*",
@@ -142,7 +146,9 @@ class MatrixAdapter:
                 await stopped.wait()
 
     async def sync_once(self) -> None:
-        since = await self.bridge.cursor()
+        # The stored position at start, then this process's own: another process on the
+        # ledger storing its (older or newer) position never moves this one's stream.
+        since = self._since if self._since is not None else await self.bridge.cursor()
         if since is None:
             # A first start: take the position, and the rooms' state, without the history.
             resp = await self.client.sync(
@@ -150,16 +156,21 @@ class MatrixAdapter:
             )
         else:
             resp = await self.client.sync(
-                timeout=int(self.config.sync_timeout_s * 1000), since=since
+                timeout=int(self.config.sync_timeout_s * 1000),
+                since=since,
+                sync_filter={"room": {"timeline": {"limit": TIMELINE_LIMIT}}},
             )
         if isinstance(resp, nio.SyncError):
             log.warning("sync refused: %s %s", resp.status_code, resp.message)
             await anyio.sleep(RETRY_SYNC_S)
             return
-        await self.handle_sync(resp, replay=since is not None)
+        await self.handle_sync(resp, since=since)
         await self.bridge.save_cursor(resp.next_batch)
+        self._since = resp.next_batch
 
-    async def handle_sync(self, resp: nio.SyncResponse, *, replay: bool) -> None:
+    async def handle_sync(self, resp: nio.SyncResponse, *, since: str | None) -> None:
+        """Handle one sync batch (``since``: the position it was asked from; None on a first
+        start, whose history is skipped)."""
         for room_id in resp.rooms.invite:
             if room_id in self.rooms:
                 await self.client.join(room_id)
@@ -173,12 +184,37 @@ class MatrixAdapter:
             ):
                 await self._refuse_encrypted(room_id)
                 continue
-            if not replay:
+            if since is None:
                 continue
-            for event in info.timeline.events:
+            timeline = list(info.timeline.events)
+            if info.timeline.limited:
+                # More happened since the last sync than one batch holds (the bridge was away):
+                # the rest, back to the stored position, so nothing is missed.
+                timeline = await self._gap(room_id, info.timeline.prev_batch, since) + timeline
+            for event in timeline:
                 msg = await self.inbound(room_id, event)
                 if msg is not None:
                     await self.bridge.handle(msg)
+
+    async def _gap(self, room_id: str, start: str | None, since: str) -> list[Any]:
+        """The room's events from ``since`` up to ``start`` (a limited timeline's
+        ``prev_batch``), oldest first."""
+        older: list[Any] = []
+        while start:
+            got = await self.client.room_messages(
+                room_id, start=start, end=since, direction=nio.MessageDirection.back, limit=100
+            )
+            if isinstance(got, nio.RoomMessagesError):
+                log.warning(
+                    "reading back %s failed: %s; events may be missed", room_id, got.message
+                )
+                break
+            older[:0] = reversed(got.chunk)
+            if not got.chunk or got.end is None or got.end == start:
+                break
+            start = got.end
+        log.info("read back %d event(s) of %s missed while away", len(older), room_id)
+        return older
 
     async def _refuse_encrypted(self, room_id: str) -> None:
         if room_id in self.encrypted:

@@ -56,6 +56,7 @@ def matrix(
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
+        logging.getLogger("nio").setLevel(logging.WARNING)  # a line per event it parses
         cfg, store = open_configured_ledger(config, ledger)
     found = cfg.bridges.matrix
     if found is None:
