@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from provider import RecordedRequest, Reply, ScriptedProvider
+from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall, route
 from service_support import stop_proc, tether_proc, wait_until, write_config
 from support.synapse import Homeserver, MatrixUser, homeserver  # noqa: F401  (fixture)
 from test_service_images import png
@@ -504,3 +504,31 @@ def test_a_restart_after_a_long_absence_misses_nothing(
     [answer] = b.wait_posts(room, root, 1)
     assert answer["content"]["body"] == "**answer** to: asked while the bridge was away"
     assert "missed while away" in b.latest_output(), "the timeline was limited and read back"
+
+
+def test_a_checkpoint_is_noted_and_the_next_answer_builds_on_it(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    room = _room(people)
+    mark = "SUMMARY-MARK-bridge"
+    script = route(
+        task=[
+            Reply(tool_calls=[ToolCall("bash", {"command": "seq 1 3000"})]),
+            Reply("first answer"),
+            Reply("second answer"),
+        ],
+        summary=[Reply(f"## Goal\n{mark}"), Reply("## Goal\nthe next run's")],
+    )
+    b = bridged([room], script=script, tail="[followup]\nbudget_bytes = 4000\n")
+    root = people.ana.send(room, "start the long job", mention=people.bot)
+    [first] = b.wait_posts(room, root, 1, within=90)
+    assert first["content"]["body"] == (
+        "first answer\n\n_(checkpoint written: later answers build on its summary)_"
+    )
+    assert "<em>(checkpoint written" in first["content"]["formatted_body"]
+    people.ana.send(room, "and what next?", thread=root)
+    posts = b.wait_posts(room, root, 2, within=90)
+    assert posts[1]["content"]["body"].startswith("second answer")
+    nxt = b.provider.task_requests[-1]
+    assert nxt.last_user_text == "and what next?"
+    assert nxt.contains(mark), "the checkpoint is in the next run's view"
