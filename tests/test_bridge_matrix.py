@@ -95,9 +95,9 @@ class Bridged:
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is None:
             return
-        if sig == signal.SIGKILL:
+        if sig == signal.SIGKILL:  # the bridge only: pi stays with its keeper
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
         else:
             stop_proc(self.proc)
@@ -145,12 +145,13 @@ def bridged(
         images: bool = False,
         ledger_url: str | None = None,
         label: str = "bridge",
+        lease_s: float = 30,
         start: bool = True,
     ) -> Bridged:
         bot = bot or people.bot
         p = scripted_provider(script)
         ledger_url = ledger_url or f"sqlite://{tmp_path}/ledger.db"
-        config = write_config(tmp_path, p.url, ledger_url=ledger_url)
+        config = write_config(tmp_path, p.url, ledger_url=ledger_url, lease_s=lease_s)
         if images:
             text = config.read_text().replace(
                 "deadline_s = 60\n", "deadline_s = 60\nimages = true\n"
@@ -364,6 +365,8 @@ def test_stop_in_the_thread_stops_its_live_run(
         "the run live",
         60,
     )
+    # a live run shows as the bot typing
+    wait_until(lambda: people.bot.user_id in people.ana.typing_in(room), "the bot typing", 20)
     people.ana.send(room, "stop", thread=root)
     posts = b.wait_posts(room, root, 2)
     bodies = [p["content"]["body"] for p in posts]
@@ -373,6 +376,7 @@ def test_stop_in_the_thread_stops_its_live_run(
     run_id = b.ledger_call(lambda led: led.event_run(b.name, root))
     run = b.ledger_call(lambda led: led.get_run(run_id))
     assert run.status is RunStatus.INTERRUPTED
+    wait_until(lambda: people.bot.user_id not in people.ana.typing_in(room), "typing ended", 20)
 
 
 def test_an_encrypted_room_is_refused_with_a_message(
@@ -532,3 +536,28 @@ def test_a_checkpoint_is_noted_and_the_next_answer_builds_on_it(
     nxt = b.provider.task_requests[-1]
     assert nxt.last_user_text == "and what next?"
     assert nxt.contains(mark), "the checkpoint is in the next run's view"
+
+
+def test_a_bridge_killed_mid_run_and_restarted_answers_once(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    room = _room(people)
+
+    def slow(req: RecordedRequest) -> Reply:
+        time.sleep(4)  # the bridge is killed while pi waits for this
+        return Reply(f"answer to: {req.last_user_text}")
+
+    b = bridged([room], script=slow, lease_s=3)
+    root = people.ana.send(room, "survive a crash", mention=people.bot)
+    b.provider.wait_for_requests(1, timeout=60)
+    b.stop(signal.SIGKILL)
+    run_id = b.ledger_call(lambda led: led.event_run(b.name, root))
+    assert b.ledger_call(lambda led: led.get_run(run_id)).status is RunStatus.RUNNING
+    b.start()
+    b.wait_posts(room, root, 1, within=90)
+    time.sleep(3)
+    assert [p["content"]["body"] for p in b.bot_posts(room, root)] == ["answer to: survive a crash"]
+    run = b.ledger_call(lambda led: led.get_run(run_id))
+    assert run.status is RunStatus.FINISHED
+    assert run.epoch >= 2, "the restarted bridge's worker took the run over"
+    assert [r.last_user_text for r in b.provider.task_requests] == ["survive a crash"]

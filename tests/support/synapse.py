@@ -88,6 +88,8 @@ rc_login:
   account: {relaxed}
   failed_attempts: {relaxed}
 rc_admin_redaction: {relaxed}
+caches:
+  sync_response_cache_duration: 0  # a test's sync sees what happened since its last one
 """
 
 
@@ -191,6 +193,15 @@ class MatrixUser:
         txn = f"i{time.time_ns()}-{next(_txns)}"
         sent = self._call("PUT", f"/rooms/{room_q}/send/m.room.message/{txn}", content)
         return str(sent["event_id"])
+
+    def typing_in(self, room: str) -> list[str]:
+        """Who is typing in ``room`` now (an initial sync's ``m.typing``)."""
+        got = self._call("GET", "/sync", timeout=0)
+        joined = got.get("rooms", {}).get("join", {}).get(room, {})
+        for event in joined.get("ephemeral", {}).get("events", []):
+            if event.get("type") == "m.typing":
+                return list(event["content"].get("user_ids", []))
+        return []
 
     def thread(self, room: str, root: str) -> list[dict[str, Any]]:
         """The events in thread ``root``, oldest first."""

@@ -306,9 +306,12 @@ class MatrixAdapter:
 
     async def typing(self, room: str, on: bool) -> None:
         try:
-            await self.client.room_typing(room, typing_state=on, timeout=10_000)
+            got = await self.client.room_typing(room, typing_state=on, timeout=10_000)
         except NETWORK_ERRORS as exc:
             log.debug("typing notice failed: %s", exc)
+            return
+        if isinstance(got, nio.RoomTypingError):
+            log.debug("typing notice refused: %s", got.message)
 
 
 async def serve(
