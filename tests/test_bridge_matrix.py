@@ -21,7 +21,7 @@ import pytest
 
 from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall, route
 from service_support import stop_proc, tether_proc, wait_until, write_config
-from support.synapse import Homeserver, MatrixUser, homeserver  # noqa: F401  (fixture)
+from support.synapse import MatrixUser, People
 from test_service_images import png
 from tether.bridges.matrix import ENCRYPTED_NOTICE
 from tether.ledger import Ledger, RunStatus, open_ledger
@@ -29,24 +29,6 @@ from tether.ledger import Ledger, RunStatus, open_ledger
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("matrix")]
 
 Provider = Callable[..., ScriptedProvider]
-
-
-@dataclass
-class People:
-    hs: Homeserver
-    bot: MatrixUser
-    ana: MatrixUser
-    bob: MatrixUser
-
-
-@pytest.fixture(scope="module")
-def people(homeserver: Homeserver) -> People:  # noqa: F811
-    return People(
-        homeserver,
-        homeserver.register("tether"),
-        homeserver.register("ana"),
-        homeserver.register("bob"),
-    )
 
 
 def _answer(req: RecordedRequest) -> Reply:

@@ -10,20 +10,14 @@ import pytest
 
 from pg import fresh_schema_url
 from service_support import wait_until
-from test_bridge_matrix import (  # noqa: F401  (fixtures)
-    Bridged,
-    People,
-    _room,
-    bridged,
-    homeserver,
-    people,
-)
+from support.synapse import People
+from test_bridge_matrix import Bridged, _room, bridged  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("matrix")]
 
 
 def test_two_bridges_on_one_ledger_never_answer_one_event_twice(
-    people: People,  # noqa: F811
+    people: People,
     bridged: Callable[..., Bridged],  # noqa: F811
 ) -> None:
     room = _room(people)

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-__all__ = ["SYNAPSE_PY", "Homeserver", "MatrixUser", "homeserver"]
+__all__ = ["SYNAPSE_PY", "Homeserver", "MatrixUser", "People", "homeserver", "people"]
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNAPSE_PY = Path(os.environ.get("TETHER_TEST_SYNAPSE_PYTHON", ROOT / ".venv-synapse/bin/python"))
@@ -348,3 +348,23 @@ def homeserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Homeserver]
         yield hs
     finally:
         hs.stop()
+
+
+@dataclass
+class People:
+    """The session's Matrix accounts: the bot the bridges log in as, and two people."""
+
+    hs: Homeserver
+    bot: MatrixUser
+    ana: MatrixUser
+    bob: MatrixUser
+
+
+@pytest.fixture(scope="session")
+def people(homeserver: Homeserver) -> People:
+    return People(
+        homeserver,
+        homeserver.register("tether"),
+        homeserver.register("ana"),
+        homeserver.register("bob"),
+    )
