@@ -15,6 +15,7 @@ from tether.bridges.matrix import MatrixAdapter, render_html
 from tether.config import MatrixBridgeConfig, parse_config
 from tether.errors import ConfigError
 from tether.ledger import Run, RunStatus
+from tether.ledger.usage import BudgetExhausted, BudgetName
 
 BASE = """
 [providers.p]
@@ -114,6 +115,12 @@ def test_what_a_thread_is_told_when_a_run_ends() -> None:
 def test_a_refusal_is_one_line() -> None:
     exc = HTTPException(409, {"status": "refused", "reason": "session_refusing", "detail": "a\nb"})
     assert refusal_line(exc) == "Refused (session_refusing): a b"
+    over = BudgetExhausted(
+        BudgetName.TOKENS, actor="user:ana", allowed=10, used=12, retry_after_s=5
+    )
+    assert refusal_line(over).startswith(
+        "Refused (budget_exhausted): user:ana's runs used 12 tokens"
+    )
     assert refusal_line(HTTPException(422, "x" * 1000)).endswith("…")
     assert len(refusal_line(HTTPException(422, "x" * 1000))) == 400
 

@@ -28,6 +28,7 @@ from tether.harness.relay import Deliver
 from tether.ledger import Run, RunStatus
 from tether.ledger.bridges import BridgeMessage, MessageKind
 from tether.ledger.limits import LimitExceeded
+from tether.ledger.usage import BudgetExhausted
 from tether.service.api import RequestIn, admit_and_enqueue, relay_request
 from tether.service.attachments import ImageIn
 from tether.service.auth import Caller
@@ -49,6 +50,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_RETRY_S = 300.0
+REFUSALS = (HTTPException, LimitExceeded, BudgetExhausted, SessionRefusing, ValidationError)
+"""What queueing a request refuses it with (the service's 4xx answers): one line in the thread.
+Anything else (the ledger unreachable) leaves the event to be handled again."""
 TYPING_EVERY_S = 4.0
 """How often live runs' rooms are told the bot is typing (each notice lasts a little longer)."""
 
@@ -175,6 +179,8 @@ def refusal_line(exc: BaseException) -> str:
         return one_line(f"Refused: {detail}")
     if isinstance(exc, LimitExceeded):
         return one_line(f"Refused (limit): {exc}")
+    if isinstance(exc, BudgetExhausted):
+        return one_line(f"Refused (budget_exhausted): {exc}")
     if isinstance(exc, SessionRefusing):
         return one_line(f"Refused (session_refusing): {exc}")
     if isinstance(exc, ValidationError):
@@ -268,7 +274,7 @@ class Bridge:
                 ],
             )
             run, created = await in_thread(admit_and_enqueue, self.st, session, body, caller, {})
-        except (HTTPException, LimitExceeded, SessionRefusing, ValidationError) as exc:
+        except REFUSALS as exc:
             log.info("refused %s in %s: %s", msg.event, session, exc)
             await self._notice(f"refusal:{msg.event}", msg.room, root, refusal_line(exc))
             return
