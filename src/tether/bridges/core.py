@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+import anyio.abc
 from fastapi import HTTPException
 from pydantic import ValidationError
 
@@ -214,6 +215,8 @@ class Bridge:
     st: ServiceState
     settings: BridgeSettings
     owner: str
+    tasks: anyio.abc.TaskGroup | None = None
+    """Where relays into live runs wait (else the caller waits for each)."""
     _typing: set[str] = field(default_factory=set)
 
     @property
@@ -286,10 +289,18 @@ class Bridge:
             return
         if body.deliver is Deliver.QUEUE:
             self.st.queued()
-        else:
+        elif self.tasks is not None:
             # The live run's worker takes it (or, once the turn has settled, it stays queued as
-            # the session's next run: never lost).
+            # the session's next run: never lost); the wait is the relay's, not the sync's.
+            self.tasks.start_soon(self._relay, run, body)
+        else:
+            await self._relay(run, body)
+
+    async def _relay(self, run: Run, body: RequestIn) -> None:
+        try:
             await relay_request(self.st, run, body)
+        except TetherError as exc:  # it stays queued: the session's next run
+            log.warning("relaying %s into the live run failed: %s", run.id, exc)
 
     async def _control(
         self, word: Control, msg: Inbound, root: str, session: str, actor: str

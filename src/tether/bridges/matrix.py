@@ -354,6 +354,7 @@ async def serve(
             # The outbox outlives the sync and the workers: answers of runs that end while the
             # workers drain are still posted.
             outer.start_soon(bridge.serve_outbox, adapter, outbox_stop)
+            bridge.tasks = outer
             async with anyio.create_task_group() as runs:
                 if workers > 0:
                     worker = Worker(ledger, config, concurrency=workers, pi=pi)
