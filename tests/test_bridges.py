@@ -164,5 +164,7 @@ async def _event_becomes_a_message() -> None:
         assert by_name.mentions_bot
         assert by_name.text == "hi"
         assert await adapter.inbound("!r", event({"body": "x"}, sender="@tether:hs")) is None
+        edit = {"m.relates_to": {"rel_type": "m.replace", "event_id": "$e0"}}
+        assert await adapter.inbound("!r", event({"body": "* tether: again", **edit})) is None
     finally:
         await adapter.close()

@@ -240,6 +240,8 @@ class MatrixAdapter:
             return None
         content: dict[str, Any] = event.source.get("content") or {}
         relation = content.get("m.relates_to") or {}
+        if relation.get("rel_type") == "m.replace":
+            return None  # an edit: its request was the original message
         root = relation.get("event_id") if relation.get("rel_type") == "m.thread" else None
         mentions = content.get("m.mentions") or {}
         mentioned = self.config.user in (mentions.get("user_ids") or []) or self._names_bot(text)
