@@ -22,6 +22,7 @@ bridge_app = typer.Typer(
     name="bridge",
     help="Connect a chat platform's threads to sessions (a thread is a session).",
     no_args_is_help=True,
+    rich_markup_mode=None,  # help text is plain: "[bridges.matrix]" is not markup
 )
 
 
