@@ -543,3 +543,14 @@ def test_a_bridge_killed_mid_run_and_restarted_answers_once(
     assert run.status is RunStatus.FINISHED
     assert run.epoch >= 2, "the restarted bridge's worker took the run over"
     assert [r.last_user_text for r in b.provider.task_requests] == ["survive a crash"]
+
+
+def test_a_token_the_homeserver_refuses_is_a_clear_error(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    b = bridged([_room(people)], start=False)
+    b.bot = MatrixUser(people.hs, people.bot.user_id, "syt_not_a_token")
+    b.start(wait=False)
+    assert b.proc is not None
+    assert b.proc.wait(30) == 2
+    assert "refused the access token in $TEST_MATRIX_TOKEN (M_UNKNOWN_TOKEN" in b.output()

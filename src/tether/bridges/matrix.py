@@ -105,9 +105,14 @@ class MatrixAdapter:
         invited, is joined when an invite arrives). Returns room id -> agent."""
         who = await self.client.whoami()
         if isinstance(who, nio.WhoamiError):
-            raise PostFailed(
-                f"the homeserver refused the token in ${self.config.token_env}: {who.message}",
-                permanent=True,
+            raise ConfigError(
+                f"{self.config.homeserver} refused the access token in ${self.config.token_env} "
+                f"({who.status_code}: {who.message}): set it to a token of {self.config.user}"
+            )
+        if who.user_id != self.config.user:
+            raise ConfigError(
+                f"the token in ${self.config.token_env} is {who.user_id}'s, not "
+                f"[bridges.matrix] user {self.config.user}'s"
             )
         for room, agent in self.config.rooms.items():
             room_id = room
@@ -349,7 +354,21 @@ async def serve(
     )
     adapter = MatrixAdapter(matrix, token, bridge)
     try:
-        rooms.update(await adapter.bind())
+        while True:
+            try:
+                rooms.update(await adapter.bind())
+                break
+            except NETWORK_ERRORS as exc:
+                log.warning(
+                    "the homeserver at %s is unreachable (%s); trying again in %.0f s",
+                    matrix.homeserver,
+                    exc,
+                    RETRY_SYNC_S,
+                )
+            with anyio.move_on_after(RETRY_SYNC_S):
+                await stopped.wait()
+            if stopped.is_set():
+                return
         log.info("bridging %d room(s) as %s", len(rooms), matrix.user)
         outbox_stop = anyio.Event()
         async with anyio.create_task_group() as outer:

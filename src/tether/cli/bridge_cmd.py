@@ -89,4 +89,15 @@ def matrix(
             tg.cancel_scope.cancel()
 
     with store:
-        anyio.run(main)
+        try:
+            anyio.run(main)
+        except BaseExceptionGroup as group:
+            raise _alone(group) from None
+
+
+def _alone(error: BaseException) -> BaseException:
+    """The one error inside nested task groups' groups (a refused token, say), so it exits
+    with its own status; a group of several stays one."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
