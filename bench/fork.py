@@ -1,4 +1,5 @@
-"""Fork benchmark (DESIGN §3.15): a fork is by reference, so forking a session of 10^6 rows takes
+"""Fork benchmark (docs/operations.md#erasure-and-retention): a fork is by reference, so forking a
+session of 10^6 rows takes
 the time of forking one of 10^3. Each session is written in runs of 10^4 rows (the small one in
 one run); the bench forks each at its last run and at a run in its middle, many times, and
 reports the median, then builds the follow-up view of a fork and of its session (both bounded).

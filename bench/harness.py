@@ -12,7 +12,8 @@ interleaved, repetition by repetition:
 - ``tether run``: the CLI, as a user runs it (config, ledger, follow-up view, mirror, pi in its
   sandbox), and the same with ``sandbox = "none"``: the sandbox's cost per run;
 - in process, ``execute_run`` against the same direct RPC driver run in process.
-- with ``--otel``, ``tether run`` and ``execute_run`` again, traced (DESIGN §3.14): spans sent
+- with ``--otel``, ``tether run`` and ``execute_run`` again, traced (docs/operations.md#traces):
+spans sent
   over OTLP/HTTP to a sink on 127.0.0.1 in a process of its own; ``execute_run``'s traced runs
   share one tracer provider, as a service's do; printed as tracing on : off, paired.
 

@@ -44,7 +44,8 @@ from tether.ledger.codec import INSERT_ROW, encode_row
 from tether.ledger.postgres import _dialect
 from tether.ledger.sqlite import MIGRATIONS, SQLiteLedger
 
-# The "raw" baseline: the fields of the interchange row record (DESIGN §3.1), serialized with
+# The "raw" baseline: the fields of the interchange row record
+# (docs/contracts.md#the-interchange-format), serialized with
 # json.dumps and inserted with executemany under the same unique key. No fence, no seq counter,
 # no measurement, no search text.
 RAW_TABLE = (

@@ -461,6 +461,12 @@ def main() -> None:
         help="also serve from another checkout (PATH/src), on its own SQLite ledger, same rounds",
     )
     parser.add_argument(
+        "--tree",
+        metavar="PATH",
+        help="serve the first service from another checkout too (PATH/src; default this one): "
+        "with --against, two older checkouts compared by this bench",
+    )
+    parser.add_argument(
         "--unconfined",
         action="store_true",
         help='run the agent with sandbox = "none" (default: its sandbox, bubblewrap), to see '
@@ -501,7 +507,8 @@ def main() -> None:
     (work / "tree").mkdir()
     with ScriptedProvider(reply) as provider:
         services: list[Service] = []
-        for name, src in (("service", ROOT / "src"), ("against", None)):
+        main_src = source_dir(args.tree) if args.tree else ROOT / "src"
+        for name, src in (("service", main_src), ("against", None)):
             if name == "against":
                 if not args.against:
                     continue

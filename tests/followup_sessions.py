@@ -1,7 +1,8 @@
 """Writing realistic sessions for the follow-up tests: pi-shaped AgentMessages appended through
 the real ledger API (fenced runs), or imported in bulk for long sessions.
 
-Also the tests' own byte count (DESIGN §3.3), written independently of ``tether.sizes``.
+Also the tests' own byte count (docs/contracts.md#byte-accounting), written independently of
+``tether.sizes``.
 """
 
 from __future__ import annotations
@@ -419,7 +420,8 @@ def pi_like(
     tool-heavy turn (batches of one to three calls, their results, few user messages: an
     occasional steer), and an answer; an interrupted run leaves its last calls without results.
     pi's own compactions happen mid-run when the context since the last one passes its window
-    (covering the rows before the first kept user or assistant message, §3.6); a finished run of
+    (covering the rows before the first kept user or assistant message,
+    docs/contracts.md#compaction-rows); a finished run of
     a long working view may end in a continuation checkpoint, or its refusal receipt.
 
     Sizes scale with ``budget``; ``agents[0]`` runs most of the time."""

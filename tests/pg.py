@@ -73,6 +73,16 @@ def fresh_schema_url() -> Iterator[str]:
         drop_schema(schema)
 
 
+@contextlib.contextmanager
+def engine_url(engine: str, tmp: Path) -> Iterator[str]:
+    """A ledger URL of ``engine``: a fresh PostgreSQL schema, or a SQLite file in ``tmp``."""
+    if engine == "postgres":
+        with fresh_schema_url() as url:
+            yield url
+    else:
+        yield f"sqlite://{tmp}/ledger.db"
+
+
 def postgres_url(tmp: Path) -> str:
     """The conformance suite's factory (``BACKENDS["postgres"]``): a new schema per test."""
     schema = new_schema()

@@ -1,4 +1,4 @@
-"""A scripted OpenAI-compatible chat-completions server for tests (DESIGN §6).
+"""A scripted OpenAI-compatible chat-completions server for tests (tests/provider.py).
 
 pi (and anything else that speaks ``POST /v1/chat/completions``) talks to it on 127.0.0.1, on a
 free port per test. A *script* decides each response:

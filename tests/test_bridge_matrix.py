@@ -1,4 +1,4 @@
-"""``tether bridge matrix`` end to end (DESIGN §3.18): a real Synapse on 127.0.0.1
+"""``tether bridge matrix`` end to end (docs/bridges.md): a real Synapse on 127.0.0.1
 (tests/support/synapse.py), the bridge as users run it (a subprocess with one in-process
 worker), real pi, the scripted provider. People post with plain client-server API calls and
 read the threads back from the homeserver."""

@@ -1,4 +1,4 @@
-"""Two ``tether bridge matrix`` processes on one PostgreSQL ledger (DESIGN §3.18): each syncs
+"""Two ``tether bridge matrix`` processes on one PostgreSQL ledger (docs/bridges.md): each syncs
 every event, yet each event runs once and is answered once."""
 
 from __future__ import annotations

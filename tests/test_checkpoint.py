@@ -1,4 +1,5 @@
-"""The continuation checkpoint with the real pi and the scripted provider (DESIGN §3.6,
+"""The continuation checkpoint with the real pi and the scripted provider
+(docs/contracts.md#compaction-rows,
 invariants 10–14): a written checkpoint, the refusals, and the next run's view."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Post-loop task turns (DESIGN §3.6: "the same mechanism covers post-loop task turns"): a
+"""Post-loop task turns (docs/contracts.md#compaction-rows: "the same mechanism covers post-loop
+task turns"): a
 follow-up delivered into the live pi (the relay's ``follow_up``) runs as a turn after pi's
 loop would have ended; the checkpoint waits for it to settle and covers it. The real pi, the
 scripted provider."""

@@ -1,4 +1,4 @@
-"""The summary input cannot be closed by what it quotes (DESIGN invariant 11).
+"""The summary input cannot be closed by what it quotes (invariant 11).
 
 pi's prompt wraps the serialized conversation in ``<conversation>`` (and a previous summary in
 ``<previous-summary>``) without escaping, and the extension's evidence sits in

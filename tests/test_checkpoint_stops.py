@@ -308,7 +308,7 @@ def _kill_tether_during_the_summary(
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
-    # pi outlives its harness (DESIGN §3.7): it goes on writing the summary.
+    # pi outlives its harness (docs/architecture.md#custody): it goes on writing the summary.
     assert pi_processes(run_dir), "pi died with its harness"
     assert store.get_run(run.id).status is RunStatus.RUNNING  # its owner died mid-step
     return run.id, run_dir

@@ -52,7 +52,7 @@ def test_bad_file_exits_non_zero_names_line_and_writes_nothing(tmp_path: Path) -
     lines[4] = "{not json"
     bad.write_text("\n".join(lines))
     result = runner.invoke(app, ["ledger", "load", str(bad), "--ledger", url])
-    assert result.exit_code == 2  # bad input is a usage error (DESIGN §3.5)
+    assert result.exit_code == 2  # bad input is a usage error (docs/cli.md#tether-run)
     assert f"{bad}:5: malformed JSON" in result.output
     assert "nothing was written" in result.output
     listed = runner.invoke(app, ["sessions", "--json", "--ledger", url])

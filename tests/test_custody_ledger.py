@@ -1,4 +1,5 @@
-"""Session custody in the ledger (DESIGN §3.7), one conformance suite for every backend: the
+"""Session custody in the ledger (docs/architecture.md#custody), one conformance suite for every
+backend: the
 queue is a FIFO, a session has at most one live run, leases expire and are taken over once.
 The race of many processes on PostgreSQL is in tests/test_custody_race.py."""
 

@@ -1,4 +1,5 @@
-"""Custody across processes on PostgreSQL (DESIGN §3.7): 6 processes enqueue runs on 3 sessions
+"""Custody across processes on PostgreSQL (docs/architecture.md#custody): 6 processes enqueue runs
+on 3 sessions
 and claim them as workers would, holding each for a moment; every claim and end is recorded with
 ``time.monotonic`` (one clock for the machine). No two runs of a session may ever be live at
 once, and each session's runs start in the order they were queued."""

@@ -1,4 +1,5 @@
-"""The recovery paths keep custody's promises (DESIGN §3.7, invariants 14-16): a takeover's old
+"""The recovery paths keep custody's promises (docs/architecture.md#custody, invariants 14-16): a
+takeover's old
 harness, a missing FIFO found at recovery, a dead keeper, a checkpoint a lost harness sent. The
 real pi under its keeper, the scripted provider, real signals (SIGKILL, SIGSTOP)."""
 
@@ -194,7 +195,8 @@ def test_a_fifo_lost_mid_tool_found_at_recovery_keeps_the_answer_sends_no_compac
     answers. The placement is confirmed (this host, pi by pid and start time), so recovery
     follows pi to its end without a channel to it: the answer is mirrored from pi's session
     file before pi is ended, it is the run's answer, no checkpoint is attempted, and the
-    session refuses prompts (DESIGN §3.7: a missing FIFO disables the checkpoint and further
+    session refuses prompts (docs/architecture.md#custody: a missing FIFO disables the checkpoint
+    and further
     prompts without discarding the completed answer)."""
     in_tool = workspace_tree(tmp_path) / "in-tool"  # the session's: the sandboxed tool writes it
     provider = scripted_provider(

@@ -1,4 +1,5 @@
-"""Session custody end to end (DESIGN §3.7, invariants 15-17): ``tether run`` and ``tether
+"""Session custody end to end (docs/architecture.md#custody, invariants 15-17): ``tether run`` and
+``tether
 recover`` as a user runs them, the real pi under its keeper, the scripted provider, real signals.
 """
 

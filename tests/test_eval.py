@@ -1,6 +1,6 @@
 """`tether eval continuation --scripted`: real pi runs through the harness against the package's
 scripted model (deterministic; its summary is given and names none of the planted facts),
-asserted from the JSON the command prints (DESIGN §3.13)."""
+asserted from the JSON the command prints (docs/cli.md#tether-eval-continuation)."""
 
 from __future__ import annotations
 

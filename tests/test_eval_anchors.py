@@ -1,4 +1,5 @@
-"""Anchors (DESIGN §3.13) in the view, the mirror, the export and the evaluation's scoring, on
+"""Anchors (docs/cli.md#tether-eval-continuation) in the view, the mirror, the export and the
+evaluation's scoring, on
 sessions loaded through the JSONL interchange (real SQLite); the real extension's extraction is
 exercised by tests/test_eval.py."""
 

@@ -17,6 +17,9 @@ from tether.eval.corpus import corpus_from_eval, read_facts
 from tether.eval.workspace import make_workspace
 from tether.ledger import open_ledger
 
+# The anchors are taken by tether's extension code, run in pi's Node (tether.eval.corpus).
+pytestmark = pytest.mark.pi
+
 EXAMPLE = Path(__file__).resolve().parent / "data" / "eval-corpus"
 
 

@@ -535,7 +535,8 @@ def test_oversized_protected_context_refuses(ledger: Ledger) -> None:
 
 
 def test_a_withheld_previous_request_has_a_stand_in_in_its_place(ledger: Ledger) -> None:
-    """DESIGN §3.2: the view does not fail; a synthetic user message names the row, its run
+    """docs/contracts.md#the-follow-up-view: the view does not fail; a synthetic user message names
+    the row, its run
     and actor and says it is withheld, never its text or sources."""
     run1 = RunWriter.start(ledger, run_id="r1")
     run1.request("an open start")
@@ -841,7 +842,8 @@ def test_the_public_names() -> None:
         "protected_context_over_budget",
         "access_denied",
         "session_refusing",
-        "request_too_large",  # a run's request over [followup] request_max_bytes (DESIGN §3.5)
+        # a run's request over [followup] request_max_bytes (docs/cli.md#tether-run)
+        "request_too_large",
     ]
 
 

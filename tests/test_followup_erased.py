@@ -1,4 +1,5 @@
-"""The follow-up view after an erasure (DESIGN §3.2, §3.15), as a property: whatever rows an
+"""The follow-up view after an erasure (docs/contracts.md#the-follow-up-view,
+docs/operations.md#erasure-and-retention), as a property: whatever rows an
 erasure takes and whatever the budget, a gap named ``erased`` holds only seqs that no longer
 exist, no seq that no longer exists is shown, every seq is accounted for, and when the reads
 reach every row, every missing seq is named ``erased`` and nothing else is a gap."""

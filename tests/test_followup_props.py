@@ -1,11 +1,12 @@
-"""Generated sessions, checked against every follow-up invariant (DESIGN 1–8, 18).
+"""Generated sessions, checked against every follow-up invariant (invariants 1–8, 18).
 
 Sessions are made of runs of two agents with every ending status; requests that are complete,
 partial, missing or never recorded; tool calls with and without results, parallel calls, rows
 larger than the budget, media in requests and tool results, receipts, compactions anywhere (pi's
 own mid-run and continuation checkpoints), notes, and sources that the requester may or may not
 be granted (a withheld request has a stand-in in its place; a withheld checkpoint's range is a
-withheld gap, DESIGN §3.2). Each view is checked with the tests' own byte count, an oracle for
+withheld gap, docs/contracts.md#the-follow-up-view). Each view is checked with the tests' own byte
+count, an oracle for
 the previous request written from the design's words, and a scenario-side oracle of invariant 5
 (:class:`Oracle`): from the generated rows alone it assembles and measures the ordinary window
 (the newest exchanges after the coverage that fit what the reservations leave, opening at a user
@@ -102,7 +103,8 @@ def odd_scenarios(draw: st.DrawFn) -> Scenario:
     sizes = st.sampled_from([0, 20, 200, 1500, 8000, 70_000])
     sources = st.lists(st.sampled_from(SOURCES), max_size=2, unique=True).map(tuple)
     maybe_sources = st.one_of(st.just(()), st.just(()), sources)
-    # A request is as often one no grant admits (its view carries a stand-in, DESIGN §3.2).
+    # A request is as often one no grant admits (its view carries a stand-in,
+    # docs/contracts.md#the-follow-up-view).
     request_sources = st.one_of(maybe_sources, st.just(("vault:k",)))
     image = st.one_of(st.none(), st.none(), st.sampled_from([100, 300, 600]).map(lambda n: "Q" * n))
     ts = 1_764_410_400_000
@@ -377,7 +379,8 @@ def check(
     origins = {m.origin: m for m in view.messages if m.origin is not None}
     assert len(origins) == len([m for m in view.messages if m.origin is not None])
     # Withheld, a stand-in stands in its place: a synthetic user message naming the row, its run
-    # and actor, never its text (DESIGN §3.2). The oracle counts it as the request's seq.
+    # and actor, never its text (docs/contracts.md#the-follow-up-view). The oracle counts it as the
+    # request's seq.
     carried = set(origins)
     if request_seq is None:
         assert view.previous_request is None
@@ -458,7 +461,7 @@ def check(
     if request_seq is not None:
         assert view.previous_request is not None
         # 7. Reused only as contiguous stored rows: nothing omitted from the request on. A
-        # request placed first that every row after it follows is that too (DESIGN invariant
+        # request placed first that every row after it follows is that too (invariant
         # 7: rows are reused when they are contiguous with the previous request).
         reused = (
             covers < request_seq
@@ -1214,8 +1217,8 @@ def window_passing_over_a_unit_that_fits() -> Scenario:
 def placed_first_followed_by_every_row() -> Scenario:
     """A session the generator found: the checkpoint (row 17) is withheld from the requester,
     so no window holds the previous request (row 19) and it is placed first; every row after it
-    follows, so the view is the stored rows from the request on, contiguous: reused (DESIGN
-    invariant 7), not copied."""
+    follows, so the view is the stored rows from the request on, contiguous: reused (invariant 7),
+    not copied."""
     sc = Scenario()
     sc.budget = 2500
     ts = 1_764_410_401_000

@@ -1,5 +1,6 @@
-"""Ordinary reuse first (DESIGN §4 invariant 5), through the CLI: sessions written as ledger
-JSONL, loaded with ``tether ledger load``, viewed with ``tether context --json`` (§3.2).
+"""Ordinary reuse first (invariant 5), through the CLI: sessions written as ledger
+JSONL, loaded with ``tether ledger load``, viewed with ``tether context --json``
+(docs/contracts.md#the-follow-up-view).
 
 Reused: the window of newest rows that fit holds the previous request, so it is used as it
 stands, rows before the request included. Copied: the request's own run is over the budget, so
@@ -38,7 +39,8 @@ SRC = ("repo:acme/api",)
 
 
 def write_jsonl(sk: Sketch, path: Path) -> None:
-    """The session as ledger interchange JSONL (§3.1), as ``tether ledger dump`` writes it."""
+    """The session as ledger interchange JSONL (docs/contracts.md#the-interchange-format), as
+    ``tether ledger dump`` writes it."""
     sk.seal()
     with open_ledger("memory:") as ledger:
         ledger.import_records(*sk.records())

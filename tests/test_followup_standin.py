@@ -1,6 +1,7 @@
 """The follow-up view through ``tether context --json`` and a run (the same builder the service
 uses): a withheld previous request has a stand-in in its place, a withheld checkpoint is a
-withheld gap (DESIGN §3.2), and a gap's ``why`` is its true cause: rows the tail read's row cap
+withheld gap (docs/contracts.md#the-follow-up-view), and a gap's ``why`` is its true cause: rows
+the tail read's row cap
 left unread are ``read_cap`` whatever the budget."""
 
 from __future__ import annotations

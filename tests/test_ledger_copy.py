@@ -341,6 +341,7 @@ def seen(ledger: Ledger) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.postgres  # both ways go through PostgreSQL (the id names only the source)
 @pytest.mark.parametrize("source_engine", ["sqlite", "postgres"])
 def test_a_ledger_with_forks_and_an_erasure_copies_whole(
     source_engine: str, tmp_path: Path, pg_url: str

@@ -1,4 +1,5 @@
-"""Fork and erasure at the edges (DESIGN §3.15): ``POST /v1/sessions/{s}/fork`` and
+"""Fork and erasure at the edges (docs/operations.md#erasure-and-retention): ``POST
+/v1/sessions/{s}/fork`` and
 ``/v1/erasures`` (admins only), ``tether fork`` and ``tether export pi`` of a fork."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Erasure and retention in the ledger (DESIGN §3.15), on every backend: what a selector takes
+"""Erasure and retention in the ledger (docs/operations.md#erasure-and-retention), on every
+backend: what a selector takes
 (and what it leaves), the plan a dry run shows against what goes, receipts, a live run, and the
 sessions retention finds idle."""
 

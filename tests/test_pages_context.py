@@ -70,6 +70,7 @@ JSON_TWINS = {
     "/index.json": page_context.IndexPage,
     "/sessions/s1.json": page_context.TimelinePage,
     "/sessions/s1/next.json?agent=rev": page_context.NextPage,
+    "/sessions/s1/search.json?q=answer": page_context.SearchPage,
 }
 
 
@@ -96,6 +97,12 @@ def test_pages_need_a_token_and_login_sets_an_httponly_cookie(client: Any) -> No
     assert c.get("/sessions/s1.json").status_code == 401
     assert c.get("/sessions/s1/rows.html").status_code == 401
     assert c.get("/live/runs/x/events").status_code == 401
+    assert c.get("/live/sessions/s1/events").status_code == 401
+    found = c.get("/sessions/s1/search?q=answer", follow_redirects=False)
+    assert found.status_code == 303  # to the login form
+    assert c.get("/sessions/s1/search.json?q=answer").status_code == 401
+    ana = {"Authorization": "Bearer ana-token"}
+    assert c.get("/live/sessions/nope/events", headers=ana).status_code == 404
     # The form carries a token, the value of the form cookie GET /login sets (double submit).
     form = c.get("/login")
     token = re.search(r'name="form_token" value="([^"]+)"', form.text)

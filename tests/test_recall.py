@@ -225,9 +225,9 @@ def _unkey_rows(conn: sqlite3.Connection) -> None:
 
 
 def _drop_session_keys(conn: sqlite3.Connection) -> None:
-    """Undo schema 13's webhook outbox, schema 12's run actors, schema 11's keyed rows, schema
-    9's forks and erasure receipts, schema 8's index of row heads and schema 7's session
-    numbers and row keys."""
+    """Undo schema 14's usage, 13's webhook outbox, 12's run actors, 11's keyed rows, 9's
+    forks and erasure receipts, 8's index of row heads and 7's session numbers and row keys."""
+    conn.execute("DROP TABLE run_usage")
     conn.execute("DROP TABLE webhook_deliveries")
     conn.execute("DROP TABLE webhook_events")
     conn.execute("DROP INDEX runs_open_by_actor")

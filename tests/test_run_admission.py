@@ -1,5 +1,7 @@
-"""``tether run`` admits its request and ids before anything is written (DESIGN §3.5), and a
-session loaded in the interchange shape can be followed up (DESIGN §3.1)."""
+"""``tether run`` admits its request and ids before anything is written (docs/cli.md#tether-run),
+and a
+session loaded in the interchange shape can be followed up
+(docs/contracts.md#the-interchange-format)."""
 
 from __future__ import annotations
 
@@ -101,7 +103,8 @@ def test_bad_ids_exit_2_and_write_nothing(tmp_path: Path, flag: str, value: str)
 def test_a_loaded_session_without_pi_defaults_can_be_followed_up(
     tmp_path: Path, scripted_provider: Callable[..., ScriptedProvider]
 ) -> None:
-    """The DESIGN §3.1 shape: an assistant message without usage or stopReason. pi's
+    """The docs/contracts.md#the-interchange-format shape: an assistant message without usage or
+    stopReason. pi's
     compaction reads usage.totalTokens of every assistant message; the load fills it."""
     p = scripted_provider([Reply("follow-up answer")])
     cfg = write_config(tmp_path, p.url)

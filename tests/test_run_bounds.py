@@ -10,7 +10,6 @@ passed the bound."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from checkpoint_support import config, run
-from pg import fresh_schema_url
+from pg import engine_url
 from provider import RecordedRequest, Reply, ToolCall
 from tether.config import AgentConfig, Config
 from tether.harness.stops import StopReason
@@ -31,15 +30,6 @@ DEADLINE_S = 40
 """Without the bounds these runs go on to the deadline (and end ``deadline``)."""
 SLACK = 5
 """Calls a model that answers at once may make between the bound and pi taking the abort."""
-
-
-@contextlib.contextmanager
-def engine_url(engine: str, tmp: Path) -> Iterator[str]:
-    if engine == "postgres":
-        with fresh_schema_url() as url:
-            yield url
-    else:
-        yield f"sqlite://{tmp}/ledger.db"
 
 
 def bounded(cfg: Config, **bounds: int) -> Config:

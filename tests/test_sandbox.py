@@ -1,4 +1,4 @@
-"""The sandbox's pieces on their own (DESIGN §3.12): what bubblewrap is told to show, the
+"""The sandbox's pieces on their own (docs/security.md): what bubblewrap is told to show, the
 forwarder's rewrite of pi's request head, and pi's provider URL when sandboxed. The escapes
 themselves, through the real pi, are in test_sandbox_escapes.py."""
 

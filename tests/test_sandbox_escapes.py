@@ -1,4 +1,4 @@
-"""The agent's tools cannot reach the house (DESIGN §3.12): each escape is a tool call made
+"""The agent's tools cannot reach the house (docs/security.md): each escape is a tool call made
 through the real pi, with the default configuration (sandbox "bwrap", network "provider"),
 driven by the scripted provider as a prompt injection would drive it. Every attempt fails, the
 run ends cleanly with the tool's error as the tool result, and nothing secret or forged is left

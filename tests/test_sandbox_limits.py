@@ -1,4 +1,4 @@
-"""A tool that hits a sandbox limit fails, and the run's record names the limit (DESIGN §3.12):
+"""A tool that hits a sandbox limit fails, and the run's record names the limit (docs/security.md):
 through the real pi, sandboxed, driven by the scripted provider, each limit is hit as a prompt
 injection would hit it (a 10 GB file, a memory hog, a fork bomb). The run ends cleanly and its
 record's ``extra.limits_hit`` names exactly that limit, at the seq of each tool result that

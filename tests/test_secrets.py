@@ -1,4 +1,5 @@
-"""What a run reads bounds what it may reveal, and secrets stay out (DESIGN §3.10), with the real
+"""What a run reads bounds what it may reveal, and secrets stay out (docs/security.md), with the
+real
 pi and the scripted provider: provider keys reach pi only over the key channel, tools get an
 allow-listed environment, obligations travel to the rows a run writes, the agent's workdir never
 holds the ledger, and tether's files are private."""

@@ -1,5 +1,5 @@
 """The service over real HTTP on 127.0.0.1: `tether serve` (uvicorn) with in-process workers,
-the real pi, the scripted provider (DESIGN §3.8)."""
+the real pi, the scripted provider (docs/contracts.md#the-http-api)."""
 
 from __future__ import annotations
 

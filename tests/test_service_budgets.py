@@ -5,15 +5,13 @@ from every run's usage (tether.ledger.usage), on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pg import fresh_schema_url
+from pg import engine_url
 from provider import Reply, ToolCall
 from service_support import serve, write_config
 from tether.config import ServiceBudgets, parse_config
@@ -23,15 +21,6 @@ from tether.usage import DAY_S
 
 BIG = (20_000, 10)
 """A provider call's (prompt, completion) tokens: twice ana's budget at once."""
-
-
-@contextlib.contextmanager
-def engine_url(engine: str, tmp: Path) -> Iterator[str]:
-    if engine == "postgres":
-        with fresh_schema_url() as url:
-            yield url
-    else:
-        yield f"sqlite://{tmp}/ledger.db"
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Workers as separate processes on one PostgreSQL ledger: racing for queued runs, a worker
-killed mid-run, a worker stopped with SIGTERM (DESIGN §3.7, §3.8)."""
+killed mid-run, a worker stopped with SIGTERM (docs/architecture.md#custody,
+docs/contracts.md#the-http-api)."""
 
 from __future__ import annotations
 

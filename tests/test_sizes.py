@@ -1,4 +1,5 @@
-"""The canonical JSON of DESIGN §3.3 is the stdlib's bytes (sorted keys, no spaces, non-ASCII kept):
+"""The canonical JSON of docs/contracts.md#byte-accounting is the stdlib's bytes (sorted keys, no
+spaces, non-ASCII kept):
 the faster encoder behind :func:`tether.sizes.canonical_json` must write exactly those."""
 
 from __future__ import annotations

@@ -6,10 +6,8 @@ SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import msgspec
 import pytest
 
 from checkpoint_support import ANSWER, BIG_COMMAND, SUMMARY, config, rows_of, run
-from pg import fresh_schema_url
+from pg import engine_url
 from provider import Reply, ToolCall, route
 from service_support import serve, write_config
 from support.cli import tether
@@ -65,15 +63,6 @@ def expected(*calls: tuple[int, int, int, int]) -> dict[str, Any]:
         ) / 1e6
     tokens = out["input"] + out["output"] + out["cache_read"] + out["cache_write"]
     return {**out, "total_tokens": tokens, "cost": pytest.approx(cost, rel=1e-9, abs=1e-12)}
-
-
-@contextlib.contextmanager
-def engine_url(engine: str, tmp: Path) -> Iterator[str]:
-    if engine == "postgres":
-        with fresh_schema_url() as url:
-            yield url
-    else:
-        yield f"sqlite://{tmp}/ledger.db"
 
 
 def priced(cfg: Config) -> Config:

@@ -1,4 +1,5 @@
-"""Request admission (DESIGN §3.5), and the closed set of reasons a request or its follow-up
+"""Request admission (docs/cli.md#tether-run), and the closed set of reasons a request or its
+follow-up
 view is refused.
 
 A request is admitted before it becomes a row. Not valid UTF-8 → :class:`UsageError` (CLI exit
@@ -31,7 +32,8 @@ class RefusalReason(enum.StrEnum):
     SESSION_REFUSING = "session_refusing"
     """The session refuses new prompts until an operator clears it."""
     REQUEST_TOO_LARGE = "request_too_large"
-    """The new request is over ``[followup] request_max_bytes`` (DESIGN §3.5): admitted, it
+    """The new request is over ``[followup] request_max_bytes`` (docs/cli.md#tether-run): admitted,
+    it
     could not be quoted whole as the next run's previous request."""
 
 

@@ -1,4 +1,4 @@
-"""Configuration (DESIGN §3.4): ``tether.toml``, found by ``--config PATH`` or ``TETHER_CONFIG``.
+"""Configuration (docs/configuration.md): ``tether.toml``, by ``--config`` or ``TETHER_CONFIG``.
 
 Every section is optional; a missing file means the defaults (an embedded SQLite ledger in
 ``.tether/ledger.db`` and no agents). Unknown keys are errors, so a typo never silently does
@@ -144,7 +144,7 @@ class ProviderConfig(_Section, frozen=True):
 
 
 class SandboxKind(enum.StrEnum):
-    """How a run's pi and its tools are confined (DESIGN §3.12)."""
+    """How a run's pi and its tools are confined (docs/security.md)."""
 
     BWRAP = "bwrap"
     """bubblewrap: the default."""
@@ -214,7 +214,7 @@ class AgentConfig(_Section, frozen=True):
     env: dict[str, str] = {}
     """Variables the agent's tools get, besides PATH, HOME, LANG, TERM and a private TMPDIR."""
     sandbox: SandboxKind = SandboxKind.BWRAP
-    """pi and its tools in bubblewrap (DESIGN §3.12), or ``"none"``: unconfined, knowingly."""
+    """pi and its tools in bubblewrap (docs/security.md), or ``"none"``: unconfined, knowingly."""
     network: NetworkKind = NetworkKind.PROVIDER
     """A sandboxed run's network: the provider only (default), or the host's."""
     limits: LimitsConfig = LimitsConfig()
@@ -258,7 +258,7 @@ class HarnessConfig(_Section, frozen=True):
 
 
 class CustodyConfig(_Section, frozen=True):
-    """Session custody (DESIGN §3.7)."""
+    """Session custody (docs/architecture.md#custody)."""
 
     lease_s: PositiveSeconds = 30.0
     """A live run's lease lasts this long after its last heartbeat (heartbeats come every
@@ -382,7 +382,7 @@ class WebhooksConfig(_Section, frozen=True):
 
 
 class ServiceConfig(_Section, frozen=True):
-    """``tether serve`` and ``tether worker`` (DESIGN §3.8)."""
+    """``tether serve`` and ``tether worker`` (docs/contracts.md#the-http-api)."""
 
     tokens: dict[str, str] = {}
     """SHA-256 hex of a bearer token -> the actor its requests act as (``"…hex…" = "user:ana"``)."""
@@ -397,7 +397,7 @@ class ServiceConfig(_Section, frozen=True):
     """How long a ``steer``/``follow_up`` request waits for the worker holding the live run to
     take it before it is answered as queued (it then becomes the session's next run)."""
     admins: list[str] = []
-    """Actors that may erase over the API (``POST /v1/erasures``; DESIGN §3.15)."""
+    """Actors that may erase over the API (``POST /v1/erasures``; docs/operations.md)."""
     max_body_bytes: Positive | None = None
     """The largest request body the service reads; a larger one is refused with 413 before it
     is read (default: :meth:`Config.body_limit`, room for the largest admissible request)."""
@@ -427,7 +427,7 @@ class ServiceConfig(_Section, frozen=True):
 
 
 class TelemetryConfig(_Section, frozen=True):
-    """Traces (DESIGN §3.14); where they go is the standard ``OTEL_*`` variables' business."""
+    """Traces (docs/operations.md#traces); where they go, the ``OTEL_*`` variables say."""
 
     content: bool = False
     """Put what people and agents wrote (the request, the answer, a tool's arguments) on spans
@@ -435,7 +435,7 @@ class TelemetryConfig(_Section, frozen=True):
 
 
 class RetentionConfig(_Section, frozen=True):
-    """Retention (DESIGN §3.15): sessions idle this long are erased."""
+    """Retention (docs/operations.md#erasure-and-retention): sessions idle this long are erased."""
 
     idle_days: Positive | None = None
     """Erase a session when its newest activity (created, a run started or ended, a note) is
@@ -443,7 +443,7 @@ class RetentionConfig(_Section, frozen=True):
     the service's workers once a day."""
 
 
-# ---- chat bridges (DESIGN §3.18, tether.bridges) -------------------------------------------------
+# ---- chat bridges (docs/bridges.md, tether.bridges) ---------------------------------------------
 
 MatrixUserId = Annotated[str, msgspec.Meta(pattern=r"^@[^:\s]+:[^\s]+$")]
 """``@localpart:server``."""

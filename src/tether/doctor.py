@@ -287,7 +287,7 @@ def _workspaces(config: Config) -> list[Check]:
 
 def _sandbox(config: Config) -> list[Check]:
     """bubblewrap and user namespaces, when an agent runs sandboxed; every agent that does not,
-    named (DESIGN §3.12)."""
+    named (docs/security.md)."""
     from tether.config import SandboxKind
     from tether.sandbox.bwrap import find_bwrap, probe, userns_problem
 

@@ -91,7 +91,7 @@ class SessionRefusing(LedgerError):
 
 class SessionBusy(LedgerError):
     """The session has a live run (or runs queued before this one) and the caller asked not to
-    wait (``tether run --no-wait``; DESIGN §3.7). Printed as
+    wait (``tether run --no-wait``; docs/architecture.md#custody). Printed as
     ``{"status":"refused","reason":"session_busy"}``, exit 3."""
 
     reason = "session_busy"

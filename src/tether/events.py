@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class Waiting(msgspec.Struct, frozen=True):
-    """A queued run waits for its session's live run to end (DESIGN §3.7)."""
+    """A queued run waits for its session's live run to end (docs/architecture.md#custody)."""
 
     run: str
     behind: str | None
@@ -49,7 +49,8 @@ class Waiting(msgspec.Struct, frozen=True):
 
 
 class Resumed(msgspec.Struct, frozen=True):
-    """A run whose harness was lost is taken over on its original pi process (DESIGN §3.7)."""
+    """A run whose harness was lost is taken over on its original pi process
+    (docs/architecture.md#custody)."""
 
     run: str
     session: str

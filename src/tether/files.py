@@ -1,5 +1,5 @@
 """Files tether creates are private to their user: directories 0700, files 0600, whatever the
-umask (DESIGN §3.10). Transcripts, logs and the ledger hold what the agents read."""
+umask (docs/security.md). Transcripts, logs and the ledger hold what the agents read."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Ids of sessions, runs, actors and agents (DESIGN §3.1): non-empty, printable, one line.
+"""Ids of sessions, runs, actors and agents (docs/contracts.md#the-interchange-format): non-empty,
+printable, one line.
 
 An id travels into file names, log lines, JSON Lines and URLs; one that is empty or holds a
 control character or a newline would load but could not be dumped and loaded again, or named on

@@ -1,5 +1,5 @@
 """Processes named by pid and start time, so that a reused pid is never taken for the process
-it once named (DESIGN §3.7: placements, cleanup signals).
+it once named (docs/architecture.md#custody: placements, cleanup signals).
 
 A start time here is seconds since boot, the kernel's own record (``starttime`` in
 ``/proc/PID/stat``, in clock ticks). The wall-clock start that ``psutil`` reports is that plus

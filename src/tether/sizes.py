@@ -1,4 +1,4 @@
-"""Byte accounting (DESIGN §3.3).
+"""Byte accounting (docs/contracts.md#byte-accounting).
 
 The size of a message is the length in UTF-8 of its canonical JSON (sorted keys, no spaces) with
 every base64 media payload replaced by its length. Media are counted apart, against their own

@@ -1,4 +1,5 @@
-"""A run's cumulative source obligations (DESIGN §3.10): every row a run writes carries the union
+"""A run's cumulative source obligations (docs/security.md): every row a run writes carries the
+union
 of the sources of everything the run was given (its view, recalled rows), so an answer derived
 from a withheld row is withheld like it."""
 

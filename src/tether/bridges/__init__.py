@@ -1,4 +1,4 @@
-"""Chat bridges (DESIGN §3.18): a chat thread is a session. ``tether bridge matrix`` runs one.
+"""Chat bridges (docs/bridges.md): a chat thread is a session. ``tether bridge matrix`` runs one.
 
 The boundary: an adapter (:mod:`tether.bridges.matrix`; Slack with slack-bolt in Socket Mode
 would be the next) turns the platform's events into :class:`Inbound` messages (event id, room,

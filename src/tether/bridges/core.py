@@ -1,4 +1,4 @@
-"""The run side of a chat bridge (DESIGN §3.18), the same for every platform: a thread is a
+"""The run side of a chat bridge (docs/bridges.md), the same for every platform: a thread is a
 session, a message is a request queued as the service queues one, and answers, refusals and
 control replies go out through the ledger's outbox (:mod:`tether.ledger.bridges`).
 

@@ -1,4 +1,4 @@
-"""The Matrix adapter (DESIGN §3.18): a bot account's sync stream into :class:`Inbound`
+"""The Matrix adapter (docs/bridges.md): a bot account's sync stream into :class:`Inbound`
 messages, and posts as threaded replies, over matrix-nio (the ``matrix`` extra).
 
     adapter = MatrixAdapter(config.bridges.matrix, token, bridge)

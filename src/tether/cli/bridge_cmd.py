@@ -1,4 +1,4 @@
-"""``tether bridge matrix``: chat threads as sessions (DESIGN §3.18, docs/bridges.md)."""
+"""``tether bridge matrix``: chat threads as sessions (docs/bridges.md)."""
 
 from __future__ import annotations
 

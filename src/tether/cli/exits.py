@@ -1,4 +1,4 @@
-"""Exit statuses (DESIGN §3.5) and the one place domain errors become CLI errors."""
+"""Exit statuses (docs/cli.md#tether-run) and the one place domain errors become CLI errors."""
 
 from __future__ import annotations
 

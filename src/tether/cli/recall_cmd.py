@@ -1,4 +1,5 @@
-"""``tether recall`` and ``tether note``: the twins of the tools a run's agent has (DESIGN §3.9)."""
+"""``tether recall`` and ``tether note``: the twins of the tools a run's agent has
+(docs/contracts.md#recall-and-notes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``tether recover``: reconcile every live run whose custody lapsed (DESIGN §3.7)."""
+"""``tether recover``: reconcile every live run whose custody lapsed
+(docs/architecture.md#custody)."""
 
 from __future__ import annotations
 

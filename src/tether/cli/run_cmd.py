@@ -1,4 +1,4 @@
-"""``tether run``: one task turn of an agent on a session (DESIGN §3.5).
+"""``tether run``: one task turn of an agent on a session (docs/cli.md#tether-run).
 
 The command admits the request and starts pi at once (held at its gate, :mod:`tether.pi.gate`);
 what the run needs beyond that is imported while pi loads (:mod:`tether.cli.run_live`). The

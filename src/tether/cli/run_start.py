@@ -1,5 +1,5 @@
 """The start of ``tether run``: the request admitted, the ledger open and pi launched (held at
-its gate), before the run itself is imported (DESIGN §3.5, §3.7).
+its gate), before the run itself is imported (docs/cli.md#tether-run, docs/architecture.md#custody).
 
 pi's start is the largest fixed cost of a run, so it should begin as early as possible. The
 ``tether`` entry (:mod:`tether.cli.entry`) therefore makes this start from the raw arguments

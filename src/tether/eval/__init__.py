@@ -1,4 +1,5 @@
-"""Measuring what the next run knows (DESIGN §3.13): ``tether eval continuation``.
+"""Measuring what the next run knows (docs/cli.md#tether-eval-continuation): ``tether eval
+continuation``.
 
     record = evaluate(load_config(), EvalOptions(agent="reviewer", seeds=5, runs=3))
     record["identifiers"]["available"]   # share of planted identifiers in the next view

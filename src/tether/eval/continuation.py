@@ -1,4 +1,5 @@
-"""``tether eval continuation``: what the next run knows after a checkpoint (DESIGN §3.13).
+"""``tether eval continuation``: what the next run knows after a checkpoint
+(docs/cli.md#tether-eval-continuation).
 
 For each seed: a generated workspace (:mod:`tether.eval.workspace`), a session in a ledger of the
 evaluation's own (SQLite, in its directory: the evaluation never writes the configured ledger),

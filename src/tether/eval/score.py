@@ -1,4 +1,5 @@
-"""Scoring planted facts against a follow-up view (DESIGN §3.13), deterministically.
+"""Scoring planted facts against a follow-up view (docs/cli.md#tether-eval-continuation),
+deterministically.
 
 - **available**: the fact's needle occurs verbatim in the view, by part: ``summary`` (the quoted
   checkpoint), ``anchors`` (its quoted anchors), ``request`` (the previous request), ``suffix``

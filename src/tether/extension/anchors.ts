@@ -1,5 +1,5 @@
 /**
- * Anchors of a continuation checkpoint (DESIGN §3.13): exact identifiers taken mechanically from
+ * Anchors of a continuation checkpoint (docs/cli.md#tether-eval-continuation): exact identifiers taken mechanically from
  * the rows of the working view the checkpoint covers, never from model text.
  *
  * Each anchor names the session entry it came from (`entry`, pi's entry id); tether's mirror

@@ -1,5 +1,5 @@
 /**
- * tether's continuation checkpoint, inside pi (DESIGN §3.6, invariants 10–13).
+ * tether's continuation checkpoint, inside pi (docs/contracts.md#compaction-rows, invariants 10–13).
  *
  * The harness sends pi's native `compact` command with a typed marker as its custom
  * instructions, after a successful task turn has settled:
@@ -99,7 +99,7 @@ export function takeNonce(env: NodeJS.ProcessEnv): string | undefined {
 	return nonce || undefined;
 }
 
-/** The closed set of refusal reasons (DESIGN §3.1). */
+/** The closed set of refusal reasons (docs/contracts.md#the-interchange-format). */
 export const REFUSAL_REASONS = ["cancelled", "truncated", "empty", "over_bound", "provider_failure"] as const;
 export type RefusalReason = (typeof REFUSAL_REASONS)[number];
 

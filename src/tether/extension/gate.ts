@@ -1,5 +1,5 @@
 /**
- * pi held at its start until its run is ready (DESIGN §3.7).
+ * pi held at its start until its run is ready (docs/architecture.md#custody).
  *
  * A Node preload module (`node --import gate.js <pi>/dist/bundle/cli.js …`), not a pi extension:
  * it runs before pi's entry. The harness starts pi as soon as a request is admitted, while it

@@ -1,5 +1,5 @@
 /**
- * Provider keys over a private channel (DESIGN §3.10).
+ * Provider keys over a private channel (docs/security.md).
  *
  * tether never puts a provider key in pi's environment, argv or a file: pi's tools inherit pi's
  * environment, and files outlive the run. Instead the harness writes the keys into a pipe whose

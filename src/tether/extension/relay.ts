@@ -1,5 +1,5 @@
 /**
- * The provider's address inside the sandbox (DESIGN §3.12).
+ * The provider's address inside the sandbox (docs/security.md).
  *
  * A sandboxed pi never holds its provider's credential: tether runs a forwarder outside the
  * sandbox (`sandbox/outside.py`) that adds it, reached through a Unix socket bound into the

@@ -1,5 +1,5 @@
 /**
- * tether's `recall` and `note` tools, inside pi (DESIGN §3.9).
+ * tether's `recall` and `note` tools, inside pi (docs/contracts.md#recall-and-notes).
  *
  * Both tools are answered by the harness that started this pi, never from the ledger directly:
  * the harness listens on a Unix socket in the run directory (mode 0600) and gives this pi its

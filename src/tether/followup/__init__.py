@@ -1,4 +1,5 @@
-"""The follow-up view: what the next run of an agent on a session is given (DESIGN §3.2).
+"""The follow-up view: what the next run of an agent on a session is given
+(docs/contracts.md#the-follow-up-view).
 
 view = build_view(ledger, session="s1", agent="reviewer", actor="user:ana",
                   config=cfg.followup, grants=cfg.access.grants)

@@ -1,6 +1,8 @@
 """Building the follow-up view: what a new run of an agent on a session is given.
 
-DESIGN §3.2, §3.3, §3.6 and invariants 1–9 and 18. This module is the imperative shell: the
+docs/contracts.md#the-follow-up-view, docs/contracts.md#byte-accounting,
+docs/contracts.md#compaction-rows and invariants 1–9 and 18. This module is the imperative shell:
+the
 bounded reads (:func:`read_inputs`, through :class:`~tether.followup.reads.FollowupReads`) that
 feed the functional core (:mod:`tether.followup.core`, pure steps: window, request placed first,
 exact assembly). Nothing is written and no whole transcript is read:
@@ -24,7 +26,8 @@ text (a non-message row, another role, or no non-blank text). It **cannot be rea
 the newest :data:`ENDED_RUNS_READ` ended runs of the agent all ended without writing anything (an
 older request would lie beyond the bounded read). An ended run that wrote nothing at all (pi
 never started) has no session record and is passed over. A request the requester is not
-admitted to is no refusal: the view carries a stand-in in its place (DESIGN §3.2), and a
+admitted to is no refusal: the view carries a stand-in in its place
+(docs/contracts.md#the-follow-up-view), and a
 checkpoint it is not admitted to becomes a ``withheld`` gap over its range. ``access_denied`` is
 left for a requester who may not see the session at all: one not admitted to its opening row
 (row 1), the rule the service applies to every route of a session.
@@ -310,5 +313,5 @@ def _check_request(run: Run, seq: int, row: Row | None) -> Refusal | tuple[Run, 
             f"the request of run {run.id} is incomplete: {problem}",
         )
     # A request the requester may not read is not refused here: the view carries a stand-in in
-    # its place (DESIGN §3.2; core.request_message).
+    # its place (docs/contracts.md#the-follow-up-view; core.request_message).
     return run, row

@@ -285,7 +285,8 @@ def request_message(
     run: Run, req: Row, admission: Admission, media: msgs.MediaLimits, *, timestamp: int
 ) -> ViewMessage:
     """The previous request as the view carries it: the row itself, or, when the requester is
-    not admitted to its sources, the stand-in in its place (DESIGN §3.2): synthetic, carrying no
+    not admitted to its sources, the stand-in in its place (docs/contracts.md#the-follow-up-view):
+    synthetic, carrying no
     sources, since it shows nothing of the row but its seq, run and actor."""
     if admission.admits(req.sources):
         return row_message(req, media)
@@ -639,7 +640,8 @@ def frame(inp: Inputs) -> _Frame | Refusal:
 
 
 def erased_ranges(inp: Inputs, covers: int) -> tuple[tuple[int, int], ...]:
-    """The seqs the reads spanned and did not find: erased (DESIGN §3.15). The tail spans from
+    """The seqs the reads spanned and did not find: erased
+    (docs/operations.md#erasure-and-retention). The tail spans from
     the row it stopped at (or the coverage) to the session's last seq; the probe, the seqs
     between the coverage and a request before the tail. Unread seqs are not guessed at: they
     keep the reason they were not read for."""

@@ -180,7 +180,8 @@ _GAP_WHY = {
 
 
 def recall_call(first: int, last: int) -> str:
-    """The recall tool call that fetches rows ``first..last`` (DESIGN §3.9)."""
+    """The recall tool call that fetches rows ``first..last``
+    (docs/contracts.md#recall-and-notes)."""
     return f'recall({{"from":{first},"to":{last}}})'
 
 
@@ -273,7 +274,8 @@ def unknown_result(call: dict[str, Any], *, withheld: bool, timestamp: int) -> d
 class MediaLimits(msgspec.Struct):
     """Attachment limits (base64 bytes), and the running total of media the view carries.
 
-    Media never count toward the text budget (DESIGN §3.3); a payload over its limit, or one that
+    Media never count toward the text budget (docs/contracts.md#byte-accounting); a payload over
+    its limit, or one that
     would take the view's total over ``max_total``, becomes a text placeholder naming its type
     and size."""
 

@@ -1,4 +1,5 @@
-"""What the follow-up builder returns: a view (DESIGN §3.2) or a typed refusal.
+"""What the follow-up builder returns: a view (docs/contracts.md#the-follow-up-view) or a typed
+refusal.
 
 ``FollowupView.messages`` are pi AgentMessages in the order the model sees them, so the harness
 can write them straight into a pi session file; ``to_json()`` gives the ``tether context --json``
@@ -39,7 +40,8 @@ class GapWhy(enum.StrEnum):
     READ_CAP = "read_cap"
     """Left out because the tail read's row cap stopped before it, whatever the budget."""
     ERASED = "erased"
-    """No longer in the ledger: erased (``tether erase``, retention; DESIGN §3.15). Named where
+    """No longer in the ledger: erased (``tether erase``, retention;
+    docs/operations.md#erasure-and-retention). Named where
     the view's bounded reads found the seqs missing; nothing of them can be recalled."""
 
 
@@ -94,7 +96,7 @@ class ViewMessage(msgspec.Struct, frozen=True):
     message: dict[str, Any]
     """The pi AgentMessage."""
     bytes: int
-    """Its size (DESIGN §3.3): media payloads count as their length only."""
+    """Its size (docs/contracts.md#byte-accounting): media payloads count as their length only."""
     modified: bool = False
     """The stored message was changed (media over an attachment limit became a placeholder)."""
     media_bytes: int = 0
@@ -131,7 +133,8 @@ class Checkpoint(msgspec.Struct, frozen=True):
     continuation: bool
     """A tether continuation checkpoint (else a compaction pi made on its own)."""
     anchors: tuple[dict[str, Any], ...] = ()
-    """Its anchors (DESIGN §3.13), quoted after the summary: ``{seq, kind, text, exit?}``."""
+    """Its anchors (docs/cli.md#tether-eval-continuation), quoted after the summary: ``{seq, kind,
+    text, exit?}``."""
     anchors_bytes: int = 0
     """Size of the quoted-anchors message in the view (0 without anchors)."""
     anchors_omitted: int = 0

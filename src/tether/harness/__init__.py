@@ -1,4 +1,5 @@
-"""One run's lifecycle (DESIGN §2, §3.5): the request, the follow-up view, pi's task turn inside
+"""One run's lifecycle (docs/architecture.md, docs/cli.md#tether-run): the request, the follow-up
+view, pi's task turn inside
 its stop scopes, the checkpoint step, and one outcome value.
 
     from tether.harness import RunRequest, execute_run

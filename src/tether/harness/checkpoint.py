@@ -1,9 +1,11 @@
-"""The continuation checkpoint, the harness's side (DESIGN §3.6, invariants 10–17).
+"""The continuation checkpoint, the harness's side (docs/contracts.md#compaction-rows, invariants
+10–17).
 
 After a successful task turn settles, :func:`continuation_checkpoint` (a ``CheckpointStep`` for
 :func:`tether.harness.run.execute_run`; pi must load :data:`EXTENSION_PATH`):
 
-1. measures pi's working view (``get_messages``, :func:`tether.sizes.measure`, DESIGN §3.3);
+1. measures pi's working view (``get_messages``, :func:`tether.sizes.measure`,
+docs/contracts.md#byte-accounting);
    at or under ``followup.budget_bytes`` nothing more happens (``not_needed``);
 2. above it, with at least ``checkpoint_min_time_s`` of the deadline left, no stop in progress
    and the continuation extension loaded, sends exactly one native ``compact`` whose custom
@@ -87,7 +89,8 @@ PI_RETRY_DEFAULTS = {
 
 
 def view_bytes(messages: Sequence[Any]) -> int:
-    """The size of a working view: its messages measured one by one (DESIGN §3.3)."""
+    """The size of a working view: its messages measured one by one
+    (docs/contracts.md#byte-accounting)."""
     return sum(measure(m).text_bytes for m in messages)
 
 

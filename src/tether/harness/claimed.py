@@ -1,4 +1,5 @@
-"""A claimed run, started (DESIGN §3.5): its request, pi started ahead of it (custody), its
+"""A claimed run, started (docs/cli.md#tether-run): its request, pi started ahead of it (custody),
+its
 follow-up view, and the driver that runs it to its end. A run refused now (the view, the
 agent's key or workdir) ends ``failed`` before pi is let through.
 """

@@ -1,4 +1,4 @@
-"""The driver: one claimed run, from pi's start to the run's end (DESIGN §3.5 steps 5-7).
+"""The driver: one claimed run, from pi's start to the run's end (docs/cli.md#tether-run steps 5-7).
 
 pi is had one of three ways, behind one transport seam (:class:`tether.pi.transport.
 AgentTransport`): as this process's child (``drive`` without custody), under a keeper started
@@ -131,7 +131,7 @@ class Driver:
         tools = ToolChannel.new(make_run_dir(run.config, run.fence.run))
         nonce = new_nonce()
         prepared = await self._prepare(view, tools, nonce)
-        # The provider key reaches pi over this channel only (DESIGN §3.10).
+        # The provider key reaches pi over this channel only (docs/security.md).
         with key_channel(self.start.keys) as keys:
             command = pi_command(
                 run.config,
@@ -168,7 +168,8 @@ class Driver:
         )
 
     async def resume(self, placement: dict[str, Any]) -> RunOutcome:
-        """Take over a run whose harness was lost, on its original pi (DESIGN §3.7): attach
+        """Take over a run whose harness was lost, on its original pi
+        (docs/architecture.md#custody): attach
         to the keeper, replay pi's events from the start (the mirror writes each entry once,
         by id), wait for pi to settle without prompting again, and finish the run. A
         ``compact`` that may have been delivered is never sent again."""
@@ -228,7 +229,8 @@ class Driver:
                     functools.partial(self._handed_over, transport),
                 )
                 if tools is not None:
-                    await keeper.start(tools.serve)  # recall and note (DESIGN §3.9)
+                    # recall and note (docs/contracts.md#recall-and-notes)
+                    await keeper.start(tools.serve)
                 try:
                     task, checkpoint, late = await self._with_pi(transport, mirror)
                 finally:
@@ -395,7 +397,8 @@ class Driver:
         return stop.value()
 
     async def _handed_over(self, transport: AgentTransport) -> bool:
-        """Whether a newer owner holds the run (DESIGN §3.7, invariant 16): asked before
+        """Whether a newer owner holds the run (docs/architecture.md#custody, invariant 16): asked
+        before
         anything that stops pi, whatever the stop. If one does, pi is left to it (a keeper's
         pi is disowned; a child pi, which no one can take over, ends with this harness), and
         the run's failure names the owner."""

@@ -1,6 +1,6 @@
 """A run's end: the verdict drawn from the values the phases returned, the end record written
 once (retried while the ledger fails, kept on disk when it never takes it), the session's
-refusal, and the outcome (DESIGN §3.5, invariant 14: whatever answer exists is kept).
+refusal, and the outcome (docs/cli.md#tether-run, invariant 14: whatever answer exists is kept).
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ class RunEnd(msgspec.Struct, kw_only=True, omit_defaults=True):
     mirror_problems: list[str] = []
     storage_retries: int = 0
     checkpoint_decision: dict[str, str | None] | None = None
-    """``{"decision": written | refused | not_tried, "reason": …}`` (DESIGN §3.14)."""
+    """``{"decision": written | refused | not_tried, "reason": …}`` (docs/operations.md#traces)."""
     limits_hit: list[LimitHit] = []
-    """The sandbox limits the run's tools hit (DESIGN §3.12), each ``{"limit": processes |
+    """The sandbox limits the run's tools hit (docs/security.md), each ``{"limit": processes |
     memory | file_size, "tool", "seq", "evidence"}``; absent when they hit none."""
     usage: dict[str, Any] | None = None
     """What pi reported the run's provider calls used, the task turn's and the checkpoint's

@@ -59,7 +59,8 @@ async def kill_on_hard_stop(
 async def heartbeat(
     run: ClaimedRun, transport: AgentTransport, clock: Clock, storage: StorageRetry
 ) -> None:
-    """Keep the lease and record where pi runs (DESIGN §3.7); a lost lease fences the run
+    """Keep the lease and record where pi runs (docs/architecture.md#custody); a lost lease fences
+    the run
     out (the helper's failure stops it, without touching pi)."""
     where = custody_place.placement(pi=transport.pi_placement(), run_dir=run.run_dir)
     lease_s = run.config.custody.lease_s

@@ -1,4 +1,5 @@
-"""Before pi is let through (DESIGN §3.5 steps 2-4): the follow-up view, the run's rows (the
+"""Before pi is let through (docs/cli.md#tether-run steps 2-4): the follow-up view, the run's rows
+(the
 view's copies, the request, fenced), pi's session file written from the view, and what a
 harness taking the run over needs (:mod:`tether.harness.custody.state`).
 """
@@ -163,7 +164,7 @@ async def prepare(
     nonce: str,
 ) -> Prepared:
     """The run's rows (the view's copies, the request) and pi's session file, and what a
-    harness taking the run over needs (DESIGN §3.7)."""
+    harness taking the run over needs (docs/architecture.md#custody)."""
     entries = await _write_view(run, view) if view is not None else []
     if view is not None:
         obligations.add(view.sources)

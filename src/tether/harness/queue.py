@@ -1,4 +1,5 @@
-"""Admission and queueing (DESIGN §3.5 step 1, §3.7): a request is checked before anything is
+"""Admission and queueing (docs/cli.md#tether-run step 1, docs/architecture.md#custody): a request
+is checked before anything is
 written, queued behind its session's live run (one live run per session, FIFO), and claimed
 when its turn comes; whoever touches a session reconciles its lapsed leases first.
 """
@@ -56,7 +57,8 @@ async def execute_run(
     reported in the outcome.
 
     The request is admitted (the agent, its provider key, its workdir, the view), queued behind
-    the session's live run (DESIGN §3.7: one live run per session, FIFO; expired leases on the
+    the session's live run (docs/architecture.md#custody: one live run per session, FIFO; expired
+    leases on the
     session are reconciled first), and run when its turn comes (:func:`run_claimed`).
 
     ``launch``: pi already started for this request (``PiLaunch.start`` with the request's
@@ -66,7 +68,7 @@ async def execute_run(
     discarded if the run never starts."""
     try:  # a launch given or made here is discarded if the run never starts
         config.agent(request.agent)
-        admit_request(request.text, config.followup)  # before any write (DESIGN §3.5)
+        admit_request(request.text, config.followup)  # before any write (docs/cli.md#tether-run)
         provider_keys(config, request.agent)  # a missing key refuses before any write
         # The session's workspace, made at its first run (a copy takes the template's time).
         workdir = await in_thread(
@@ -127,7 +129,8 @@ async def _queue(
 ) -> Fence:
     """Queue the request behind the session's live run and claim it when its turn comes."""
     session = await in_thread(ledger.ensure_session, request.session)
-    await reconcile(ledger, config, session=request.session)  # before touching it (§3.7)
+    # before touching it (docs/architecture.md#custody)
+    await reconcile(ledger, config, session=request.session)
     if session.refusing:
         raise _refusing(session.id, session.refusing)
     # Admission: a view refused now writes nothing (the view is built again at the run's turn,

@@ -1,4 +1,5 @@
-"""Relay: requests delivered into a live run's pi (DESIGN §3.8, ``deliver: steer|follow_up``).
+"""Relay: requests delivered into a live run's pi (docs/contracts.md#the-http-api, ``deliver:
+steer|follow_up``).
 
 A run started with a ``relay`` hook hands it a :class:`LivePi` while its task turn is live; the
 hook (the service's worker) pushes requests into pi with :meth:`LivePi.deliver`. When the turn

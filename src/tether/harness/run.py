@@ -1,4 +1,5 @@
-"""One run of an agent on a session: request → pi → mirror → answer (DESIGN §3.5). The entry
+"""One run of an agent on a session: request → pi → mirror → answer (docs/cli.md#tether-run). The
+entry
 points; each step lives in a room of its own (see the end of this docstring).
 
     outcome = await execute_run(ledger, config, RunRequest(session="s1", agent="reviewer",

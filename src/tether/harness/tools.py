@@ -1,4 +1,5 @@
-"""The harness's side of the ``recall`` and ``note`` tools (DESIGN §3.9): a Unix socket in the run
+"""The harness's side of the ``recall`` and ``note`` tools (docs/contracts.md#recall-and-notes): a
+Unix socket in the run
 directory (mode 0600) that answers the extension inside pi (``extension/tools.ts``), one JSON
 line each way per connection, for callers that present the run's capability token.
 
@@ -9,7 +10,7 @@ line each way per connection, for callers that present the run's capability toke
 
 pi never opens the ledger: every answer comes from :mod:`tether.recall` here, for the run's
 actor (admission applies), and every row shown adds its sources to the run's obligations, so
-the rows the run writes after a recall carry them (DESIGN §3.10).
+the rows the run writes after a recall carry them (docs/security.md).
 """
 
 from __future__ import annotations
@@ -232,7 +233,7 @@ class ToolServer:
                 'give a "query" (words to search for) or "from" and "to" (row numbers), '
                 'e.g. recall({"query":"deploy password"}) or recall({"from":10,"to":41})'
             )
-        # What the model is shown becomes part of what the run was given (DESIGN §3.10).
+        # What the model is shown becomes part of what the run was given (docs/security.md).
         self.obligations.add(found.sources)
         details: dict[str, Any] = {
             "seqs": list(found.seqs),

@@ -63,7 +63,8 @@ class CheckpointStatus(enum.StrEnum):
 
 
 class CheckpointDecision(enum.StrEnum):
-    """What became of the checkpoint (DESIGN §3.14): written, refused (the summary was tried
+    """What became of the checkpoint (docs/operations.md#traces): written, refused (the summary was
+    tried
     and did not become one), or not tried (the step decided against sending ``compact``)."""
 
     WRITTEN = "written"
@@ -140,7 +141,7 @@ class CheckpointResult(msgspec.Struct, frozen=True):
 
     @property
     def label(self) -> str:
-        """``written``, ``refused:<reason>`` or ``not_needed`` (DESIGN §3.5)."""
+        """``written``, ``refused:<reason>`` or ``not_needed`` (docs/cli.md#tether-run)."""
         if self.status is CheckpointStatus.REFUSED:
             return f"refused:{(self.reason or ReceiptReason.CANCELLED).value}"
         return self.status.value
@@ -179,7 +180,8 @@ class SettledTurn(msgspec.Struct):
     sets it once it has sent ``compact``."""
     abort_answered: anyio.Event = msgspec.field(default_factory=anyio.Event)
     """Set when pi answered the ``abort`` a soft stop or the deadline sent: pi is idle, so the
-    wait for the ``compact`` answer may end (DESIGN §3.6: the compaction's answer or a
+    wait for the ``compact`` answer may end (docs/contracts.md#compaction-rows: the compaction's
+    answer or a
     correlated abort answer)."""
     facts: dict[str, Any] = msgspec.field(default_factory=dict)
     """What the step measured, for the checkpoint's span: ``view_bytes``, ``budget_bytes``,

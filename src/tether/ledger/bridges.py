@@ -1,4 +1,4 @@
-"""What chat bridges keep in the ledger (DESIGN §3.18, ``tether.bridges``): which session a chat
+"""What chat bridges keep in the ledger (docs/bridges.md, ``tether.bridges``): which session a chat
 thread is, where each bridge's event stream was read to, which platform events became which
 runs, and a durable outbox of the messages a bridge posts.
 

@@ -1,4 +1,5 @@
-"""Runs and their custody (DESIGN §3.7): the queue of requests, claims under an owner epoch,
+"""Runs and their custody (docs/architecture.md#custody): the queue of requests, claims under an
+owner epoch,
 leases and placements, take-overs by a reconciler, fenced ends; and the run records the follow-up
 reads (the newest ended runs of an agent)."""
 

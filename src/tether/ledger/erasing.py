@@ -1,4 +1,5 @@
-"""A session being erased (DESIGN §3.15, issue 31): the marks that let an erasure stop the
+"""A session being erased (docs/operations.md#erasure-and-retention, issue 31): the marks that let
+an erasure stop the
 session's live run first, whichever process or host owns it, and keep any other from starting.
 
 Both marks live in the session's record (``sessions.extra``), written under the session's

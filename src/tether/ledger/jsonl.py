@@ -1,4 +1,5 @@
-"""The ledger interchange format (DESIGN §3.1): one JSON object per line.
+"""The ledger interchange format (docs/contracts.md#the-interchange-format): one JSON object per
+line.
 
 ``load`` streams a file through the record schema (:mod:`tether.ledger.records`) into one
 transaction: each record is checked against its line and against what came before (in the file

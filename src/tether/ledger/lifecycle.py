@@ -1,4 +1,5 @@
-"""Erasure and retention (DESIGN §3.15): what a selector removes, worked out once
+"""Erasure and retention (docs/operations.md#erasure-and-retention): what a selector removes,
+worked out once
 (:meth:`LifecycleSql.plan_erasure`, which ``--dry-run`` prints) and removed in one transaction
 with the same plan (:meth:`LifecycleSql.erase`), leaving a receipt that holds no content.
 
@@ -578,7 +579,8 @@ def apply_retention(
     now: datetime.datetime | None = None,
     dry_run: bool = False,
 ) -> list[Erased]:
-    """Erase every session idle for ``idle_days`` (DESIGN §3.15), one receipt each."""
+    """Erase every session idle for ``idle_days`` (docs/operations.md#erasure-and-retention), one
+    receipt each."""
     moment = now or datetime.datetime.now(datetime.UTC)
     cutoff = (moment - datetime.timedelta(days=idle_days)).isoformat().replace("+00:00", "Z")
     done: list[Erased] = []

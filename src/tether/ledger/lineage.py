@@ -1,4 +1,5 @@
-"""Forks by reference (DESIGN §3.15): a session forked from S at a run begins as S up to the
+"""Forks by reference (docs/operations.md#erasure-and-retention): a session forked from S at a run
+begins as S up to the
 end of that run, without a row copied. Its record names its parent and three bounds: the last
 inherited seq (``fork_seq``; its own rows continue from there, so the seqs of a fork's view are
 dense and never clash with the parent's), the last inherited run (``fork_ord``, runs are ordered

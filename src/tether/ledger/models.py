@@ -1,4 +1,5 @@
-"""The ledger's data model (DESIGN §3.1): sessions, runs, rows, notes, receipts, fences.
+"""The ledger's data model (docs/contracts.md#the-interchange-format): sessions, runs, rows, notes,
+receipts, fences.
 
 Records are frozen msgspec structs (``msgspec.structs.replace`` makes a changed copy; a class is
 made in a few microseconds, where a frozen dataclass took a millisecond of every process's
@@ -57,7 +58,8 @@ class RowKind(enum.StrEnum):
 
 
 class ReceiptReason(enum.StrEnum):
-    """Why a continuation checkpoint was refused (a closed set; DESIGN §3.1)."""
+    """Why a continuation checkpoint was refused (a closed set;
+    docs/contracts.md#the-interchange-format)."""
 
     CANCELLED = "cancelled"
     TRUNCATED = "truncated"
@@ -96,7 +98,8 @@ class Fence(msgspec.Struct, frozen=True):
 
 
 class Lease(msgspec.Struct, frozen=True):
-    """A live run's custody (DESIGN §3.7): who holds it, until when, and where pi runs."""
+    """A live run's custody (docs/architecture.md#custody): who holds it, until when, and where pi
+    runs."""
 
     run: str
     session: str
@@ -143,7 +146,8 @@ class Row(NamedTuple):
     body: dict[str, Any]
     sources: tuple[str, ...]
     bytes: int
-    """Measured once, at append (DESIGN §3.3): canonical JSON of the body, media as lengths."""
+    """Measured once, at append (docs/contracts.md#byte-accounting): canonical JSON of the body,
+    media as lengths."""
     media_bytes: int = 0
     entry_id: str | None = None
     extra: dict[str, Any] = {}  # noqa: RUF012  (a NamedTuple default is shared: never mutate it)

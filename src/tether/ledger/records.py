@@ -1,4 +1,5 @@
-"""The interchange records (DESIGN §3.1) as a schema: a discriminated union on ``type``.
+"""The interchange records (docs/contracts.md#the-interchange-format) as a schema: a discriminated
+union on ``type``.
 
 What loads is what pi can take: a pi AgentMessage is checked against pi's own message types
 (``pi-ai``'s ``Message`` and ``pi-coding-agent``'s ``bashExecution``, ``custom``,

@@ -339,7 +339,7 @@ class Ledger(
     Lifecycle,
     Outbox,
     UsageRole,
-    Bridges,  # chat bridges (DESIGN §3.18)
+    Bridges,  # chat bridges (docs/bridges.md)
     Protocol,
 ):
     """The whole ledger: every role, and the ledger's own handle (its URL, its file, closing

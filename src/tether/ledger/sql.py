@@ -54,7 +54,7 @@ class SqlLedger(
     LifecycleSql,
     ErasingSql,
     LimitsSql,
-    BridgeSql,  # chat bridges (DESIGN §3.18)
+    BridgeSql,  # chat bridges (docs/bridges.md)
 ):
     """The run ledger on a SQL engine: every domain's operations. Open one with
     :func:`tether.ledger.open_ledger`."""

@@ -203,7 +203,7 @@ class SQLiteLedger(SqlLedger):
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA synchronous = NORMAL")
             # Freed content is zeroed, so an erased row's text does not linger in free space
-            # (DESIGN §3.15).
+            # (docs/operations.md#erasure-and-retention).
             conn.execute("PRAGMA secure_delete = ON")
             return conn
         except LedgerError:

@@ -79,7 +79,8 @@ def anchors_with_seqs(
     anchors: Any, seq_of: Callable[[str], int | None], covers_to: int
 ) -> dict[str, Any] | None:
     """A checkpoint's anchors (``details.anchors``, written by the extension) with each one's
-    pi entry id replaced by the ledger seq of that entry's row (DESIGN §3.13). An anchor whose
+    pi entry id replaced by the ledger seq of that entry's row
+    (docs/cli.md#tether-eval-continuation). An anchor whose
     entry has no row (a notice tether wrote itself), or whose row the checkpoint does not cover,
     is dropped: every anchor names a covered row."""
     if not isinstance(anchors, dict) or not isinstance(anchors.get("items"), list):

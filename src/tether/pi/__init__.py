@@ -1,4 +1,5 @@
-"""Speaking to pi: nothing here knows about runs or the ledger (DESIGN §2, §5).
+"""Speaking to pi: nothing here knows about runs or the ledger (docs/architecture.md,
+docs/operations.md#upgrading-pi).
 
 Bottom up: ``jsonl`` (framing on ``\\n`` only), ``protocol`` (pi's command, event and stop-reason
 names, one for one), ``transport`` (the ``AgentTransport`` seam; pi as a child process),

@@ -4,7 +4,8 @@ pi writes global settings into its agent directory, so runs never share one. ``m
 declares the agent's provider with exactly its model (``contextWindow`` is always set: pi's
 compaction thresholds depend on it); ``settings.json`` selects that model and effort, and sets
 ``compaction.keepRecentTokens``/``reserveTokens`` so that a continuation compaction after the run
-always has something to compact (DESIGN §5). API keys are never written to disk nor put in pi's
+always has something to compact (docs/operations.md#upgrading-pi). API keys are never written to
+disk nor put in pi's
 environment: ``models.json`` carries a placeholder, and the key reaches pi over a private channel
 (:mod:`tether.pi.keys`). The directory is 0700 and its files 0600.
 """
@@ -51,7 +52,7 @@ def pi_models(
     base_url = provider.base_url
     if sandboxed:
         # pi connects to the placeholder origin, which its relay turns into the forwarder's
-        # socket; the forwarder outside reaches the provider's origin (DESIGN §3.12).
+        # socket; the forwarder outside reaches the provider's origin (docs/security.md).
         base_url = PROVIDER_ORIGIN + split_base_url(base_url)[1]
     entry: dict[str, Any] = {
         "baseUrl": base_url,

@@ -1,4 +1,5 @@
-"""pi detached from the harness, behind the :class:`AgentTransport` seam (DESIGN §3.7).
+"""pi detached from the harness, behind the :class:`AgentTransport` seam
+(docs/architecture.md#custody).
 
 ``KeeperTransport`` starts the keeper (:mod:`tether.pi.keeper`), which owns pi; the harness
 writes commands to the FIFO in the run directory and reads pi's output from the events file
@@ -206,7 +207,8 @@ class KeeperTransport:
         self.disown()
 
     def channel_ok(self) -> bool:
-        """The command FIFO is still in the run directory (DESIGN §3.7: without it, no
+        """The command FIFO is still in the run directory (docs/architecture.md#custody: without
+        it, no
         checkpoint and no further prompts)."""
         try:
             return os.path.exists(self._fifo) and not self._closed

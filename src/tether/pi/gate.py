@@ -1,4 +1,4 @@
-"""pi held at its start until its run is ready (DESIGN §3.7).
+"""pi held at its start until its run is ready (docs/architecture.md#custody).
 
 pi is started with a Node preload module (``extension/gate.ts``) that loads most of pi's runtime
 and then waits on a pipe before pi's entry runs. The harness starts pi as soon as a request is

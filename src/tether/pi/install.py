@@ -299,7 +299,7 @@ def pi_argv(
 
 
 ALLOWED_ENV = ("PATH", "HOME", "LANG", "TERM")
-"""All that pi (and so every tool it runs) inherits from tether's environment (DESIGN §3.10):
+"""All that pi (and so every tool it runs) inherits from tether's environment (docs/security.md):
 nothing else, so no provider key, database password or service token reaches a tool."""
 
 

@@ -1,4 +1,5 @@
-"""The keeper: a small process that owns pi so a run outlives its harness (DESIGN §3.7).
+"""The keeper: a small process that owns pi so a run outlives its harness
+(docs/architecture.md#custody).
 
     python keeper.py RUN_DIR STDERR_LOG -- PI_ARGV...
 

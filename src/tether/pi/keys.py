@@ -1,5 +1,5 @@
 """Provider keys reach pi over a private channel, never its environment, argv or a file
-(DESIGN §3.10): pi's tools inherit pi's environment, and files outlive the run.
+(docs/security.md): pi's tools inherit pi's environment, and files outlive the run.
 
 The keys are written into a pipe before pi starts; pi inherits the read end (``pass_fds``), and
 the keys extension (``extension/keys.ts``, loaded into every run that has a key) reads it once at

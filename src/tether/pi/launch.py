@@ -206,8 +206,9 @@ def pi_command(
 ) -> PiCommand:
     """pi's command line and environment for the run in ``run_dir`` (its agent dir written
     there): the agent's model, tools and prompt; the keys, tools and continuation extensions;
-    the key channel, the tool channel and the gate. Sandboxed (``[agents.X] sandbox``, DESIGN
-    §3.12), the command is pi in bubblewrap under the provider forwarder, which takes the key
+    the key channel, the tool channel and the gate. Sandboxed (``[agents.X] sandbox``,
+    docs/security.md), the command is pi in bubblewrap under the provider forwarder, which takes
+    the key
     channel: pi gets no key, and its provider URL is its relay's. Raises ``ConfigError``
     (``SandboxUnavailable`` when bubblewrap cannot be used)."""
     agent = config.agent(agent_name)

@@ -183,7 +183,8 @@ def message_text(message: dict[str, Any]) -> str:
 
 
 def compaction_body(entry: dict[str, Any], covers_to: int) -> dict[str, Any]:
-    """The compaction object for a pi ``compaction`` entry (DESIGN §3.1, §3.6).
+    """The compaction object for a pi ``compaction`` entry
+    (docs/contracts.md#the-interchange-format, docs/contracts.md#compaction-rows).
 
     ``continuation`` is the typed marker a tether continuation checkpoint carries in the entry's
     ``details`` (absent for a compaction pi made on its own)."""

@@ -1,4 +1,5 @@
-"""Where pi's tools extension reaches the harness (DESIGN §3.9): a Unix socket in the run
+"""Where pi's tools extension reaches the harness (docs/contracts.md#recall-and-notes): a Unix
+socket in the run
 directory (0600) and a per-run capability token, both named to pi in its environment
 (``extension/tools.ts`` reads and removes them at load).
 

@@ -1,4 +1,5 @@
-"""Recall and notes (DESIGN §3.9): searching and reading a session's retained evidence for one
+"""Recall and notes (docs/contracts.md#recall-and-notes): searching and reading a session's
+retained evidence for one
 actor, and notes an agent leaves for its later runs. The CLI and the harness's tool server both
 call this API."""
 

@@ -1,4 +1,5 @@
-"""Recall: what a session retained, searched or read by range, admitted for one actor (DESIGN §3.9).
+"""Recall: what a session retained, searched or read by range, admitted for one actor
+(docs/contracts.md#recall-and-notes).
 
     answer = search(ledger, "s1", "deploy password", actor="user:ana", grants=grants)
     answer = read_range(ledger, "s1", 10, 41, actor="user:ana", grants=grants)

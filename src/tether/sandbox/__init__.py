@@ -1,4 +1,4 @@
-"""The jail pi and its tools run in (DESIGN §3.12): bubblewrap, the provider forwarder outside
+"""The jail pi and its tools run in (docs/security.md): bubblewrap, the provider forwarder outside
 it, and the limits a run's processes get.
 
 ``bwrap`` builds the command that starts pi confined (checked for bubblewrap and user namespaces

@@ -1,4 +1,4 @@
-"""pi in bubblewrap (DESIGN §3.12): what is visible inside, and the command that starts it.
+"""pi in bubblewrap (docs/security.md): what is visible inside, and the command that starts it.
 
 Inside, at the same paths as outside: the system directories read-only (``/usr`` and its
 links, ``/etc``), pi, Node and tether's extensions read-only, the agent's workdir read-write,
@@ -9,7 +9,8 @@ the root read-only; new IPC and UTS namespaces; with ``network = "provider"``
 a network namespace of its own (only its loopback). Nothing else of the host exists there: not
 the ledger, the config, the runs directory, another run, the user's home.
 
-pi outlives a lost harness under its keeper (DESIGN §3.7): bubblewrap's parent is never the
+pi outlives a lost harness under its keeper (docs/architecture.md#custody): bubblewrap's parent is
+never the
 harness but ``outside.py``, under the keeper, and ``--die-with-parent`` ties the sandbox to
 that process only (killing "pi", as custody names it, kills the sandbox). Inside, the first
 process is bubblewrap's init of the PID namespace, which exits when pi does; the kernel then

@@ -1,4 +1,4 @@
-"""Which sandbox limit a tool hit (DESIGN §3.12): read from the tool's result, kept in the
+"""Which sandbox limit a tool hit (docs/security.md): read from the tool's result, kept in the
 run's record as ``extra.limits_hit``.
 
 A process over ``[agents.X] limits`` is not stopped by tether: the kernel refuses it (a fork,

@@ -1,4 +1,5 @@
-"""The service (DESIGN §3.8): the HTTP API over the ledger, event streams, and the workers that
+"""The service (docs/contracts.md#the-http-api): the HTTP API over the ledger, event streams, and
+the workers that
 claim queued runs and execute them as ``tether run`` does.
 
     from tether.service import Worker, create_app

@@ -1,4 +1,5 @@
-"""The JSON API of DESIGN §3.8 (``/v1/…``). Every endpoint acts as the bearer token's actor and
+"""The JSON API of docs/contracts.md#the-http-api (``/v1/…``). Every endpoint acts as the bearer
+token's actor and
 applies admission to what it reads: a row the caller is not admitted to is named (its seq), never
 shown."""
 
@@ -43,6 +44,7 @@ from tether.service.attachments import ImageIn, digests, request_images
 from tether.service.auth import Caller, caller
 from tether.service.budgets import request_budget
 from tether.service.limits import request_limits
+from tether.service.paths import ServerPaths
 from tether.service.state import ServiceState, service_of
 from tether.service.tracing import server_span
 from tether.threads import in_thread
@@ -120,7 +122,8 @@ class RequestOut(BaseModel):
     status: Literal["queued", "delivered"]
     request_id: str | None
     trace_id: str | None = None
-    """The trace the run's spans join (DESIGN §3.14): the request's ``traceparent`` continued,
+    """The trace the run's spans join (docs/operations.md#traces): the request's ``traceparent``
+    continued,
     or a new trace; None when the service does not trace and no ``traceparent`` came."""
 
 
@@ -166,11 +169,13 @@ def refused(code: int, reason: str, detail: str) -> HTTPException:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def row_json(row: Row, caller: Caller) -> dict[str, Any]:
-    """A row as the interchange format writes it, or only its seq when the caller is not
-    admitted to every source it carries."""
+def row_json(row: Row, caller: Caller, paths: ServerPaths | None = None) -> dict[str, Any]:
+    """A row as the interchange format writes it (with ``paths``, the server's directories
+    rewritten: tether.service.paths), or only its seq when the caller is not admitted to every
+    source it carries."""
     if caller.admission.admits(row.sources):
-        return row_record(row)
+        found = row_record(row)
+        return paths.scrub(found) if paths is not None else found
     return {"type": "row", "session": row.session, "seq": row.seq, "withheld": True}
 
 
@@ -333,9 +338,9 @@ async def _post_request(
 def admit_and_enqueue(
     st: ServiceState, session: str, body: RequestIn, who: Caller, traced: dict[str, Any]
 ) -> tuple[Run, bool]:
-    """Admission, then the queued run (the service's requests, and a chat bridge's: DESIGN
-    §3.18): one thread hand-off for the two (each costs the event
-    loop, which the service's runs share, more than the ledger's work)."""
+    """Admission, then the queued run (the service's requests, and a chat bridge's:
+    docs/bridges.md): one thread hand-off for the two (each costs the event loop, which the
+    service's runs share, more than the ledger's work)."""
     _admit_request(st, session, body, who)
     images = request_images(st.config, body.agent, body.deliver, body.images)  # 413/422
     return st.ledger.enqueue_run(
@@ -427,7 +432,7 @@ async def list_sessions(
     return {"sessions": await blocking(visible)}
 
 
-@router.get("/sessions/{session}/context", summary="The follow-up view for the caller (§3.2)")
+@router.get("/sessions/{session}/context", summary="The follow-up view for the caller")
 async def get_context(
     session: SessionId,
     agent: AgentName,
@@ -464,7 +469,7 @@ async def get_rows(
     await blocking(session_or_404, st.ledger, session, who)
     rows = await blocking(st.ledger.rows_range, session, after + 1, after + limit, limit=limit)
     last = await blocking(st.ledger.last_seq, session)
-    shown = [row_json(r, who) for r in rows]
+    shown = [row_json(r, who, st.paths) for r in rows]
     return {
         "session": session,
         "rows": shown,
@@ -495,7 +500,8 @@ async def post_note(
     }
 
 
-# -- lifecycle (DESIGN §3.15) ------------------------------------------------------------------
+# -- lifecycle (docs/operations.md#erasure-and-retention)
+# ------------------------------------------------------------------
 
 
 class ForkIn(BaseModel):

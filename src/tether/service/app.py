@@ -1,4 +1,4 @@
-"""The service's ASGI app (DESIGN §3.8).
+"""The service's ASGI app (docs/contracts.md#the-http-api).
 
     app = create_app(config, ledger, workers=2)   # uvicorn.run(app) — or `tether serve`
 
@@ -76,7 +76,7 @@ def create_app(
 
     app = FastAPI(
         title="tether",
-        summary="Run pi coding agents on long-lived sessions (DESIGN §3.8).",
+        summary="Run pi coding agents on long-lived sessions (docs/contracts.md#the-http-api).",
         version="1",
         lifespan=lifespan,
         # /docs is the service's own (tether.service.docs): FastAPI's loads Swagger UI from a CDN.

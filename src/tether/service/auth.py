@@ -1,4 +1,5 @@
-"""Bearer tokens (DESIGN §3.8): ``[service.tokens]`` maps the SHA-256 hex of a token to an actor.
+"""Bearer tokens (docs/contracts.md#the-http-api): ``[service.tokens]`` maps the SHA-256 hex of a
+token to an actor.
 
 The actor of a request is always its token's, never a body field. Tokens are compared by their
 digest only, so the configuration never holds a usable secret.

@@ -16,6 +16,7 @@ __all__ = [
     "LoginPage",
     "NextPage",
     "RunHeader",
+    "SearchPage",
     "SessionLine",
     "TimelinePage",
 ]
@@ -66,7 +67,7 @@ class RunHeader:
     stop_reason: str | None = doc("Why it stopped, when it did not end on its own; or null.")
     checkpoint: str | None = doc("written, refused:<reason> or not_needed; or null.")
     checkpoint_decision: str | None = doc(
-        "written, refused or not_tried (DESIGN §3.14); null before the run ended."
+        "written, refused or not_tried (docs/operations.md#traces); null before the run ended."
     )
     checkpoint_reason: str | None = doc(
         "Why it was refused (the receipt's reason) or not tried (under_budget, "
@@ -104,15 +105,21 @@ class TimelinePage:
     runs: dict[str, RunHeader] = doc("The runs of the rows shown (and the live ones), by id.")
     groups: list[dict[str, Any]] = doc(
         "The rows in seq order, grouped by run: {run, rows}. A row is {seq, run, actor, kind, "
-        "bytes, media_bytes, sources} and one of message {role, parts, tool?, custom_type?, "
-        "stop_reason?}, compaction {kind: continuation|pi, covers_to, summary, tokens_before} or "
-        "receipt {kind, reason, run}; a withheld row is only {seq, kind: withheld}."
+        "bytes, media_bytes, sources, copy_of?} (copy_of: the seq of the row a follow-up view "
+        "copied it from, such as the previous request) and one of message {role, parts, tool?, "
+        "custom_type?, stop_reason?}, compaction {kind: continuation|pi, covers_to, summary, "
+        "tokens_before, anchors: [{seq, kind, text, exit?}]} or receipt {kind, reason, run}; a "
+        "withheld row is only {seq, kind: withheld}."
     )
     pending: list[RunHeader] = doc("Live or queued runs that have no row on the page yet.")
     live: list[str] = doc(
         "Runs the page follows live (running, then queued), when it shows the newest rows."
     )
     agents: list[str] = doc("The configured agents (for the next-view links).")
+    fork: dict[str, Any] | None = doc(
+        "What this session forks, or null: {parent, seq, run} (it begins as session `parent` "
+        "up to row `seq`, the end of run `run`; run is null when that row is withheld)."
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +127,7 @@ class BudgetPart:
     part: str = doc(
         "checkpoint (its summary and anchors), previous_request, notes, suffix or free."
     )
-    bytes: int = doc("Bytes of the budget this part takes (DESIGN §3.3).")
+    bytes: int = doc("Bytes of the budget this part takes (docs/contracts.md#byte-accounting).")
     percent: float = doc("Its share of the budget, in percent.")
 
 
@@ -131,7 +138,7 @@ class NextPage:
     actor: str = doc("The caller's actor: the view is built with its admission.")
     agents: list[str] = doc("The configured agents.")
     status: str = doc("ok, or refused (then `refusal` says why).")
-    refusal: dict[str, Any] | None = doc("The §3.2 refusal {status, reason, detail}, or null.")
+    refusal: dict[str, Any] | None = doc("The view's refusal {status, reason, detail}, or null.")
     budget: int = doc("The follow-up budget in bytes.")
     bytes: int = doc("The bytes the view takes (never above the budget).")
     parts: list[BudgetPart] = doc("The budget split by part, free space last.")
@@ -146,6 +153,23 @@ class NextPage:
     )
     previous_request: dict[str, Any] | None = doc("{seq, run, actor, mode}, or null.")
     sources: list[str] = doc("The source obligations the view carries.")
+
+
+@dataclass(frozen=True, slots=True)
+class SearchPage:
+    session: str = doc("The session id.")
+    actor: str = doc("The caller's actor: the search admits rows as it may read them.")
+    query: str = doc("The words searched for (?q=); empty before a search.")
+    hits: list[dict[str, Any]] = doc(
+        "Rows the actor may read that match, best first: {seq, actor, role, snippet} (the "
+        "answer of `tether recall -s S --actor A QUERY --json`)."
+    )
+    withheld: list[dict[str, int]] = doc(
+        "Matching rows the actor may not read, named as ranges {from, to}, never shown."
+    )
+    withheld_more: bool = doc("More withheld ranges matched than are named.")
+    at_most: int = doc("Hits shown at most (recall's bound).")
+    error: str | None = doc("Why the query could not be searched (it has no words), or null.")
 
 
 @dataclass(frozen=True, slots=True)

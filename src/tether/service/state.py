@@ -9,6 +9,7 @@ from tether.config import Config
 from tether.ledger import Ledger
 from tether.service.hub import LiveHub
 from tether.service.metrics import Metrics
+from tether.service.paths import ServerPaths
 
 __all__ = ["ServiceState", "service_of"]
 
@@ -23,6 +24,11 @@ class ServiceState:
     """Set when the service begins to stop: event streams end."""
     workers: list[Any] = field(default_factory=list)
     """The workers running inside this process (``tether serve --workers N``)."""
+    paths: ServerPaths = field(init=False)
+    """The server's directories, which no answer names (tether.service.paths)."""
+
+    def __post_init__(self) -> None:
+        self.paths = ServerPaths.of(self.config)
 
     def queued(self, relay: str | None = None) -> None:
         """A request was queued (``relay``: marked for relay into that session's live run):

@@ -93,7 +93,7 @@ class _Stream:
             rows, scanned = await blocking(_rows_after, self.st.ledger, self.run, self.scanned)
             for row in rows:
                 self.sent, self.n = row.seq, 0
-                yield self._event("row", row_json(row, self.who), str(row.seq))
+                yield self._event("row", row_json(row, self.who, self.st.paths), str(row.seq))
             if scanned - self.scanned < PAGE:
                 self.scanned = scanned
                 return

@@ -1,4 +1,5 @@
-"""Workers (DESIGN §3.8): claim queued runs oldest first, at most one live run per session,
+"""Workers (docs/contracts.md#the-http-api): claim queued runs oldest first, at most one live run
+per session,
 execute each exactly as ``tether run`` does, relay ``steer``/``follow_up`` requests into the runs
 they hold, and reconcile expired leases.
 
@@ -10,7 +11,8 @@ and the fence orders owners; a worker holds no state another could not rebuild f
 
 Stopping (procrastinate's shape): :meth:`Worker.stop` only sets a flag and wakes the loop; the
 loop stops claiming and lets live runs finish until ``[service] drain_s``; runs still live then
-are *handed over*: their leases are expired, so the next worker's reconcile takes them (§3.7:
+are *handed over*: their leases are expired, so the next worker's reconcile takes them
+(docs/architecture.md#custody:
 pi runs under its keeper, so it resumes on the same pi), and ``on_handover`` ends the process
 without ending them (``tether worker`` and ``tether serve`` exit there), instead of killing pi.
 """
@@ -153,7 +155,8 @@ class Worker:
         the drain deadline)."""
         poll = self.config.service.poll_s
         async with anyio.create_task_group() as runs:
-            # A run resumed by the reconcile (§3.7) is driven inside it: it finishes before the
+            # A run resumed by the reconcile (docs/architecture.md#custody) is driven inside it: it
+            # finishes before the
             # worker returns.
             runs.start_soon(self._reconcile_loop)
             # Run ends to [service.webhooks] (tether.service.webhooks), until the stop.
@@ -286,7 +289,8 @@ class Worker:
             await poke.wait(poll, seen)
 
     async def _retention_loop(self, idle_days: int) -> None:
-        """Erase sessions idle for ``[retention] idle_days`` (DESIGN §3.15), at start and then
+        """Erase sessions idle for ``[retention] idle_days``
+        (docs/operations.md#erasure-and-retention), at start and then
         once a day (every worker does: the second finds nothing left to erase)."""
         while not self._stopping:
             try:
@@ -302,7 +306,7 @@ class Worker:
                 await self._stopped.wait()
 
     async def _reconcile_loop(self) -> None:
-        """Reconcile expired leases (§3.7) every third of a lease."""
+        """Reconcile expired leases (docs/architecture.md#custody) every third of a lease."""
         while not self._stopping:
             try:
                 done = await reconcile(self.ledger, self.config, pi=self.pi, relay=self._relay)

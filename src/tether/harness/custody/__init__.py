@@ -1,4 +1,4 @@
-"""The resume protocol (DESIGN §3.7, invariants 15-17), in one place.
+"""The resume protocol (docs/architecture.md#custody, invariants 15-17), in one place.
 
 - ``state``: what a harness taking a run over needs (:class:`~.state.CustodyState`), written
   by the driver into the run directory before pi is let through;

@@ -1,4 +1,5 @@
-"""Erasing sessions whose run is live (DESIGN §3.15, issue 31): the run is stopped first,
+"""Erasing sessions whose run is live (docs/operations.md#erasure-and-retention, issue 31): the run
+is stopped first,
 whichever process or host owns it, then the erasure is carried out.
 
     done = await erase_stopping(ledger, config, Selector(SelectorKind.SESSION, "s1"),
@@ -152,7 +153,8 @@ async def retention_stopping(
     dry_run: bool = False,
     say: Say = _quiet,
 ) -> list[Erased]:
-    """Erase every session idle for ``idle_days`` (DESIGN §3.15), one receipt each, through
+    """Erase every session idle for ``idle_days`` (docs/operations.md#erasure-and-retention), one
+    receipt each, through
     :func:`erase_stopping`. A session that stopped being idle since it was listed (a run
     queued or started on it) is passed by: an idle session has no live run to stop."""
     moment = now or datetime.datetime.now(datetime.UTC)

@@ -1,4 +1,5 @@
-"""Whether a newer owner holds a run (DESIGN §3.7, invariant 16): asked before this harness
+"""Whether a newer owner holds a run (docs/architecture.md#custody, invariant 16): asked before
+this harness
 sends pi anything that ends or stops it (``abort``, the end of its stdin, a signal), whatever
 the stop. A run another owner took over is its own, pi with it.
 """

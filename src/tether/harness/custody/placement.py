@@ -1,4 +1,5 @@
-"""Where a live run is held (DESIGN §3.7): this host's id, this harness process, pi's process.
+"""Where a live run is held (docs/architecture.md#custody): this host's id, this harness process,
+pi's process.
 
 The host id is ``$TETHER_HOST_ID`` when set (containers that share a hostname, tests that play
 two hosts), else ``/etc/machine-id``, else the hostname. A placement records pids together with

@@ -1,4 +1,4 @@
-"""Reconciling live runs whose custody lapsed (DESIGN §3.7, invariants 15-17).
+"""Reconciling live runs whose custody lapsed (docs/architecture.md#custody, invariants 15-17).
 
 A live run's lease lapses when its harness stops heartbeating (the lease expired), or at once
 when, on this host, its harness process is confirmed gone. Whoever touches the session next
@@ -118,7 +118,8 @@ async def reconcile(
     clock: Clock | None = None,
     relay: RelayHook | None = None,
 ) -> list[Reconciled]:
-    """Reconcile every lapsed lease (of ``session``, or all) per DESIGN §3.7. A run another
+    """Reconcile every lapsed lease (of ``session``, or all) per docs/architecture.md#custody. A
+    run another
     reconciler took first is skipped. A resumed run gets ``relay`` (the takeover inherits the
     relay of requests into the live run). Then queued runs heading their queue whose waiting
     ``tether run`` is gone are withdrawn (:func:`withdraw_abandoned`). Run ends kept on disk
@@ -217,7 +218,7 @@ async def _taken_over(
     if same_pi and alive(where.get("pi_pid"), where.get("pi_start")) and has_run_state(run_dir):
         # Resumed even without its FIFO: pi's events are followed to its end, its answer
         # mirrored, and the driver, finding no command channel, attempts no checkpoint and
-        # has the session refuse prompts (DESIGN §3.7).
+        # has the session refuse prompts (docs/architecture.md#custody).
         return await _resume(ledger, config, run, fence, where, subscribers, pi, clock, relay)
     if alive(where.get("pi_pid"), where.get("pi_start")):
         # pi lives but its keeper's record does not name it: it cannot be followed nor

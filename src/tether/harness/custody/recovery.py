@@ -1,4 +1,5 @@
-"""The checkpoint a lost harness may have sent (DESIGN §3.7, invariant 16): a harness taking
+"""The checkpoint a lost harness may have sent (docs/architecture.md#custody, invariant 16): a
+harness taking
 the run over waits for pi's answer to it in the events file, or for the answer to an ``abort``
 it sends on a soft stop or the deadline, never sending the summary command again; it takes the
 compaction row only if pi wrote it and the mirror stored it, and stores a refusal as the

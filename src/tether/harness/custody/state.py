@@ -1,4 +1,5 @@
-"""What a harness taking a run over needs (DESIGN §3.7): the mirror's start, the request row,
+"""What a harness taking a run over needs (docs/architecture.md#custody): the mirror's start, the
+request row,
 the deadline, the view, the sources and the tools channel. Written by the driver, before pi is
 let through, as ``RUN_DIR/custody.json`` (atomically, 0600); read by a resume and by a
 ``harness_lost`` reconcile.

@@ -50,6 +50,84 @@ _FTS_DOCUMENT_V1 = f"to_tsvector('simple', left(text, {FTS_MAX_CHARS}))"
 # interchange timestamps), so both backends return byte-identical records; every TEXT column
 # collates as "C" (code point order, like SQLite's BINARY), so listings sort the same on both
 # whatever the database's locale.
+# usage (tether.ledger.usage), in the migrations and the schema alike.
+RUN_USAGE = """
+    CREATE TABLE run_usage (
+        run           TEXT COLLATE "C" NOT NULL,
+        part          TEXT COLLATE "C" NOT NULL CHECK (part IN ('task', 'checkpoint')),
+        session       TEXT COLLATE "C" NOT NULL,
+        actor         TEXT COLLATE "C",
+        agent         TEXT COLLATE "C" NOT NULL,
+        model         TEXT COLLATE "C",
+        at            DOUBLE PRECISION NOT NULL,
+        calls         BIGINT NOT NULL DEFAULT 0,
+        input         BIGINT NOT NULL DEFAULT 0,
+        output        BIGINT NOT NULL DEFAULT 0,
+        cache_read    BIGINT NOT NULL DEFAULT 0,
+        cache_write   BIGINT NOT NULL DEFAULT 0,
+        total_tokens  BIGINT NOT NULL DEFAULT 0,
+        cost          DOUBLE PRECISION NOT NULL DEFAULT 0,
+        PRIMARY KEY (run, part)
+    );
+    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
+    CREATE INDEX run_usage_by_time ON run_usage (at);
+"""
+
+# ---- chat bridges (tether.ledger.bridges, docs/bridges.md): a block of its own ----
+# A thread's session, each bridge's sync position, the platform events that became runs,
+# and the outbox of the messages a bridge posts (claimed under a lease; ``txn`` makes the
+# platform's transaction ids, so a retry repeats the same event). In the migrations and the
+# schema alike.
+BRIDGES = """
+    CREATE TABLE bridge_threads (
+        bridge   TEXT COLLATE "C" NOT NULL,
+        room     TEXT COLLATE "C" NOT NULL,
+        root     TEXT COLLATE "C" NOT NULL,
+        session  TEXT COLLATE "C" NOT NULL,
+        agent    TEXT COLLATE "C" NOT NULL,
+        created  TEXT COLLATE "C" NOT NULL,
+        PRIMARY KEY (bridge, room, root)
+    );
+    CREATE TABLE bridge_cursors (
+        bridge  TEXT COLLATE "C" PRIMARY KEY,
+        token   TEXT COLLATE "C" NOT NULL,
+        at      TEXT COLLATE "C" NOT NULL
+    );
+    CREATE TABLE bridge_events (
+        bridge    TEXT COLLATE "C" NOT NULL,
+        event     TEXT COLLATE "C" NOT NULL,
+        room      TEXT COLLATE "C" NOT NULL,
+        root      TEXT COLLATE "C" NOT NULL,
+        run       TEXT COLLATE "C" NOT NULL,
+        answered  INTEGER NOT NULL DEFAULT 0,
+        at        TEXT COLLATE "C" NOT NULL,
+        PRIMARY KEY (bridge, event)
+    );
+    CREATE INDEX bridge_events_open ON bridge_events (bridge, at) WHERE answered = 0;
+    CREATE INDEX bridge_events_by_run ON bridge_events (bridge, run);
+    CREATE TABLE bridge_outbox (
+        id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        bridge      TEXT COLLATE "C" NOT NULL,
+        key         TEXT COLLATE "C" NOT NULL,
+        room        TEXT COLLATE "C" NOT NULL,
+        root        TEXT COLLATE "C" NOT NULL,
+        kind        TEXT COLLATE "C" NOT NULL CHECK (kind IN ('answer', 'notice')),
+        body        TEXT COLLATE "C" NOT NULL,
+        txn         TEXT COLLATE "C" NOT NULL,
+        state       TEXT COLLATE "C" NOT NULL CHECK (state IN ('pending', 'sent', 'failed')),
+        parts_sent  INTEGER NOT NULL DEFAULT 0,
+        attempts    INTEGER NOT NULL DEFAULT 0,
+        due         DOUBLE PRECISION NOT NULL,
+        owner       TEXT COLLATE "C",
+        last_error  TEXT COLLATE "C",
+        created     TEXT COLLATE "C" NOT NULL,
+        done_at     TEXT COLLATE "C",
+        UNIQUE (bridge, key)
+    );
+    CREATE INDEX bridge_outbox_due ON bridge_outbox (bridge, due) WHERE state = 'pending';
+"""
+# ---- end of chat bridges ----
+
 MIGRATIONS: list[str] = [
     f"""
     CREATE TABLE sessions (
@@ -109,7 +187,8 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX rows_by_run ON rows (run, seq);",
     # 3: the tail reads row sizes before bodies (SqlLedger.tail); this index covers that scan.
     "CREATE INDEX rows_sizes ON rows (session, seq, bytes);",
-    # 4: session custody (DESIGN §3.7): leases, placements, idempotent requests, the queue.
+    # 4: session custody (docs/architecture.md#custody): leases, placements, idempotent requests,
+    # the queue.
     """
     ALTER TABLE runs ADD COLUMN lease_expires DOUBLE PRECISION;
     ALTER TABLE runs ADD COLUMN owner TEXT COLLATE "C";
@@ -137,7 +216,8 @@ MIGRATIONS: list[str] = [
     DROP INDEX rows_fts;
     CREATE INDEX rows_fts ON rows USING gin ({FTS_SESSION_DOCUMENT});
     """,
-    # 8: session lifecycle (DESIGN §3.15): a fork names its parent and the last seq, run (ord)
+    # 8: session lifecycle (docs/operations.md#erasure-and-retention): a fork names its parent and
+    # the last seq, run (ord)
     # and note (id) it inherits; erasure receipts (when, by whom, the selector, the counts).
     """
     ALTER TABLE sessions ADD COLUMN parent TEXT COLLATE "C";
@@ -203,80 +283,9 @@ MIGRATIONS: list[str] = [
     # 11: usage (tether.ledger.usage): one row per run and part (task, checkpoint), written
     # with the run's end (and as it goes when its actor has a budget), summed by actor, agent
     # and model; ``at`` is when the run was requested (its budget's day).
-    """
-    CREATE TABLE run_usage (
-        run           TEXT COLLATE "C" NOT NULL,
-        part          TEXT COLLATE "C" NOT NULL CHECK (part IN ('task', 'checkpoint')),
-        session       TEXT COLLATE "C" NOT NULL,
-        actor         TEXT COLLATE "C",
-        agent         TEXT COLLATE "C" NOT NULL,
-        model         TEXT COLLATE "C",
-        at            DOUBLE PRECISION NOT NULL,
-        calls         BIGINT NOT NULL DEFAULT 0,
-        input         BIGINT NOT NULL DEFAULT 0,
-        output        BIGINT NOT NULL DEFAULT 0,
-        cache_read    BIGINT NOT NULL DEFAULT 0,
-        cache_write   BIGINT NOT NULL DEFAULT 0,
-        total_tokens  BIGINT NOT NULL DEFAULT 0,
-        cost          DOUBLE PRECISION NOT NULL DEFAULT 0,
-        PRIMARY KEY (run, part)
-    );
-    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
-    CREATE INDEX run_usage_by_time ON run_usage (at);
-    """,
-    # ---- chat bridges (tether.ledger.bridges; DESIGN §3.18): a block of its own, after usage ----
-    # A thread's session, each bridge's sync position, the platform events that became runs,
-    # and the outbox of the messages a bridge posts (claimed under a lease; ``txn`` makes the
-    # platform's transaction ids, so a retry repeats the same event).
-    """
-    CREATE TABLE bridge_threads (
-        bridge   TEXT COLLATE "C" NOT NULL,
-        room     TEXT COLLATE "C" NOT NULL,
-        root     TEXT COLLATE "C" NOT NULL,
-        session  TEXT COLLATE "C" NOT NULL,
-        agent    TEXT COLLATE "C" NOT NULL,
-        created  TEXT COLLATE "C" NOT NULL,
-        PRIMARY KEY (bridge, room, root)
-    );
-    CREATE TABLE bridge_cursors (
-        bridge  TEXT COLLATE "C" PRIMARY KEY,
-        token   TEXT COLLATE "C" NOT NULL,
-        at      TEXT COLLATE "C" NOT NULL
-    );
-    CREATE TABLE bridge_events (
-        bridge    TEXT COLLATE "C" NOT NULL,
-        event     TEXT COLLATE "C" NOT NULL,
-        room      TEXT COLLATE "C" NOT NULL,
-        root      TEXT COLLATE "C" NOT NULL,
-        run       TEXT COLLATE "C" NOT NULL,
-        answered  INTEGER NOT NULL DEFAULT 0,
-        at        TEXT COLLATE "C" NOT NULL,
-        PRIMARY KEY (bridge, event)
-    );
-    CREATE INDEX bridge_events_open ON bridge_events (bridge, at) WHERE answered = 0;
-    CREATE INDEX bridge_events_by_run ON bridge_events (bridge, run);
-    CREATE TABLE bridge_outbox (
-        id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        bridge      TEXT COLLATE "C" NOT NULL,
-        key         TEXT COLLATE "C" NOT NULL,
-        room        TEXT COLLATE "C" NOT NULL,
-        root        TEXT COLLATE "C" NOT NULL,
-        kind        TEXT COLLATE "C" NOT NULL CHECK (kind IN ('answer', 'notice')),
-        body        TEXT COLLATE "C" NOT NULL,
-        txn         TEXT COLLATE "C" NOT NULL,
-        state       TEXT COLLATE "C" NOT NULL CHECK (state IN ('pending', 'sent', 'failed')),
-        parts_sent  INTEGER NOT NULL DEFAULT 0,
-        attempts    INTEGER NOT NULL DEFAULT 0,
-        due         DOUBLE PRECISION NOT NULL,
-        owner       TEXT COLLATE "C",
-        last_error  TEXT COLLATE "C",
-        created     TEXT COLLATE "C" NOT NULL,
-        done_at     TEXT COLLATE "C",
-        UNIQUE (bridge, key)
-    );
-    CREATE INDEX bridge_outbox_due ON bridge_outbox (bridge, due) WHERE state = 'pending';
-    """,
-    # ---- end of chat bridges ----
+    RUN_USAGE,
+    # chat bridges (BRIDGES above)
+    BRIDGES,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -393,70 +402,4 @@ SCHEMA = f"""
     );
     CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
         WHERE state = 'pending';
-    CREATE TABLE run_usage (
-        run           TEXT COLLATE "C" NOT NULL,
-        part          TEXT COLLATE "C" NOT NULL CHECK (part IN ('task', 'checkpoint')),
-        session       TEXT COLLATE "C" NOT NULL,
-        actor         TEXT COLLATE "C",
-        agent         TEXT COLLATE "C" NOT NULL,
-        model         TEXT COLLATE "C",
-        at            DOUBLE PRECISION NOT NULL,
-        calls         BIGINT NOT NULL DEFAULT 0,
-        input         BIGINT NOT NULL DEFAULT 0,
-        output        BIGINT NOT NULL DEFAULT 0,
-        cache_read    BIGINT NOT NULL DEFAULT 0,
-        cache_write   BIGINT NOT NULL DEFAULT 0,
-        total_tokens  BIGINT NOT NULL DEFAULT 0,
-        cost          DOUBLE PRECISION NOT NULL DEFAULT 0,
-        PRIMARY KEY (run, part)
-    );
-    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
-    CREATE INDEX run_usage_by_time ON run_usage (at);
-    -- chat bridges (their migration: tether.ledger.bridges)
-    CREATE TABLE bridge_threads (
-        bridge   TEXT COLLATE "C" NOT NULL,
-        room     TEXT COLLATE "C" NOT NULL,
-        root     TEXT COLLATE "C" NOT NULL,
-        session  TEXT COLLATE "C" NOT NULL,
-        agent    TEXT COLLATE "C" NOT NULL,
-        created  TEXT COLLATE "C" NOT NULL,
-        PRIMARY KEY (bridge, room, root)
-    );
-    CREATE TABLE bridge_cursors (
-        bridge  TEXT COLLATE "C" PRIMARY KEY,
-        token   TEXT COLLATE "C" NOT NULL,
-        at      TEXT COLLATE "C" NOT NULL
-    );
-    CREATE TABLE bridge_events (
-        bridge    TEXT COLLATE "C" NOT NULL,
-        event     TEXT COLLATE "C" NOT NULL,
-        room      TEXT COLLATE "C" NOT NULL,
-        root      TEXT COLLATE "C" NOT NULL,
-        run       TEXT COLLATE "C" NOT NULL,
-        answered  INTEGER NOT NULL DEFAULT 0,
-        at        TEXT COLLATE "C" NOT NULL,
-        PRIMARY KEY (bridge, event)
-    );
-    CREATE INDEX bridge_events_open ON bridge_events (bridge, at) WHERE answered = 0;
-    CREATE INDEX bridge_events_by_run ON bridge_events (bridge, run);
-    CREATE TABLE bridge_outbox (
-        id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        bridge      TEXT COLLATE "C" NOT NULL,
-        key         TEXT COLLATE "C" NOT NULL,
-        room        TEXT COLLATE "C" NOT NULL,
-        root        TEXT COLLATE "C" NOT NULL,
-        kind        TEXT COLLATE "C" NOT NULL CHECK (kind IN ('answer', 'notice')),
-        body        TEXT COLLATE "C" NOT NULL,
-        txn         TEXT COLLATE "C" NOT NULL,
-        state       TEXT COLLATE "C" NOT NULL CHECK (state IN ('pending', 'sent', 'failed')),
-        parts_sent  INTEGER NOT NULL DEFAULT 0,
-        attempts    INTEGER NOT NULL DEFAULT 0,
-        due         DOUBLE PRECISION NOT NULL,
-        owner       TEXT COLLATE "C",
-        last_error  TEXT COLLATE "C",
-        created     TEXT COLLATE "C" NOT NULL,
-        done_at     TEXT COLLATE "C",
-        UNIQUE (bridge, key)
-    );
-    CREATE INDEX bridge_outbox_due ON bridge_outbox (bridge, due) WHERE state = 'pending';
-"""
+{RUN_USAGE}{BRIDGES}"""

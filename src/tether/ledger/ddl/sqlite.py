@@ -12,6 +12,84 @@ __all__ = ["FTS_KEY_SPAN", "MIGRATIONS", "SCHEMA", "SCHEMA_VERSION"]
 FTS_KEY_SPAN = 2**32
 
 # Each entry migrates from version i to i + 1. Append, never edit: a ledger on disk replays them.
+# usage (tether.ledger.usage), in the migrations and the schema alike.
+RUN_USAGE = """
+    CREATE TABLE run_usage (
+        run           TEXT NOT NULL,
+        part          TEXT NOT NULL CHECK (part IN ('task', 'checkpoint')),
+        session       TEXT NOT NULL,
+        actor         TEXT,
+        agent         TEXT NOT NULL,
+        model         TEXT,
+        at            REAL NOT NULL,
+        calls         INTEGER NOT NULL DEFAULT 0,
+        input         INTEGER NOT NULL DEFAULT 0,
+        output        INTEGER NOT NULL DEFAULT 0,
+        cache_read    INTEGER NOT NULL DEFAULT 0,
+        cache_write   INTEGER NOT NULL DEFAULT 0,
+        total_tokens  INTEGER NOT NULL DEFAULT 0,
+        cost          REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (run, part)
+    );
+    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
+    CREATE INDEX run_usage_by_time ON run_usage (at);
+"""
+
+# ---- chat bridges (tether.ledger.bridges, docs/bridges.md): a block of its own ----
+# A thread's session, each bridge's sync position, the platform events that became runs,
+# and the outbox of the messages a bridge posts (claimed under a lease; ``txn`` makes the
+# platform's transaction ids, so a retry repeats the same event). In the migrations and the
+# schema alike.
+BRIDGES = """
+    CREATE TABLE bridge_threads (
+        bridge   TEXT NOT NULL,
+        room     TEXT NOT NULL,
+        root     TEXT NOT NULL,
+        session  TEXT NOT NULL,
+        agent    TEXT NOT NULL,
+        created  TEXT NOT NULL,
+        PRIMARY KEY (bridge, room, root)
+    );
+    CREATE TABLE bridge_cursors (
+        bridge  TEXT PRIMARY KEY,
+        token   TEXT NOT NULL,
+        at      TEXT NOT NULL
+    );
+    CREATE TABLE bridge_events (
+        bridge    TEXT NOT NULL,
+        event     TEXT NOT NULL,
+        room      TEXT NOT NULL,
+        root      TEXT NOT NULL,
+        run       TEXT NOT NULL,
+        answered  INTEGER NOT NULL DEFAULT 0,
+        at        TEXT NOT NULL,
+        PRIMARY KEY (bridge, event)
+    );
+    CREATE INDEX bridge_events_open ON bridge_events (bridge, at) WHERE answered = 0;
+    CREATE INDEX bridge_events_by_run ON bridge_events (bridge, run);
+    CREATE TABLE bridge_outbox (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        bridge      TEXT NOT NULL,
+        key         TEXT NOT NULL,
+        room        TEXT NOT NULL,
+        root        TEXT NOT NULL,
+        kind        TEXT NOT NULL CHECK (kind IN ('answer', 'notice')),
+        body        TEXT NOT NULL,
+        txn         TEXT NOT NULL,
+        state       TEXT NOT NULL CHECK (state IN ('pending', 'sent', 'failed')),
+        parts_sent  INTEGER NOT NULL DEFAULT 0,
+        attempts    INTEGER NOT NULL DEFAULT 0,
+        due         REAL NOT NULL,
+        owner       TEXT,
+        last_error  TEXT,
+        created     TEXT NOT NULL,
+        done_at     TEXT,
+        UNIQUE (bridge, key)
+    );
+    CREATE INDEX bridge_outbox_due ON bridge_outbox (bridge, due) WHERE state = 'pending';
+"""
+# ---- end of chat bridges ----
+
 MIGRATIONS: list[str] = [
     """
     CREATE TABLE sessions (
@@ -70,7 +148,8 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX rows_by_run ON rows (run, seq);",
     # 3: the tail reads row sizes before bodies (SqlLedger.tail); this index covers that scan.
     "CREATE INDEX rows_sizes ON rows (session, seq, bytes);",
-    # 4: session custody (DESIGN §3.7): leases, placements, idempotent requests, the queue.
+    # 4: session custody (docs/architecture.md#custody): leases, placements, idempotent requests,
+    # the queue.
     """
     ALTER TABLE runs ADD COLUMN lease_expires REAL;
     ALTER TABLE runs ADD COLUMN owner TEXT;
@@ -140,7 +219,8 @@ MIGRATIONS: list[str] = [
     CREATE INDEX rows_heads ON rows (session, seq, bytes, sources);
     DROP INDEX rows_sizes;
     """,
-    # 9: session lifecycle (DESIGN §3.15): a fork names its parent and the last seq, run (ord)
+    # 9: session lifecycle (docs/operations.md#erasure-and-retention): a fork names its parent and
+    # the last seq, run (ord)
     # and note (id) it inherits; erasure receipts (when, by whom, the selector, the counts).
     """
     ALTER TABLE sessions ADD COLUMN parent TEXT;
@@ -251,86 +331,16 @@ MIGRATIONS: list[str] = [
     # 14: usage (tether.ledger.usage): one row per run and part (task, checkpoint), written
     # with the run's end (and as it goes when its actor has a budget), summed by actor, agent
     # and model; ``at`` is when the run was requested (its budget's day).
-    """
-    CREATE TABLE run_usage (
-        run           TEXT NOT NULL,
-        part          TEXT NOT NULL CHECK (part IN ('task', 'checkpoint')),
-        session       TEXT NOT NULL,
-        actor         TEXT,
-        agent         TEXT NOT NULL,
-        model         TEXT,
-        at            REAL NOT NULL,
-        calls         INTEGER NOT NULL DEFAULT 0,
-        input         INTEGER NOT NULL DEFAULT 0,
-        output        INTEGER NOT NULL DEFAULT 0,
-        cache_read    INTEGER NOT NULL DEFAULT 0,
-        cache_write   INTEGER NOT NULL DEFAULT 0,
-        total_tokens  INTEGER NOT NULL DEFAULT 0,
-        cost          REAL NOT NULL DEFAULT 0,
-        PRIMARY KEY (run, part)
-    );
-    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
-    CREATE INDEX run_usage_by_time ON run_usage (at);
-    """,
-    # ---- chat bridges (tether.ledger.bridges; DESIGN §3.18): a block of its own, after usage ----
-    # A thread's session, each bridge's sync position, the platform events that became runs,
-    # and the outbox of the messages a bridge posts (claimed under a lease; ``txn`` makes the
-    # platform's transaction ids, so a retry repeats the same event).
-    """
-    CREATE TABLE bridge_threads (
-        bridge   TEXT NOT NULL,
-        room     TEXT NOT NULL,
-        root     TEXT NOT NULL,
-        session  TEXT NOT NULL,
-        agent    TEXT NOT NULL,
-        created  TEXT NOT NULL,
-        PRIMARY KEY (bridge, room, root)
-    );
-    CREATE TABLE bridge_cursors (
-        bridge  TEXT PRIMARY KEY,
-        token   TEXT NOT NULL,
-        at      TEXT NOT NULL
-    );
-    CREATE TABLE bridge_events (
-        bridge    TEXT NOT NULL,
-        event     TEXT NOT NULL,
-        room      TEXT NOT NULL,
-        root      TEXT NOT NULL,
-        run       TEXT NOT NULL,
-        answered  INTEGER NOT NULL DEFAULT 0,
-        at        TEXT NOT NULL,
-        PRIMARY KEY (bridge, event)
-    );
-    CREATE INDEX bridge_events_open ON bridge_events (bridge, at) WHERE answered = 0;
-    CREATE INDEX bridge_events_by_run ON bridge_events (bridge, run);
-    CREATE TABLE bridge_outbox (
-        id          INTEGER PRIMARY KEY AUTOINCREMENT,
-        bridge      TEXT NOT NULL,
-        key         TEXT NOT NULL,
-        room        TEXT NOT NULL,
-        root        TEXT NOT NULL,
-        kind        TEXT NOT NULL CHECK (kind IN ('answer', 'notice')),
-        body        TEXT NOT NULL,
-        txn         TEXT NOT NULL,
-        state       TEXT NOT NULL CHECK (state IN ('pending', 'sent', 'failed')),
-        parts_sent  INTEGER NOT NULL DEFAULT 0,
-        attempts    INTEGER NOT NULL DEFAULT 0,
-        due         REAL NOT NULL,
-        owner       TEXT,
-        last_error  TEXT,
-        created     TEXT NOT NULL,
-        done_at     TEXT,
-        UNIQUE (bridge, key)
-    );
-    CREATE INDEX bridge_outbox_due ON bridge_outbox (bridge, due) WHERE state = 'pending';
-    """,
-    # ---- end of chat bridges ----
+    RUN_USAGE,
+    # chat bridges (BRIDGES above)
+    BRIDGES,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # The schema the migrations reach, as one script: a new ledger is created with it. Change it only
 # with a new migration (tests/test_ledger_ddl.py compares the two).
-SCHEMA = """
+SCHEMA = (
+    """
     CREATE TABLE sessions (
         id        TEXT PRIMARY KEY,
         created   TEXT NOT NULL,
@@ -452,70 +462,7 @@ SCHEMA = """
     );
     CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
         WHERE state = 'pending';
-    CREATE TABLE run_usage (
-        run           TEXT NOT NULL,
-        part          TEXT NOT NULL CHECK (part IN ('task', 'checkpoint')),
-        session       TEXT NOT NULL,
-        actor         TEXT,
-        agent         TEXT NOT NULL,
-        model         TEXT,
-        at            REAL NOT NULL,
-        calls         INTEGER NOT NULL DEFAULT 0,
-        input         INTEGER NOT NULL DEFAULT 0,
-        output        INTEGER NOT NULL DEFAULT 0,
-        cache_read    INTEGER NOT NULL DEFAULT 0,
-        cache_write   INTEGER NOT NULL DEFAULT 0,
-        total_tokens  INTEGER NOT NULL DEFAULT 0,
-        cost          REAL NOT NULL DEFAULT 0,
-        PRIMARY KEY (run, part)
-    );
-    CREATE INDEX run_usage_by_actor ON run_usage (actor, at);
-    CREATE INDEX run_usage_by_time ON run_usage (at);
-    -- chat bridges (their migration: tether.ledger.bridges)
-    CREATE TABLE bridge_threads (
-        bridge   TEXT NOT NULL,
-        room     TEXT NOT NULL,
-        root     TEXT NOT NULL,
-        session  TEXT NOT NULL,
-        agent    TEXT NOT NULL,
-        created  TEXT NOT NULL,
-        PRIMARY KEY (bridge, room, root)
-    );
-    CREATE TABLE bridge_cursors (
-        bridge  TEXT PRIMARY KEY,
-        token   TEXT NOT NULL,
-        at      TEXT NOT NULL
-    );
-    CREATE TABLE bridge_events (
-        bridge    TEXT NOT NULL,
-        event     TEXT NOT NULL,
-        room      TEXT NOT NULL,
-        root      TEXT NOT NULL,
-        run       TEXT NOT NULL,
-        answered  INTEGER NOT NULL DEFAULT 0,
-        at        TEXT NOT NULL,
-        PRIMARY KEY (bridge, event)
-    );
-    CREATE INDEX bridge_events_open ON bridge_events (bridge, at) WHERE answered = 0;
-    CREATE INDEX bridge_events_by_run ON bridge_events (bridge, run);
-    CREATE TABLE bridge_outbox (
-        id          INTEGER PRIMARY KEY AUTOINCREMENT,
-        bridge      TEXT NOT NULL,
-        key         TEXT NOT NULL,
-        room        TEXT NOT NULL,
-        root        TEXT NOT NULL,
-        kind        TEXT NOT NULL CHECK (kind IN ('answer', 'notice')),
-        body        TEXT NOT NULL,
-        txn         TEXT NOT NULL,
-        state       TEXT NOT NULL CHECK (state IN ('pending', 'sent', 'failed')),
-        parts_sent  INTEGER NOT NULL DEFAULT 0,
-        attempts    INTEGER NOT NULL DEFAULT 0,
-        due         REAL NOT NULL,
-        owner       TEXT,
-        last_error  TEXT,
-        created     TEXT NOT NULL,
-        done_at     TEXT,
-        UNIQUE (bridge, key)
-    );
-    CREATE INDEX bridge_outbox_due ON bridge_outbox (bridge, due) WHERE state = 'pending';
 """
+    + RUN_USAGE
+    + BRIDGES
+)

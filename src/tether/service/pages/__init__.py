@@ -1,4 +1,5 @@
-"""Pages for people (DESIGN §3.8): ``/`` (sessions), ``/sessions/{session}`` (the timeline,
+"""Pages for people (docs/contracts.md#the-http-api): ``/`` (sessions), ``/sessions/{session}``
+(the timeline,
 ``?after=SEQ`` pages on), ``/sessions/{session}/next?agent=A`` (the follow-up view for the caller).
 
 Each page renders one context object (:mod:`tether.service.page_context`), and its JSON twin

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
@@ -14,8 +15,23 @@ from urllib.parse import quote
 from fastapi import APIRouter, HTTPException, status
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
 
-__all__ = ["CSP", "STATIC", "env", "json_page", "render", "router", "static_url"]
+from tether.service.paths import ServerPaths
+
+__all__ = [
+    "CSP",
+    "ROW_CONTEXT",
+    "STATIC",
+    "env",
+    "json_page",
+    "mark_words",
+    "render",
+    "router",
+    "row_href",
+    "run_href",
+    "static_url",
+]
 
 SERVICE = Path(__file__).parent.parent
 STATIC = SERVICE / "static"
@@ -39,8 +55,11 @@ def env() -> Environment:
         lstrip_blocks=True,
     )
     environment.globals["static"] = static_url
+    environment.globals["row_href"] = row_href
+    environment.globals["run_href"] = run_href
     environment.filters["tojson_compact"] = lambda v: json.dumps(v, ensure_ascii=False, indent=1)
     environment.filters["q"] = lambda v: quote(str(v), safe="")
+    environment.filters["mark"] = mark_words
     return environment
 
 
@@ -51,6 +70,37 @@ def static_url(name: str) -> str:
     return f"/static/{name}?h={digest}"
 
 
+ROW_CONTEXT = 10
+"""Rows shown above a row that a link opens on another page: what led to it."""
+
+
+def row_href(session: str, seq: int, shown: tuple[int | None, int] | None = None) -> str:
+    """Where row ``seq`` of ``session`` is: its anchor on this page when the page shows it
+    (``shown``: the page's first and last seq), else the page that holds it."""
+    if shown is not None and shown[0] is not None and shown[0] <= seq <= shown[1]:
+        return f"#row-{seq}"
+    after = max(0, seq - 1 - ROW_CONTEXT)
+    return f"/sessions/{quote(session, safe='')}?after={after}#row-{seq}"
+
+
+def run_href(session: str, run: str) -> str:
+    """A run's place on its session's page (the route redirects to the page that holds it)."""
+    return f"/sessions/{quote(session, safe='')}/runs/{quote(run, safe='')}"
+
+
+def mark_words(text: str, query: str) -> Markup:
+    """``text`` escaped, each word of ``query`` in it wrapped in ``<mark>`` (a search hit)."""
+    words = sorted({w for w in query.split() if w}, key=len, reverse=True)
+    if not words:
+        return escape(text)
+    pattern = re.compile("|".join(re.escape(w) for w in words), re.IGNORECASE)
+    out, at = [], 0
+    for found in pattern.finditer(text):
+        out += [escape(text[at : found.start()]), Markup("<mark>%s</mark>") % found.group()]
+        at = found.end()
+    return Markup("").join([*out, escape(text[at:])])
+
+
 def render(
     name: str,
     ctx: Any,
@@ -58,11 +108,13 @@ def render(
     json_url: str | None = None,
     code: int = 200,
     form_token: str | None = None,
+    paths: ServerPaths | None = None,
 ) -> HTMLResponse:
     """Template ``name`` over the context object ``ctx``, with the pages' security headers and
     a ``Link`` to the page's JSON twin. ``form_token``: the log-out form's token (a page whose
-    header has that form; :func:`~tether.service.pages.login.logout_token`)."""
-    data = asdict(ctx)
+    header has that form; :func:`~tether.service.pages.login.logout_token`). ``paths``: the
+    server's directories, which no page names (tether.service.paths)."""
+    data = context_data(ctx, paths)
     html = env().get_template(name).render(ctx=data, json_url=json_url, form_token=form_token)
     headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
     if json_url:
@@ -70,9 +122,16 @@ def render(
     return HTMLResponse(html, status_code=code, headers=headers)
 
 
-def json_page(ctx: Any, code: int = 200) -> JSONResponse:
-    """A JSON twin: the page's context object as is."""
-    return JSONResponse(asdict(ctx), status_code=code)
+def json_page(ctx: Any, code: int = 200, paths: ServerPaths | None = None) -> JSONResponse:
+    """A JSON twin: the page's context object as is (the server's directories rewritten)."""
+    return JSONResponse(context_data(ctx, paths), status_code=code)
+
+
+def context_data(ctx: Any, paths: ServerPaths | None) -> Any:
+    """A page's context object as the templates and the JSON twins get it: what pi's rows and
+    tools name of the server's filesystem rewritten (``<workspace>``, …) when ``paths``."""
+    data = asdict(ctx)
+    return paths.scrub(data) if paths is not None else data
 
 
 @router.get("/static/{name}")

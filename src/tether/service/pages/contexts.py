@@ -4,13 +4,19 @@ live ones; the follow-up view exactly as the next run would be given it."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
+from fastapi import HTTPException, status
+
+from tether.errors import RecallError
 from tether.followup import Refusal, build_view
 from tether.followup.messages import ANCHORS_TYPE, CHECKPOINT_TYPE, NOTES_TYPE
 from tether.harness.turn import recorded_decision
 from tether.ledger import Ledger, Row, RowKind, Run, RunStatus
+from tether.recall import MAX_HITS, search
 from tether.sandbox.limits import limits_text
 from tether.service.api import known_agent, sees_session, session_or_404
 from tether.service.auth import Caller
@@ -19,6 +25,7 @@ from tether.service.page_context import (
     IndexPage,
     NextPage,
     RunHeader,
+    SearchPage,
     SessionLine,
     TimelinePage,
 )
@@ -32,6 +39,8 @@ __all__ = [
     "index_context",
     "next_context",
     "run_header",
+    "run_place",
+    "search_context",
     "timeline_context",
 ]
 
@@ -97,6 +106,23 @@ def run_header(ledger: Ledger, run: Run, who: Caller) -> RunHeader:
     )
 
 
+def run_place(ledger: Ledger, session: str, run: str, who: Caller) -> str:
+    """Where a run's link goes: the page of ``session`` whose first row is the run's first (its
+    header leads it), also for a run a fork inherits; a run with no row yet is listed at the
+    end of the newest page."""
+    session_or_404(ledger, session, who)
+    found = ledger.run(run)
+    first = ledger.run_first_seq(run) if found is not None else None
+    here = f"/sessions/{quote(session, safe='')}"
+    if first is not None:
+        row = ledger.row(session, first)
+        if row is not None and row.run == run:  # in this session's view, a fork's too
+            return f"{here}?after={first - 1}#run-{run}"
+    if found is not None and found.session == session:
+        return f"{here}#run-{run}"
+    raise HTTPException(status.HTTP_404_NOT_FOUND, f"no run {run!r} in session {session!r}")
+
+
 def index_context(st: ServiceState, who: Caller) -> IndexPage:
     lines = []
     for session, last_seq, counts in st.ledger.session_overview(limit=SESSIONS_SHOWN):
@@ -155,6 +181,13 @@ def timeline_context(
             if r.id not in headers:
                 headers[r.id] = run_header(ledger, r, who)
                 pending.append(headers[r.id])
+    fork: dict[str, Any] | None = None
+    if (link := ledger.fork_of(session)) is not None:
+        parent, fork_seq = link
+        # The row it forks at is the fork's too: its run is named as its row would be.
+        at = ledger.row(session, fork_seq)
+        run = at.run if at is not None and who.admission.admits(at.sources) else None
+        fork = {"parent": parent, "seq": fork_seq, "run": run}
     first_shown = rows[0].seq if rows else None
     last_shown = rows[-1].seq if rows else start
     return TimelinePage(
@@ -174,6 +207,38 @@ def timeline_context(
         pending=pending,
         live=live,
         agents=sorted(st.config.agents),
+        fork=fork,
+    )
+
+
+def search_context(st: ServiceState, session: str, query: str, who: Caller) -> SearchPage:
+    """The session searched as ``tether recall`` searches it, for the caller's actor with the
+    service's grants: the admission every other page and API route applies."""
+    session_or_404(st.ledger, session, who)
+    query = query.strip()
+    page = SearchPage(
+        session=session,
+        actor=who.actor,
+        query=query,
+        hits=[],
+        withheld=[],
+        withheld_more=False,
+        at_most=MAX_HITS,
+        error=None,
+    )
+    if not query:
+        return page
+    try:
+        answer = search(st.ledger, session, query, actor=who.actor, grants=st.config.access.grants)
+    except RecallError as exc:
+        return dataclasses.replace(page, error=str(exc))
+    found = answer.to_json()
+    return dataclasses.replace(
+        page,
+        query=found["query"],
+        hits=found["hits"],
+        withheld=found["withheld"],
+        withheld_more=bool(found.get("withheld_more")),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tether.followup.messages import anchor_items
 from tether.ledger import Row, RowKind
 from tether.service.api import row_json
 from tether.service.auth import Caller
@@ -104,6 +105,11 @@ def row_display(row: Row, who: Caller) -> dict[str, Any]:
         "media_bytes": row.media_bytes,
         "sources": list(row.sources),
     }
+    origin = row.extra.get("origin")
+    if isinstance(origin, int) and not isinstance(origin, bool):
+        # A follow-up view's copy of an earlier row (the previous request): not someone
+        # asking again.
+        out["copy_of"] = origin
     if row.kind is RowKind.MESSAGE:
         out["message"] = message_display(row.body)
     elif row.kind is RowKind.COMPACTION:
@@ -113,6 +119,9 @@ def row_display(row: Row, who: Caller) -> dict[str, Any]:
             "covers_to": row.covers_to,
             "summary": str(body.get("summary", "")),
             "tokens_before": body.get("tokens_before"),
+            # What the checkpoint keeps verbatim beside its summary (commands, paths, errors…),
+            # each naming its row; the row's own sources cover them (it carries all it covers).
+            "anchors": anchor_items(body),
         }
     else:
         out["receipt"] = {

@@ -3,7 +3,7 @@ fragments the live script fetches (rows after a seq, one run's header)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote
 
@@ -12,12 +12,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from tether.service.api import AgentName, RunId, SessionId, blocking, session_or_404
 from tether.service.page_context import RunHeader
-from tether.service.pages.assets import env, json_page, render
+from tether.service.pages.assets import context_data, env, json_page, render
 from tether.service.pages.contexts import (
     PAGE_ROWS,
     index_context,
     next_context,
     run_header,
+    run_place,
+    search_context,
     timeline_context,
 )
 from tether.service.pages.login import PageCaller, StateDep, logout_token
@@ -40,19 +42,23 @@ def _query(after: int | None, limit: int) -> str:
 @router.get("/", response_class=HTMLResponse)
 async def index(who: PageCaller, st: StateDep, request: Request) -> HTMLResponse:
     ctx = await blocking(index_context, st, who)
-    return render("index.html", ctx, json_url="/index.json", form_token=logout_token(request))
+    return render(
+        "index.html", ctx, json_url="/index.json", form_token=logout_token(request), paths=st.paths
+    )
 
 
 @router.get("/index.json")
 async def index_json(who: PageCaller, st: StateDep) -> JSONResponse:
-    return json_page(await blocking(index_context, st, who))
+    return json_page(await blocking(index_context, st, who), paths=st.paths)
 
 
 @router.get("/sessions/{session}.json")
 async def timeline_json(
     session: SessionId, who: PageCaller, st: StateDep, after: After = None, limit: Limit = PAGE_ROWS
 ) -> JSONResponse:
-    return json_page(await blocking(timeline_context, st, session, who, after, limit))
+    return json_page(
+        await blocking(timeline_context, st, session, who, after, limit), paths=st.paths
+    )
 
 
 @router.get("/sessions/{session}/rows.html", response_class=HTMLResponse)
@@ -61,7 +67,7 @@ async def timeline_fragment(
 ) -> HTMLResponse:
     """The rows after a seq as the timeline renders them (the live script appends them)."""
     ctx = await blocking(timeline_context, st, session, who, after, limit)
-    html = env().get_template("rows.html").render(ctx=asdict(ctx))
+    html = env().get_template("rows.html").render(ctx=context_data(ctx, st.paths))
     return HTMLResponse(html)
 
 
@@ -79,15 +85,46 @@ async def run_head_fragment(
         return run_header(st.ledger, found, who)
 
     head = await blocking(header)
-    template = env().from_string('{% import "macros.html" as m %}{{ m.run_head(h) }}')
-    return HTMLResponse(template.render(h=asdict(head)))
+    template = env().from_string('{% import "macros.html" as m %}{{ m.run_head(h, session) }}')
+    return HTMLResponse(template.render(h=context_data(head, st.paths), session=session))
+
+
+@router.get("/sessions/{session}/runs/{run}")
+async def run_link(
+    session: SessionId, run: RunId, who: PageCaller, st: StateDep
+) -> RedirectResponse:
+    """A run's link (its id wherever a page shows it): to its header on the session's page."""
+    place = await blocking(run_place, st.ledger, session, run, who)
+    return RedirectResponse(place, status_code=status.HTTP_303_SEE_OTHER)
 
 
 @router.get("/sessions/{session}/next.json")
 async def next_json(
     session: SessionId, agent: AgentName, who: PageCaller, st: StateDep
 ) -> JSONResponse:
-    return json_page(await blocking(next_context, st, session, agent, who))
+    return json_page(await blocking(next_context, st, session, agent, who), paths=st.paths)
+
+
+Words = Annotated[str, Query(max_length=1000)]
+
+
+@router.get("/sessions/{session}/search.json")
+async def search_json(
+    session: SessionId, who: PageCaller, st: StateDep, q: Words = ""
+) -> JSONResponse:
+    return json_page(await blocking(search_context, st, session, q, who), paths=st.paths)
+
+
+@router.get("/sessions/{session}/search", response_class=HTMLResponse)
+async def search_page(
+    session: SessionId, who: PageCaller, st: StateDep, request: Request, q: Words = ""
+) -> HTMLResponse:
+    """The session page's search box: recall's search, its hits linked to their rows."""
+    ctx = await blocking(search_context, st, session, q, who)
+    json_url = f"/sessions/{quote(session, safe='')}/search.json?q={quote(q, safe='')}"
+    return render(
+        "search.html", ctx, json_url=json_url, form_token=logout_token(request), paths=st.paths
+    )
 
 
 @dataclass(frozen=True)
@@ -113,10 +150,12 @@ async def next_page(
         if len(agents) == 1:
             return RedirectResponse(f"{here}?agent={quote(agents[0], safe='')}", status_code=303)
         pick = AgentPick(session=session, agents=agents)
-        return render("pick.html", pick, form_token=logout_token(request))
+        return render("pick.html", pick, form_token=logout_token(request), paths=st.paths)
     ctx = await blocking(next_context, st, session, agent, who)
     json_url = f"/sessions/{quote(session, safe='')}/next.json?agent={quote(agent, safe='')}"
-    return render("next.html", ctx, json_url=json_url, form_token=logout_token(request))
+    return render(
+        "next.html", ctx, json_url=json_url, form_token=logout_token(request), paths=st.paths
+    )
 
 
 @router.get("/sessions/{session}", response_class=HTMLResponse)
@@ -130,4 +169,6 @@ async def timeline(
 ) -> HTMLResponse:
     ctx = await blocking(timeline_context, st, session, who, after, limit)
     json_url = f"/sessions/{quote(session, safe='')}.json{_query(after, limit)}"
-    return render("session.html", ctx, json_url=json_url, form_token=logout_token(request))
+    return render(
+        "session.html", ctx, json_url=json_url, form_token=logout_token(request), paths=st.paths
+    )

@@ -1,13 +1,18 @@
 // The timeline follows its live runs: the service's event stream of each run (EventSource, the
 // login cookie authenticates it) says when rows are mirrored; the rows themselves come from the
-// server as rendered HTML (one renderer), after the last seq the page shows.
+// server as rendered HTML (one renderer), after the last seq the page shows. A page that shows
+// the newest rows also follows its session's stream, which names the runs that start after the
+// page was opened (they are followed in turn) and the session's newest seq.
 (function () {
   "use strict";
   const timeline = document.getElementById("timeline");
   if (!timeline) return;
   const runs = (timeline.dataset.live || "").split(" ").filter(Boolean);
-  if (!runs.length) return;
+  const following = timeline.dataset.follow === "yes";
+  if (!runs.length && !following) return;
   const session = timeline.dataset.session;
+  const seen = new Set(runs);
+  let current = null;
   const state = document.getElementById("live-state");
   let fetching = null, again = false;
 
@@ -74,10 +79,36 @@
     });
   }
 
-  function follow(i) {
-    if (i >= runs.length) return;
-    const run = runs[i];
-    state.textContent = "following run " + run + "…";
+  // What the page follows, the run's id a link to its place (as everywhere on the pages).
+  function say(before, run, after) {
+    const a = document.createElement("a");
+    a.href = "/sessions/" + encodeURIComponent(session) + "/runs/" + encodeURIComponent(run);
+    a.className = "run-link";
+    a.textContent = run;
+    state.replaceChildren(before, a, after);
+  }
+
+  // A run with no row on the page yet: its header in the list below the timeline.
+  async function addPending(run) {
+    if (document.querySelector('.run-head[data-run="' + run + '"]')) return;
+    const res = await fetch("/sessions/" + encodeURIComponent(session) + "/runs/" +
+                            encodeURIComponent(run) + "/head.html", { credentials: "same-origin" });
+    if (!res.ok) return;
+    const box = document.createElement("div");
+    box.innerHTML = await res.text();
+    const head = box.querySelector(".run-head");
+    // Its rows may have come meanwhile, with their header.
+    if (head && !document.querySelector('.run-head[data-run="' + run + '"]')) {
+      document.getElementById("pending").appendChild(head);
+    }
+  }
+
+  // One run at a time, in the order they run.
+  function followNext() {
+    if (current || !runs.length) return;
+    current = runs.shift();
+    const run = current;
+    say("following run ", run, "…");
     const es = new EventSource("/live/runs/" + encodeURIComponent(run) + "/events");
     es.addEventListener("row", () => { pull(); });
     es.addEventListener("status", (e) => { setStatus(run, JSON.parse(e.data).status); });
@@ -86,10 +117,24 @@
       setStatus(run, JSON.parse(e.data).status);
       await pull();
       await refreshHead(run);
-      state.textContent = "run " + run + " ended: " + JSON.parse(e.data).status;
-      follow(i + 1);
+      say("run ", run, " ended: " + JSON.parse(e.data).status);
+      current = null;
+      followNext();
     });
     es.onerror = () => { if (es.readyState === EventSource.CLOSED) state.textContent = "live updates stopped"; };
   }
-  follow(0);
+
+  if (following) {
+    const ss = new EventSource("/live/sessions/" + encodeURIComponent(session) + "/events");
+    ss.addEventListener("run", async (e) => {
+      const run = JSON.parse(e.data).run;
+      if (seen.has(run)) return;
+      seen.add(run);
+      await addPending(run);
+      runs.push(run);
+      followNext();
+    });
+    ss.addEventListener("seq", (e) => { if (JSON.parse(e.data).last_seq > lastShown()) pull(); });
+  }
+  followNext();
 })();
