@@ -88,6 +88,8 @@ rc_login:
   account: {relaxed}
   failed_attempts: {relaxed}
 rc_admin_redaction: {relaxed}
+rc_room_creation: {relaxed}
+rc_media_create: {relaxed}
 caches:
   sync_response_cache_duration: 0  # a test's sync sees what happened since its last one
 """
