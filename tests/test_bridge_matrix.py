@@ -339,14 +339,7 @@ def test_stop_in_the_thread_stops_its_live_run(
 
     b = bridged([room], script=stalls)
     root = people.ana.send(room, "a long job", mention=people.bot)
-    wait_until(
-        lambda: (
-            (run := b.ledger_call(lambda led: led.event_run(b.name, root))) is not None
-            and b.ledger_call(lambda led: led.get_run(run)).status is RunStatus.RUNNING
-        ),
-        "the run live",
-        60,
-    )
+    b.provider.wait_for_requests(1, timeout=60)  # pi waits for the (stalled) reply
     # a live run shows as the bot typing
     wait_until(lambda: people.bot.user_id in people.ana.typing_in(room), "the bot typing", 20)
     people.ana.send(room, "stop", thread=root)
@@ -389,15 +382,7 @@ def test_a_message_sent_while_the_run_is_live_goes_into_that_run(
 
     b = bridged([room], script=script)
     root = people.ana.send(room, "the first thing", mention=people.bot)
-    wait_until(
-        lambda: (
-            (run := b.ledger_call(lambda led: led.event_run(b.name, root))) is not None
-            and b.ledger_call(lambda led: led.get_run(run)).status is RunStatus.RUNNING
-        ),
-        "the run live",
-        60,
-    )
-    time.sleep(1)  # pi is waiting for the provider's slow reply
+    b.provider.wait_for_requests(1, timeout=60)  # the turn is live: pi waits for the reply
     follow = people.ana.send(room, "and the second thing", thread=root)
     [answer] = b.wait_posts(room, root, 1)
     time.sleep(3)  # nothing more comes: the delivered request has no answer of its own
