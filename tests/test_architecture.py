@@ -49,9 +49,11 @@ FLOORS: dict[str, int] = {
     "service": 6,
     # 6: measuring what the next run knows: drives runs through the harness
     "eval": 6,
-    # 7: the ways in
-    "cli": 7,
-    "demo": 7,
+    # 7: chat threads as sessions: queue requests and run workers as the service does
+    "bridges": 7,
+    # 8: the ways in
+    "cli": 8,
+    "demo": 8,
 }
 """A module may import its own package and packages on lower floors, never one on its own floor
 or above. The top-level ``tether`` package (the public surface) and ``__main__`` re-export."""

@@ -65,9 +65,11 @@ def config_keys(model: type[msgspec.Struct] = Config, prefix: str = "") -> Itera
             yield from config_keys(typing.get_args(ann)[0], f"{key}[].")
             continue
         if isinstance(ann, types.UnionType):
-            assert not any(_struct(a) for a in typing.get_args(ann)), (
-                f"{key}: walk optional sections too"
-            )
+            inner = [a for a in typing.get_args(ann) if _struct(a)]
+            assert len(inner) <= 1, f"{key}: walk unions of sections too"
+            if inner:  # an optional section ([bridges.matrix]): its keys
+                yield from config_keys(inner[0], f"{key}.")
+                continue
         yield key
 
 

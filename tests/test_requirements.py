@@ -40,3 +40,19 @@ def test_local_lock_is_hashed_has_the_model_and_no_llm_tool() -> None:
     blocks = re.split(r"\n(?=\S)", text)
     unhashed = [b.split()[0] for b in blocks if PIN.match(b) and "--hash=" not in b]
     assert unhashed == []
+
+
+def test_synapse_lock_is_hashed_names_no_index_and_stays_out_of_tethers_deps() -> None:
+    """requirements/synapse.txt installs the Matrix tests' homeserver into .venv-synapse (make
+    synapse): pinned and hashed, and never one of tether's own dependencies."""
+    text = (REQUIREMENTS / "synapse.txt").read_text()
+    synapse = pins(REQUIREMENTS / "synapse.txt")
+    assert "matrix-synapse" in synapse
+    for line in text.splitlines():
+        assert not line.startswith(("--index-url", "--extra-index-url", "-i ", "--find-links"))
+        assert "://" not in line, line
+    blocks = re.split(r"\n(?=\S)", text)
+    assert [b.split()[0] for b in blocks if PIN.match(b) and "--hash=" not in b] == []
+    assert "matrix-synapse" not in pins(REQUIREMENTS / "dev.txt")
+    pyproject = (REQUIREMENTS.parent / "pyproject.toml").read_text()
+    assert "matrix-synapse" not in pyproject

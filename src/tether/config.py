@@ -28,12 +28,14 @@ __all__ = [
     "ActorBudget",
     "ActorLimits",
     "AgentConfig",
+    "BridgesConfig",
     "Config",
     "CustodyConfig",
     "FollowupConfig",
     "HarnessConfig",
     "LedgerConfig",
     "LimitsConfig",
+    "MatrixBridgeConfig",
     "ModelCost",
     "NetworkKind",
     "ProviderConfig",
@@ -441,6 +443,56 @@ class RetentionConfig(_Section, frozen=True):
     the service's workers once a day."""
 
 
+# ---- chat bridges (docs/bridges.md, tether.bridges) ---------------------------------------------
+
+MatrixUserId = Annotated[str, msgspec.Meta(pattern=r"^@[^:\s]+:[^\s]+$")]
+"""``@localpart:server``."""
+MatrixRoom = Annotated[str, msgspec.Meta(pattern=r"^(![^\s]+|#[^:\s]+:[^\s]+)$")]
+"""A room id (``!opaque:server``, or ``!opaque`` from room version 12) or alias
+(``#name:server``)."""
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class MatrixBridgeConfig(_Section, frozen=True):
+    """``[bridges.matrix]``: a Matrix bot account whose threads are sessions."""
+
+    homeserver: Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s]+$")]
+    """The homeserver's client-server API base URL (``http://127.0.0.1:8008``)."""
+    user: MatrixUserId
+    """The bot's Matrix user id."""
+    token_env: EnvName = "TETHER_MATRIX_TOKEN"
+    """The environment variable holding the bot's access token (never the token itself)."""
+    rooms: dict[MatrixRoom, str] = {}
+    """Room id or alias -> the agent that answers there; the bot ignores every other room."""
+    actors: dict[MatrixUserId, str] = {}
+    """Matrix user id -> the actor its messages act as (and so its grants); an unlisted user is
+    ``matrix:<user id>``."""
+    split_chars: Annotated[int, msgspec.Meta(ge=200, le=30_000)] = 12_000
+    """An answer longer than this (in characters of Markdown) is posted as several messages,
+    split at paragraph, then line, then word boundaries."""
+    lease_s: PositiveSeconds = 30.0
+    """How long one attempt to post a message holds it before another process may try."""
+    retry_s: PositiveSeconds = 2.0
+    """The wait before posting again after a failure that named no wait (the homeserver down);
+    it doubles after each one, up to 5 minutes. ``M_LIMIT_EXCEEDED`` waits what it says."""
+    poll_s: PositiveSeconds = 0.5
+    """How often the bridge looks for runs that ended and messages due."""
+    sync_timeout_s: PositiveSeconds = 30.0
+    """How long one sync (long poll) waits for new events."""
+
+    def actor_of(self, user: str) -> str:
+        return self.actors.get(user) or f"matrix:{user}"
+
+
+class BridgesConfig(_Section, frozen=True):
+    """``[bridges]``: chat platforms whose threads are sessions (``tether bridge …``)."""
+
+    matrix: MatrixBridgeConfig | None = None
+
+
+# ---- end of chat bridges ------------------------------------------------------------------------
+
+
 class Config(_Section, frozen=True):
     ledger: LedgerConfig = LedgerConfig()
     followup: FollowupConfig = FollowupConfig()
@@ -452,6 +504,7 @@ class Config(_Section, frozen=True):
     service: ServiceConfig = ServiceConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     retention: RetentionConfig = RetentionConfig()
+    bridges: BridgesConfig = BridgesConfig()
     path: Path | None = None
     """Where this configuration was read from (None for the defaults)."""
 
@@ -596,4 +649,24 @@ def parse_config(text: str, chosen: Path) -> Config:
                 f"{chosen}: agents.{name}.provider = {agent.provider!r} names no [providers.…] "
                 "section"
             )
+    _check_bridges(chosen, config)
     return config
+
+
+def _check_bridges(chosen: Path, config: Config) -> None:
+    """Each bridged room names a configured agent, and each mapped actor is an id."""
+    matrix = config.bridges.matrix
+    if matrix is None:
+        return
+    for room, agent in matrix.rooms.items():
+        if agent not in config.agents:
+            known = ", ".join(sorted(config.agents)) or "none"
+            raise ConfigError(
+                f"{chosen}: bridges.matrix.rooms.{_toml_key(room)} = {agent!r} names no "
+                f"[agents.…] section (configured: {known})"
+            )
+    for user, actor in matrix.actors.items():
+        if (problem := _name_problem(actor)) is not None:
+            raise ConfigError(
+                f"{chosen}: bridges.matrix.actors.{_toml_key(user)}: the actor {problem}"
+            )

@@ -64,6 +64,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "worker",
         "Claim queued runs (oldest first, one live run per session) and execute them.",
     ),
+    "bridge": (
+        "bridge_cmd",
+        "bridge_app",
+        "Connect a chat platform's threads to sessions (a thread is a session).",
+    ),
     "fork": (
         "lifecycle_cmd",
         "fork",

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tether.ledger.bridges import Bridges
 from tether.ledger.erasing import StopRequest
 from tether.ledger.lifecycle import ErasePlan, Erasure, Selector
 from tether.ledger.limits import ActorLoad, RunLimits
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from tether.ledger.sql import SqlLedger
 
 __all__ = [
+    "Bridges",
     "Custody",
     "Interchange",
     "Ledger",
@@ -328,7 +330,17 @@ class ViewReads(Protocol):
 
 
 class Ledger(
-    Sessions, Custody, Rows, Notes, Search, Interchange, Lifecycle, Outbox, UsageRole, Protocol
+    Sessions,
+    Custody,
+    Rows,
+    Notes,
+    Search,
+    Interchange,
+    Lifecycle,
+    Outbox,
+    UsageRole,
+    Bridges,  # chat bridges (docs/bridges.md)
+    Protocol,
 ):
     """The whole ledger: every role, and the ledger's own handle (its URL, its file, closing
     it). Open one with :func:`tether.ledger.open_ledger`."""

@@ -9,7 +9,8 @@ from one module per domain:
 - :mod:`~tether.ledger.imports`: interchange import and copy;
 - :mod:`~tether.ledger.lifecycle`: erasure, its receipts, and the idle sessions retention erases;
 - :mod:`~tether.ledger.erasing`: a session being erased, and the stop asked of its live run;
-- :mod:`~tether.ledger.limits`: what one actor may ask for, counted (the service's limits).
+- :mod:`~tether.ledger.limits`: what one actor may ask for, counted (the service's limits);
+- :mod:`~tether.ledger.bridges`: chat threads as sessions, and the bridges' outbox.
 
 They stand on :mod:`~tether.ledger.base` (the engine's part, fencing) and
 :mod:`~tether.ledger.codec` (columns and records). The engines (:mod:`~tether.ledger.sqlite`,
@@ -21,6 +22,7 @@ this class.
 from __future__ import annotations
 
 from tether.ledger.base import Engine
+from tether.ledger.bridges import BridgeSql
 from tether.ledger.codec import ROW_COLUMNS, Cursor, encode_row
 from tether.ledger.custody import CustodySql
 from tether.ledger.erasing import ErasingSql
@@ -44,7 +46,15 @@ __all__ = [
 
 
 class SqlLedger(
-    CustodySql, RowsSql, NotesSql, SearchSql, ImportSql, LifecycleSql, ErasingSql, LimitsSql
+    CustodySql,
+    RowsSql,
+    NotesSql,
+    SearchSql,
+    ImportSql,
+    LifecycleSql,
+    ErasingSql,
+    LimitsSql,
+    BridgeSql,  # chat bridges (docs/bridges.md)
 ):
     """The run ledger on a SQL engine: every domain's operations. Open one with
     :func:`tether.ledger.open_ledger`."""

@@ -54,8 +54,10 @@ __all__ = [
     "RequestIn",
     "RequestOut",
     "RunOut",
+    "admit_and_enqueue",
     "answer_row",
     "blocking",
+    "relay_request",
     "router",
     "row_json",
     "run_json",
@@ -317,7 +319,7 @@ async def _post_request(
     # by another post may claim it the moment it is queued.
     traced = queued_context(traceparent)
     try:
-        run, created = await blocking(_admit_and_enqueue, st, session, body, who, traced)
+        run, created = await blocking(admit_and_enqueue, st, session, body, who, traced)
     except SessionRefusing as exc:
         raise refused(status.HTTP_409_CONFLICT, "session_refusing", str(exc)) from None
     if not created:
@@ -330,14 +332,15 @@ async def _post_request(
         st.queued()
     if not created or body.deliver is Deliver.QUEUE:
         return _answer(run, body.request_id)
-    return await _relay(st, run, body)
+    return await relay_request(st, run, body)
 
 
-def _admit_and_enqueue(
+def admit_and_enqueue(
     st: ServiceState, session: str, body: RequestIn, who: Caller, traced: dict[str, Any]
 ) -> tuple[Run, bool]:
-    """Admission, then the queued run: one thread hand-off for the two (each costs the event
-    loop, which the service's runs share, more than the ledger's work)."""
+    """Admission, then the queued run (the service's requests, and a chat bridge's:
+    docs/bridges.md): one thread hand-off for the two (each costs the event loop, which the
+    service's runs share, more than the ledger's work)."""
     _admit_request(st, session, body, who)
     images = request_images(st.config, body.agent, body.deliver, body.images)  # 413/422
     return st.ledger.enqueue_run(
@@ -383,7 +386,7 @@ def _same_request(run: Run, session: str, body: RequestIn, who: Caller) -> None:
         )
 
 
-async def _relay(st: ServiceState, run: Run, body: RequestIn) -> RequestOut:
+async def relay_request(st: ServiceState, run: Run, body: RequestIn) -> RequestOut:
     """Mark the queued run for delivery into the live run and wait (a little) for the worker
     holding that run to take it; otherwise it stays the session's next queued run."""
     marked = await blocking(st.ledger.update_queued_extra, run.id, {"deliver": body.deliver.value})

@@ -73,6 +73,61 @@ RUN_USAGE = """
     CREATE INDEX run_usage_by_time ON run_usage (at);
 """
 
+# ---- chat bridges (tether.ledger.bridges, docs/bridges.md): a block of its own ----
+# A thread's session, each bridge's sync position, the platform events that became runs,
+# and the outbox of the messages a bridge posts (claimed under a lease; ``txn`` makes the
+# platform's transaction ids, so a retry repeats the same event). In the migrations and the
+# schema alike.
+BRIDGES = """
+    CREATE TABLE bridge_threads (
+        bridge   TEXT COLLATE "C" NOT NULL,
+        room     TEXT COLLATE "C" NOT NULL,
+        root     TEXT COLLATE "C" NOT NULL,
+        session  TEXT COLLATE "C" NOT NULL,
+        agent    TEXT COLLATE "C" NOT NULL,
+        created  TEXT COLLATE "C" NOT NULL,
+        PRIMARY KEY (bridge, room, root)
+    );
+    CREATE TABLE bridge_cursors (
+        bridge  TEXT COLLATE "C" PRIMARY KEY,
+        token   TEXT COLLATE "C" NOT NULL,
+        at      TEXT COLLATE "C" NOT NULL
+    );
+    CREATE TABLE bridge_events (
+        bridge    TEXT COLLATE "C" NOT NULL,
+        event     TEXT COLLATE "C" NOT NULL,
+        room      TEXT COLLATE "C" NOT NULL,
+        root      TEXT COLLATE "C" NOT NULL,
+        run       TEXT COLLATE "C" NOT NULL,
+        answered  INTEGER NOT NULL DEFAULT 0,
+        at        TEXT COLLATE "C" NOT NULL,
+        PRIMARY KEY (bridge, event)
+    );
+    CREATE INDEX bridge_events_open ON bridge_events (bridge, at) WHERE answered = 0;
+    CREATE INDEX bridge_events_by_run ON bridge_events (bridge, run);
+    CREATE TABLE bridge_outbox (
+        id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        bridge      TEXT COLLATE "C" NOT NULL,
+        key         TEXT COLLATE "C" NOT NULL,
+        room        TEXT COLLATE "C" NOT NULL,
+        root        TEXT COLLATE "C" NOT NULL,
+        kind        TEXT COLLATE "C" NOT NULL CHECK (kind IN ('answer', 'notice')),
+        body        TEXT COLLATE "C" NOT NULL,
+        txn         TEXT COLLATE "C" NOT NULL,
+        state       TEXT COLLATE "C" NOT NULL CHECK (state IN ('pending', 'sent', 'failed')),
+        parts_sent  INTEGER NOT NULL DEFAULT 0,
+        attempts    INTEGER NOT NULL DEFAULT 0,
+        due         DOUBLE PRECISION NOT NULL,
+        owner       TEXT COLLATE "C",
+        last_error  TEXT COLLATE "C",
+        created     TEXT COLLATE "C" NOT NULL,
+        done_at     TEXT COLLATE "C",
+        UNIQUE (bridge, key)
+    );
+    CREATE INDEX bridge_outbox_due ON bridge_outbox (bridge, due) WHERE state = 'pending';
+"""
+# ---- end of chat bridges ----
+
 MIGRATIONS: list[str] = [
     f"""
     CREATE TABLE sessions (
@@ -229,6 +284,8 @@ MIGRATIONS: list[str] = [
     # with the run's end (and as it goes when its actor has a budget), summed by actor, agent
     # and model; ``at`` is when the run was requested (its budget's day).
     RUN_USAGE,
+    # chat bridges (BRIDGES above)
+    BRIDGES,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -345,4 +402,4 @@ SCHEMA = f"""
     );
     CREATE INDEX webhook_deliveries_due ON webhook_deliveries (endpoint, due)
         WHERE state = 'pending';
-{RUN_USAGE}"""
+{RUN_USAGE}{BRIDGES}"""

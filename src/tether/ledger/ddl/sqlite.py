@@ -35,6 +35,61 @@ RUN_USAGE = """
     CREATE INDEX run_usage_by_time ON run_usage (at);
 """
 
+# ---- chat bridges (tether.ledger.bridges, docs/bridges.md): a block of its own ----
+# A thread's session, each bridge's sync position, the platform events that became runs,
+# and the outbox of the messages a bridge posts (claimed under a lease; ``txn`` makes the
+# platform's transaction ids, so a retry repeats the same event). In the migrations and the
+# schema alike.
+BRIDGES = """
+    CREATE TABLE bridge_threads (
+        bridge   TEXT NOT NULL,
+        room     TEXT NOT NULL,
+        root     TEXT NOT NULL,
+        session  TEXT NOT NULL,
+        agent    TEXT NOT NULL,
+        created  TEXT NOT NULL,
+        PRIMARY KEY (bridge, room, root)
+    );
+    CREATE TABLE bridge_cursors (
+        bridge  TEXT PRIMARY KEY,
+        token   TEXT NOT NULL,
+        at      TEXT NOT NULL
+    );
+    CREATE TABLE bridge_events (
+        bridge    TEXT NOT NULL,
+        event     TEXT NOT NULL,
+        room      TEXT NOT NULL,
+        root      TEXT NOT NULL,
+        run       TEXT NOT NULL,
+        answered  INTEGER NOT NULL DEFAULT 0,
+        at        TEXT NOT NULL,
+        PRIMARY KEY (bridge, event)
+    );
+    CREATE INDEX bridge_events_open ON bridge_events (bridge, at) WHERE answered = 0;
+    CREATE INDEX bridge_events_by_run ON bridge_events (bridge, run);
+    CREATE TABLE bridge_outbox (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        bridge      TEXT NOT NULL,
+        key         TEXT NOT NULL,
+        room        TEXT NOT NULL,
+        root        TEXT NOT NULL,
+        kind        TEXT NOT NULL CHECK (kind IN ('answer', 'notice')),
+        body        TEXT NOT NULL,
+        txn         TEXT NOT NULL,
+        state       TEXT NOT NULL CHECK (state IN ('pending', 'sent', 'failed')),
+        parts_sent  INTEGER NOT NULL DEFAULT 0,
+        attempts    INTEGER NOT NULL DEFAULT 0,
+        due         REAL NOT NULL,
+        owner       TEXT,
+        last_error  TEXT,
+        created     TEXT NOT NULL,
+        done_at     TEXT,
+        UNIQUE (bridge, key)
+    );
+    CREATE INDEX bridge_outbox_due ON bridge_outbox (bridge, due) WHERE state = 'pending';
+"""
+# ---- end of chat bridges ----
+
 MIGRATIONS: list[str] = [
     """
     CREATE TABLE sessions (
@@ -277,6 +332,8 @@ MIGRATIONS: list[str] = [
     # with the run's end (and as it goes when its actor has a budget), summed by actor, agent
     # and model; ``at`` is when the run was requested (its budget's day).
     RUN_USAGE,
+    # chat bridges (BRIDGES above)
+    BRIDGES,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -407,4 +464,5 @@ SCHEMA = (
         WHERE state = 'pending';
 """
     + RUN_USAGE
+    + BRIDGES
 )
