@@ -539,3 +539,66 @@ def test_a_token_the_homeserver_refuses_is_a_clear_error(
     assert b.proc is not None
     assert b.proc.wait(30) == 2
     assert "refused the access token in $TEST_MATRIX_TOKEN (M_UNKNOWN_TOKEN" in b.output()
+
+
+def _texts(b: Bridged, session: str) -> str:
+    return "\n".join(str(r.body) for r in b.ledger_call(lambda led: list(led.iter_rows(session))))
+
+
+def test_a_message_taken_back_is_erased_with_what_it_asked_for(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    room = _room(people)
+    b = bridged([room])
+    root = people.ana.send(room, "first ask", mention=people.bot)
+    b.wait_posts(room, root, 1)
+    secret = people.ana.send(room, "second ask, the password is hunter2", thread=root)
+    b.wait_posts(room, root, 2)
+    session, _ = b.ledger_call(lambda led: led.thread_of(b.name, room, root))
+    asked = b.ledger_call(lambda led: led.event_run(b.name, secret))
+    assert "hunter2" in _texts(b, session)
+
+    people.ana.redact(room, secret)
+    wait_until(lambda: "hunter2" not in _texts(b, session), "the message's row erased", 30)
+    assert b.ledger_call(lambda led: led.run(asked)) is None  # its run and its answer went too
+    assert "first ask" in _texts(b, session)  # the rest of the thread stays
+    [receipt] = b.ledger_call(lambda led: led.erasures(limit=5))
+    assert receipt.actor == "user:ana"
+    assert list(receipt.selector) == ["row"]
+    assert receipt.selector["row"].startswith(f"{session}#")
+    # A redaction of something that was no request (the bot's own answer) erases nothing.
+    # (A redacted event leaves the thread: the status notice is looked for by its text.)
+    people.ana.redact(room, b.bot_posts(room, root)[0]["event_id"])
+    people.ana.send(room, "status", thread=root)
+
+    def idle() -> bool:
+        return any(p["content"].get("body", "").startswith("Idle") for p in b.bot_posts(room, root))
+
+    wait_until(idle, "the status notice", 60)
+    assert len(b.ledger_call(lambda led: led.erasures(limit=5))) == 1
+
+
+def test_a_message_delivered_into_a_live_run_and_taken_back_is_erased(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    room = _room(people)
+
+    def script(req: RecordedRequest) -> Reply:
+        if req.last_user_text == "the first thing":
+            return Reply("working on the first thing", delay_s=6)
+        return Reply("noted")  # never quoting it: the user's row alone holds the secret
+
+    b = bridged([room], script=script)
+    root = people.ana.send(room, "the first thing", mention=people.bot)
+    b.provider.wait_for_requests(1, timeout=60)
+    follow = people.ana.send(room, "also, my token is s3cret", thread=root)
+    b.wait_posts(room, root, 1)
+    session, _ = b.ledger_call(lambda led: led.thread_of(b.name, room, root))
+    first = b.ledger_call(lambda led: led.event_run(b.name, root))
+    wait_until(lambda: "s3cret" in _texts(b, session), "the delivered message's row", 30)
+
+    people.ana.redact(room, follow)
+    wait_until(lambda: "s3cret" not in _texts(b, session), "the delivered row erased", 30)
+    kept = b.ledger_call(lambda led: led.get_run(first))  # the run it went into stays
+    assert kept.extra.get("erased") is True
+    assert "the first thing" in _texts(b, session)

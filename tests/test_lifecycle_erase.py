@@ -441,3 +441,31 @@ def test_a_run_that_does_not_stop_fails_the_erasure_and_nothing_goes(
     session = ledger.get_session("s1")
     assert session.refusing is None
     assert session.extra == {}
+
+
+def test_one_row_takes_what_derives_from_it_and_nothing_else(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """A chat message taken back (a Matrix redaction): its row goes; a request's run goes with
+    it; a checkpoint covering it goes; another row of the run leaves the run scrubbed."""
+    first = _turn(ledger, "s1", "first", [("answer one", ())])  # seqs 1-2
+    second = _turn(ledger, "s1", "second", [("answer two", ())])  # seqs 3-4
+    third = _turn(ledger, "s1", "third", [("answer three", ())])  # seqs 5-6
+    done = erase_selected(ledger, Selector.row("s1", 3), actor="bridge:matrix", runs_dir=tmp_path)
+    assert done.plan.rows == {"s1": [3, 4]}
+    assert done.plan.runs == [second]
+    assert _seqs(ledger, "s1") == [1, 2, 5, 6]
+    assert ledger.run(second) is None
+    assert ledger.run(first) is not None
+    assert [e.selector for e in ledger.erasures(limit=1)] == [{"row": "s1#3"}]
+    # An answer row: it goes alone, its run stays with what it held scrubbed.
+    checkpoint = _compaction(ledger, "s1", covers_to=6)  # seqs 7-8
+    done = erase_selected(ledger, Selector.row("s1", 6), actor="bridge:matrix", runs_dir=tmp_path)
+    assert done.plan.rows == {"s1": [6, checkpoint]}
+    assert done.plan.runs == []
+    assert third in done.plan.scrubbed_runs
+    assert _seqs(ledger, "s1") == [1, 2, 5, 7]
+    with pytest.raises(NotFound, match="no row 99"):
+        erase_selected(ledger, Selector.row("s1", 99), actor="bridge:matrix", runs_dir=tmp_path)
+    with pytest.raises(ValueError, match="SESSION#SEQ"):
+        ledger.plan_erasure(Selector(SelectorKind.ROW, "s1"))

@@ -168,6 +168,12 @@ class MatrixUser:
             self._call("PUT", f"/rooms/{room_q}/send/m.room.message/{txn}", content)["event_id"]
         )
 
+    def redact(self, room: str, event: str, reason: str = "taken back") -> str:
+        """Take ``event`` back (a redaction); the redaction's event id."""
+        txn = f"r{time.time_ns()}-{next(_txns)}"
+        path = f"/rooms/{urllib.parse.quote(room)}/redact/{urllib.parse.quote(event)}/{txn}"
+        return str(self._call("PUT", path, {"reason": reason})["event_id"])
+
     def upload(self, data: bytes, mime_type: str, name: str) -> str:
         """Upload ``data``; its ``mxc://`` URI."""
         got = self.hs.client.post(

@@ -25,10 +25,13 @@ from pydantic import ValidationError
 
 from tether.access import Admission
 from tether.errors import LedgerError, SessionRefusing, TetherError
+from tether.harness.custody.erasing import erase_stopping
 from tether.harness.relay import Deliver
-from tether.ledger import Run, RunStatus
+from tether.ledger import Ledger, Run, RunStatus
 from tether.ledger.bridges import BridgeMessage, MessageKind
+from tether.ledger.lifecycle import Selector
 from tether.ledger.limits import LimitExceeded
+from tether.ledger.models import now_iso
 from tether.ledger.usage import BudgetExhausted
 from tether.service.api import RequestIn, admit_and_enqueue, relay_request
 from tether.service.attachments import ImageIn
@@ -302,6 +305,43 @@ class Bridge:
         except TetherError as exc:  # it stays queued: the session's next run
             log.warning("relaying %s into the live run failed: %s", run.id, exc)
 
+    async def redacted(self, room: str, event: str, sender: str) -> None:
+        """A message taken back (a redaction, which the homeserver allowed its sender or a
+        moderator to make): a request still queued is withdrawn; otherwise its row is erased,
+        with what derives from it (the rows of the run it asked for, a checkpoint covering it),
+        as ``tether erase`` does (a live run on the session is stopped first). The receipt
+        names who took it back. Not a request of this bridge's: nothing to do."""
+        if room not in self.settings.rooms:
+            return
+        ledger = self.st.ledger
+        run_id = await in_thread(ledger.event_run, self.name, event)
+        found = await in_thread(ledger.run, run_id) if run_id is not None else None
+        if found is None:
+            return  # not a request, or erased already
+        actor = self.settings.actor_of(sender)
+        if found.status is RunStatus.QUEUED and not found.extra.get("delivered_into"):
+            why = f"withdrawn: {actor} took the message back before it started"
+            extra = {"withdrawn_by": actor, "withdrawn_at": now_iso(), "stop_reason": "withdrawn"}
+            ended = await in_thread(
+                ledger.end_queued_run,
+                found.id,
+                RunStatus.INTERRUPTED,
+                extra={**extra, "error": why},
+            )
+            if ended is not None:
+                log.info("%s taken back: its queued run %s withdrawn", event, found.id)
+                return
+            found = await in_thread(ledger.get_run, found.id)  # claimed meanwhile
+        seq = await in_thread(_message_row, ledger, found)
+        if seq is None:
+            log.warning("%s taken back, but its row in %s was not found", event, found.session)
+            return
+        done = await erase_stopping(
+            ledger, self.st.config, Selector.row(found.session, seq), actor=actor
+        )
+        counts = done.to_json().get("counts") if done is not None else None
+        log.info("%s taken back: row %s of %s erased %s", event, seq, found.session, counts)
+
     async def _control(
         self, word: Control, msg: Inbound, root: str, session: str, actor: str
     ) -> None:
@@ -458,3 +498,36 @@ class Bridge:
                 log.warning("the bridge's outbox failed (%s); trying again", exc)
             with anyio.move_on_after(self.settings.poll_s):
                 await stopped.wait()
+
+
+def _message_row(ledger: Ledger, run: Run) -> int | None:
+    """The seq of the row a chat message became: the request row of the run it asked for, or,
+    for one delivered into a live run, the user message with its text and actor in that run."""
+    if run.request_seq is not None:
+        return run.request_seq
+    into = run.extra.get("delivered_into")
+    request = run.extra.get("request") or {}
+    if not isinstance(into, str) or not isinstance(request, dict):
+        return None
+    live = ledger.run(into)
+    if live is None or live.request_seq is None:
+        return None
+    text, actor = request.get("text"), request.get("actor")
+    found: int | None = None
+    # A delivered message is written after the live run's request: read from there (a bounded
+    # read: a message delivered later than 2,000 rows into a run is not found, and logged).
+    first = live.request_seq
+    for row in ledger.rows_range(run.session, first, first + 2_000, limit=2_000):
+        if row.run != into or row.actor != actor or row.body.get("role") != "user":
+            continue
+        parts = row.body.get("content")
+        said = (
+            "".join(
+                p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text"
+            )
+            if isinstance(parts, list)
+            else parts
+        )
+        if said == text:
+            found = row.seq
+    return found

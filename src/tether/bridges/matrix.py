@@ -197,6 +197,9 @@ class MatrixAdapter:
                 # the rest, back to the stored position, so nothing is missed.
                 timeline = await self._gap(room_id, info.timeline.prev_batch, since) + timeline
             for event in timeline:
+                if isinstance(event, nio.RedactionEvent) and event.redacts:
+                    await self.bridge.redacted(room_id, event.redacts, event.sender)
+                    continue
                 msg = await self.inbound(room_id, event)
                 if msg is not None:
                     await self.bridge.handle(msg)

@@ -67,11 +67,18 @@ class SelectorKind(enum.Enum):
 
     SESSION = "session"
     SOURCE = "source"
+    ROW = "row"
+    """One row (``SESSION#SEQ``) and what derives from it: a chat message its sender took back
+    (a Matrix redaction, tether.bridges)."""
 
 
 class Selector(msgspec.Struct, frozen=True):
     kind: SelectorKind
     value: str
+
+    @classmethod
+    def row(cls, session: str, seq: int) -> Selector:
+        return cls(SelectorKind.ROW, f"{session}#{seq}")
 
     def to_json(self) -> dict[str, str]:
         return {self.kind.value: self.value}
@@ -274,7 +281,22 @@ class LifecycleSql(SqlBase):
                     plan.rows[child] = seqs
             plan.scrubbed_runs = sorted(writers)
             return plan
+        if selector.kind is SelectorKind.ROW:
+            return self._plan_row(c, plan, selector.value)
         return self._plan_source(c, plan, selector.value)
+
+    def _plan_row(self, c: Cursor, plan: ErasePlan, value: str) -> ErasePlan:
+        session, _, seq_text = value.rpartition("#")
+        if not seq_text.isdigit():
+            raise ValueError(f"a row is SESSION#SEQ, e.g. s1#4 (got {value!r})")
+        check_id("session", session)
+        seq = int(seq_text)
+        c.execute("SELECT run FROM rows WHERE session = ? AND seq = ?", (session, seq))
+        found = c.fetchone()
+        if found is None:
+            raise NotFound(f"no row {seq} in session {session!r}")
+        writers = {found[0]} if found[0] is not None else set()
+        return self._plan_rows(c, plan, {session: {seq}}, writers)
 
     def _plan_source(self, c: Cursor, plan: ErasePlan, source: str) -> ErasePlan:
         if not source or "\n" in source:
@@ -292,6 +314,18 @@ class LifecycleSql(SqlBase):
                 chosen.setdefault(session, set()).add(int(seq))
                 if run is not None:
                     writers.add(run)
+        c.execute(
+            f"SELECT id, sources FROM notes WHERE {self._source_filter()} ORDER BY id", (needle,)
+        )
+        plan.notes = [int(i) for i, s in c.fetchall() if _holds(s, source)]
+        return self._plan_rows(c, plan, chosen, writers)
+
+    def _plan_rows(
+        self, c: Cursor, plan: ErasePlan, chosen: dict[str, set[int]], writers: set[str]
+    ) -> ErasePlan:
+        """``chosen`` rows (by session) and what derives from them: the rows of a run whose
+        request is among them, and the compactions that cover any of them (in the session and
+        in every fork that inherits it); ``writers``, the runs that wrote them, are scrubbed."""
         # A run whose request row goes: its rows answer an erased request, and go too.
         dropped_runs: set[str] = set()
         for session, seqs in chosen.items():
@@ -312,10 +346,6 @@ class LifecycleSql(SqlBase):
                 self._covering(c, child, child_low, checkpoints, writers)
         for session, comps in checkpoints.items():
             chosen.setdefault(session, set()).update(comps)
-        c.execute(
-            f"SELECT id, sources FROM notes WHERE {self._source_filter()} ORDER BY id", (needle,)
-        )
-        plan.notes = [int(i) for i, s in c.fetchall() if _holds(s, source)]
         plan.rows = {s: sorted(v) for s, v in sorted(chosen.items())}
         plan.checkpoints = {s: sorted(set(v)) for s, v in sorted(checkpoints.items())}
         plan.runs = sorted(dropped_runs)
