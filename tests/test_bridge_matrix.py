@@ -602,3 +602,52 @@ def test_a_message_delivered_into_a_live_run_and_taken_back_is_erased(
     kept = b.ledger_call(lambda led: led.get_run(first))  # the run it went into stays
     assert kept.extra.get("erased") is True
     assert "the first thing" in _texts(b, session)
+
+
+def test_two_people_in_one_thread_each_see_what_their_grants_admit(
+    people: People, bridged: Callable[..., Bridged]
+) -> None:
+    """ana (granted repo:acme/*) and bob (unmapped: matrix:<id>, no grants) in one thread: each
+    message's row carries its sender's actor; what ana's run read under a source reaches bob's
+    run only as a stand-in, never its text."""
+    room = _room(people)
+
+    def script(req: RecordedRequest) -> Reply:
+        if req.contains("K-7731"):
+            return Reply("the deploy key is K-7731")
+        return Reply("nothing on that here")
+
+    b = bridged([room], script=script)
+    root = people.ana.send(room, "hello", mention=people.bot)
+    b.wait_posts(room, root, 1)
+    session, _ = b.ledger_call(lambda led: led.thread_of(b.name, room, root))
+    # What the agent may read under a source: a note of the session carrying it.
+    b.ledger_call(
+        lambda led: led.add_note(
+            session, "rev", "deploy key: K-7731", actor="user:ana", sources=("repo:acme/keys",)
+        )
+    )
+    people.ana.send(room, "what is the deploy key?", thread=root)
+    posts = b.wait_posts(room, root, 2)
+    assert posts[1]["content"]["body"] == "the deploy key is K-7731"
+    people.bob.send(room, "what did ana just learn?", thread=root)
+    posts = b.wait_posts(room, root, 3)
+    assert posts[2]["content"]["body"] == "nothing on that here"
+
+    rows = b.ledger_call(lambda led: list(led.iter_rows(session)))
+    said = [r for r in rows if r.body.get("role") == "user" and "origin" not in r.extra]
+    users = [(r.actor, r.body["content"][0]["text"]) for r in said]  # copies of requests apart
+    assert users == [
+        ("user:ana", "hello"),
+        ("user:ana", "what is the deploy key?"),
+        (f"matrix:{people.bob.user_id}", "what did ana just learn?"),
+    ]
+    keyed = [r for r in rows if "K-7731" in str(r.body)]
+    assert keyed
+    assert all(r.sources == ("repo:acme/keys",) for r in keyed)
+    asked = [r for r in b.provider.requests if not r.is_summary]
+    bobs = asked[-1]
+    assert bobs.last_user_text == "what did ana just learn?"
+    assert not bobs.contains("K-7731")  # neither the note nor ana's answer, as text
+    assert bobs.contains("withheld")  # the stand-in in their place
+    assert asked[-2].contains("K-7731")  # ana's run was given it
