@@ -103,7 +103,7 @@ fmt: install
 demo: install $(VENV)/.local-installed
 	$(BIN)/python -m tether.demo
 
-bench: install
+bench: install synapse
 	$(BIN)/python bench/ledger.py
 	$(BIN)/python bench/followup.py
 	$(BIN)/python bench/harness.py
@@ -114,6 +114,7 @@ bench: install
 	$(BIN)/python bench/recall.py
 	$(BIN)/python bench/service.py --baseline-extension
 	$(BIN)/python bench/load_memory.py
+	$(BIN)/python bench/bridge.py
 
 # The sdist and the wheel in dist/ (the wheel carries the pinned npm manifest for `tether setup`).
 dist: install
