@@ -39,7 +39,7 @@ from service_support import (  # noqa: E402
     wait_until,
     write_config,
 )
-from support.synapse import Homeserver, MatrixUser  # noqa: E402
+from support.synapse import Homeserver, MatrixUser, bridge_toml  # noqa: E402
 from tether.ledger import open_ledger  # noqa: E402
 
 LIMITS = """
@@ -59,16 +59,7 @@ def _bridge_config(tmp: Path, provider: str, hs: Homeserver, bot: MatrixUser, ro
     config = _service_config(tmp, provider)
     with config.open("a") as f:
         f.write(
-            f"""
-[bridges.matrix]
-homeserver = "{hs.url}"
-user = "{bot.user_id}"
-token_env = "BENCH_MATRIX_TOKEN"
-poll_s = 0.05
-
-[bridges.matrix.rooms]
-"{room}" = "rev"
-"""
+            bridge_toml(hs, bot, [room], token_env="BENCH_MATRIX_TOKEN", settings="poll_s = 0.05")
         )
     return config
 

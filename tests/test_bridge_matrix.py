@@ -21,7 +21,7 @@ import pytest
 
 from provider import RecordedRequest, Reply, ScriptedProvider, ToolCall, route
 from service_support import stop_proc, tether_proc, wait_until, write_config
-from support.synapse import MatrixUser, People
+from support.synapse import MatrixUser, People, bridge_toml
 from test_service_images import png
 from tether.bridges.matrix import ENCRYPTED_NOTICE
 from tether.ledger import Ledger, RunStatus, open_ledger
@@ -139,27 +139,12 @@ def bridged(
                 "deadline_s = 60\n", "deadline_s = 60\nimages = true\n"
             )
             config.write_text(text)
-        bound = "\n".join(f'"{r}" = "rev"' for r in rooms)
+        settings = f"poll_s = 0.1\nretry_s = 0.2\nsync_timeout_s = 1\n{extra}"
         with config.open("a") as f:
             f.write(
-                f"""
-[bridges.matrix]
-homeserver = "{people.hs.url}"
-user = "{bot.user_id}"
-token_env = "TEST_MATRIX_TOKEN"
-poll_s = 0.1
-retry_s = 0.2
-sync_timeout_s = 1
-{extra}
-
-[bridges.matrix.rooms]
-{bound}
-
-[bridges.matrix.actors]
-"{people.ana.user_id}" = "user:ana"
-{tail}
-"""
+                bridge_toml(people.hs, bot, rooms, token_env="TEST_MATRIX_TOKEN", settings=settings)
             )
+            f.write(f'\n[bridges.matrix.actors]\n"{people.ana.user_id}" = "user:ana"\n{tail}\n')
         b = Bridged(tmp_path, config, people, p, bot, ledger_url, label)
         made.append(b)
         if start:

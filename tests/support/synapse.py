@@ -348,6 +348,18 @@ class Homeserver:
                 self.proc.wait(10)
 
 
+def bridge_toml(
+    hs: Homeserver, bot: MatrixUser, rooms: list[str], *, token_env: str, settings: str = ""
+) -> str:
+    """The ``[bridges.matrix]`` section binding ``rooms`` to the agent ``rev`` (``settings``: more
+    keys of the section, one ``key = value`` a line)."""
+    bound = "\n".join(f'"{r}" = "rev"' for r in rooms)
+    return (
+        f'\n[bridges.matrix]\nhomeserver = "{hs.url}"\nuser = "{bot.user_id}"\n'
+        f'token_env = "{token_env}"\n{settings}\n\n[bridges.matrix.rooms]\n{bound}\n'
+    )
+
+
 @pytest.fixture(scope="session")
 def homeserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Homeserver]:
     """One Synapse for the session's Matrix tests (they run in one xdist group)."""
